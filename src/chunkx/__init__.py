@@ -1,0 +1,15 @@
+"""chunkx: composable chunked maps for JAX."""
+
+from ._combinators.reduce import (
+    AbstractReducer as AbstractReducer,
+    Concat as Concat,
+    Monoid as Monoid,
+    Sum as Sum,
+)
+from ._combinators.vmap import Vmap as Vmap
+from ._combinators.chunk import Chunk as Chunk, Reduce as Reduce
+from ._combinators.pad import Pad as Pad
+from ._combinators.shard import Shard as Shard
+from ._maps.adv import BatchVmap as BatchVmap, batch_map as batch_map, batch_vmap as batch_vmap
+
+__version__ = "0.1.0"

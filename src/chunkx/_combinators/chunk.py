@@ -1,0 +1,212 @@
+"""`Chunk` and `Reduce`: evaluate a batched function over the mapped axis piece by piece."""
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from .._types import InAxes, Remainder, RowMask
+from ._rows import map_mapped, mapped_length, normalize_in_axes, pad_rows, round_up, struct_of
+from .reduce import AbstractReducer, Concat
+
+
+def _check_size(who: str, name: str, value: Any, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        kind = "a positive int or None" if allow_none else "a positive int"
+        raise ValueError(f"`{who}({name}={value!r})`: {name} must be {kind}, got {value!r}.")
+
+
+def _evaluate(fn, reducer, args, valid, who):
+    """One piece: the batched `fn` on `args`, reduced to a partial result."""
+    rows = fn(*args)
+    reducer.check_rows(struct_of(rows), who)
+    return reducer.reduce_rows(rows, valid)
+
+
+class Reduce(eqx.Module):
+    """No chunking: `reducer` applied to all rows of `fn(*args)` at once.
+
+    **Arguments:**
+
+    - `fn`: a batched function (mapped axis 0 in and out).
+    - `reducer`: [`chunkx.Concat`][] (default), [`chunkx.Sum`][] or [`chunkx.Monoid`][].
+    """
+
+    fn: Callable[..., Any]
+    reducer: AbstractReducer = Concat()
+
+    def __call__(self, *args: Any, valid: RowMask | None = None) -> Any:
+        return _evaluate(self.fn, self.reducer, args, valid, "Reduce")
+
+
+class Chunk(eqx.Module):
+    """Evaluate a batched function over its mapped axis in chunks of `size` rows.
+
+    The semantics as a plain loop (with `rows(a, b)` slicing every mapped argument):
+
+    ```python
+    parts = [fn(*rows(i, min(i + size, n))) for i in range(0, n, size)]
+    result = reducer.reduce_rows(parts[0]); for p in parts[1:]: result = combine(result, p)
+    ```
+
+    Full chunks run in one `jax.lax.scan` (compile time does not grow with the number of chunks);
+    the `n % size` remaining rows are one more call (`remainder="call"`, `fn` never sees fake
+    rows) or are padded with copies of a real row and masked (`remainder="pad"`, one compiled
+    shape). With `checkpoint=True` every chunk is wrapped in `jax.checkpoint`, so reverse mode
+    stores the chunk inputs only and recomputes one chunk at a time: the memory bound survives
+    `jax.grad`. Without differentiation the checkpoint costs nothing.
+
+    **Arguments:**
+
+    - `fn`: a batched function (mapped axis 0 in and out), e.g. a [`chunkx.Vmap`][].
+    - `size`: rows per chunk (per group), or `None` for one call.
+    - `reducer`: how chunk results join; [`chunkx.Concat`][] by default.
+    - `in_axes`: `0`, `None`, or one `0`/`None` per positional argument.
+    - `remainder`: `"call"` or `"pad"`.
+    - `checkpoint`: rematerialise each chunk in reverse mode.
+    - `unroll`: scan steps per loop iteration (fewer loop overheads for small chunks).
+    - `groups`: view the mapped axis as `groups` equal contiguous blocks and take `size` rows of
+      *each* block per step (device-local chunking of a batch-sharded array; `fn` sees
+      `groups * size` rows).
+    """
+
+    fn: Callable[..., Any]
+    size: int | None = eqx.field(static=True)
+    reducer: AbstractReducer = Concat()
+    in_axes: InAxes = eqx.field(static=True, default=0)
+    remainder: Remainder = eqx.field(static=True, default="call")
+    checkpoint: bool = eqx.field(static=True, default=True)
+    unroll: int = eqx.field(static=True, default=1)
+    groups: int = eqx.field(static=True, default=1)
+
+    def __check_init__(self):
+        _check_size("Chunk", "size", self.size)
+        _check_size("Chunk", "unroll", self.unroll, allow_none=False)
+        _check_size("Chunk", "groups", self.groups, allow_none=False)
+        if self.remainder not in ("call", "pad"):
+            raise ValueError(
+                f"`Chunk(remainder={self.remainder!r})`: remainder must be 'call' or 'pad'."
+            )
+
+    def __call__(self, *args: Any, valid: RowMask | None = None) -> Any:
+        axes = normalize_in_axes(self.in_axes, len(args), "Chunk")
+        n = mapped_length(args, axes, "Chunk")
+        g, s = self.groups, self.size
+        if n % g:
+            raise ValueError(
+                f"`Chunk(groups={g})`: the mapped length must divide into {g} groups, got {n}."
+            )
+        length = n // g
+        if s is None or (length <= s and self.remainder == "call"):
+            return _evaluate(self.fn, self.reducer, args, valid, "Chunk")
+
+        if self.remainder == "pad":
+            padded = max(round_up(length, s), s)
+            if padded != length:
+                base = jnp.ones((n,), bool) if valid is None else valid
+                grouped = self._grouped(base, length)
+                valid = jnp.pad(grouped, ((0, 0), (0, padded - length))).reshape(-1)
+                args = map_mapped(lambda x: self._pad_groups(x, length, padded), args, axes)
+                length = padded
+        k, r = divmod(length, s)
+        dyn, static = eqx.partition(args, eqx.is_array)
+        dyn_mapped = tuple(d if a is not None else None for d, a in zip(dyn, axes))
+        dyn_fixed = tuple(d if a is None else None for d, a in zip(dyn, axes))
+
+        def piece(mapped, fixed, v):
+            full = eqx.combine(mapped, fixed, static)
+            return _evaluate(self.fn, self.reducer, full, v, "Chunk")
+
+        if self.checkpoint:
+            piece = jax.checkpoint(piece, prevent_cse=False)
+
+        to_chunks = lambda x: self._chunks(x, length, k, s)  # noqa: E731
+        xs = (jax.tree_util.tree_map(to_chunks, dyn_mapped), _tmap(to_chunks, valid))
+        out = self._scan(piece, dyn_fixed, xs, k)
+        if r:
+            tail = lambda x: self._tail(x, length, k * s)  # noqa: E731
+            rest = piece(jax.tree_util.tree_map(tail, dyn_mapped), dyn_fixed, _tmap(tail, valid))
+            out = self._join(out, rest, k, s, r)
+        elif self.reducer.keeps_rows:
+            out = jax.tree_util.tree_map(lambda y: self._unchunk(y, k, s), out)
+        if self.reducer.keeps_rows and self.remainder == "pad":
+            n_real = n // g
+            out = jax.tree_util.tree_map(lambda y: self._truncate(y, length, n_real), out)
+        return out
+
+    # -- scanning ------------------------------------------------------------------------------
+
+    def _scan(self, piece, fixed, xs, k):
+        reducer = self.reducer
+        if reducer.keeps_rows:
+            step = lambda c, x: (c, piece(x[0], fixed, x[1]))  # noqa: E731
+            return jax.lax.scan(step, None, xs, unroll=self.unroll)[1]
+        first = jax.eval_shape(lambda m, v: piece(m, fixed, v), *_first(xs))
+        init = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), first)
+        seeded = reducer.identity_like(init) is None
+
+        def body(carry, x):
+            (mapped, v), i = x
+            part = piece(mapped, fixed, v)
+            if not seeded:
+                return reducer.combine(carry, part), None
+            take_first = lambda c, p: p  # noqa: E731
+            return jax.lax.cond(i == 0, take_first, reducer.combine, carry, part), None
+
+        out, _ = jax.lax.scan(body, init, (xs, jnp.arange(k)), unroll=self.unroll)
+        return out
+
+    # -- layout: (groups * length) rows <-> chunks ----------------------------------------------
+
+    def _grouped(self, x, length):
+        return x.reshape((self.groups, length) + x.shape[1:])
+
+    def _pad_groups(self, x, length, padded):
+        xg = jnp.moveaxis(self._grouped(x, length), 1, 0)
+        return jnp.moveaxis(pad_rows(xg, padded), 0, 1).reshape((-1,) + x.shape[1:])
+
+    def _chunks(self, x, length, k, s):
+        rest = x.shape[1:]
+        if self.groups == 1:
+            return x[: k * s].reshape((k, s) + rest)
+        xg = self._grouped(x, length)[:, : k * s].reshape((self.groups, k, s) + rest)
+        return jnp.moveaxis(xg, 1, 0).reshape((k, self.groups * s) + rest)
+
+    def _tail(self, x, length, start):
+        if self.groups == 1:
+            return x[start:]
+        return self._grouped(x, length)[:, start:].reshape((-1,) + x.shape[1:])
+
+    def _unchunk(self, y, k, s):
+        rest = y.shape[2:]
+        if self.groups == 1:
+            return y.reshape((k * s,) + rest)
+        yg = jnp.moveaxis(y.reshape((k, self.groups, s) + rest), 0, 1)
+        return yg.reshape((self.groups * k * s,) + rest)
+
+    def _join(self, out, rest, k, s, r):
+        if not self.reducer.keeps_rows:
+            return self.reducer.combine(out, rest)
+
+        def leaf(y, t):
+            body = self._unchunk(y, k, s).reshape((self.groups, k * s) + y.shape[2:])
+            tail = t.reshape((self.groups, r) + t.shape[1:])
+            return jnp.concatenate([body, tail], axis=1).reshape((-1,) + y.shape[2:])
+
+        return jax.tree_util.tree_map(leaf, out, rest)
+
+    def _truncate(self, y, length, n_real):
+        return self._grouped(y, length)[:, :n_real].reshape((-1,) + y.shape[1:])
+
+
+def _tmap(fn, tree):
+    return None if tree is None else jax.tree_util.tree_map(fn, tree)
+
+
+def _first(xs):
+    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), xs)
+

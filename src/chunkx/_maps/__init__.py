@@ -1,0 +1,1 @@
+"""The published maps: short compositions of the combinators."""

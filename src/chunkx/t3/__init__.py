@@ -1,0 +1,7 @@
+"""Tucker tensor trains: probe-derivative jets, their transposes as chunked pipelines."""
+
+from ._dense import binomial_combine_tensor as binomial_combine_tensor
+from ._dense import dense_probe_derivatives as dense_probe_derivatives
+from ._format import TuckerTensorTrain as TuckerTensorTrain
+from ._forward import t3_probe_derivatives as t3_probe_derivatives
+from ._forward import tv_probe_derivatives as tv_probe_derivatives

@@ -1,0 +1,84 @@
+"""Dense test oracle for probe derivatives and the binomial combine tensor."""
+
+import itertools
+import math
+import string
+from collections.abc import Sequence
+
+import jax.numpy as jnp
+from beartype import beartype
+from jaxtyping import Array, Float, jaxtyped
+
+from ._jets import binomial_table
+from ._validate import check_order
+
+
+@jaxtyped(typechecker=beartype)
+def binomial_combine_tensor(order: int, *, dtype=None) -> Float[Array, "T T T"]:
+    """The binomial product-rule tensor `trs[t, r, s] = C(t, r)` if `r + s == t`, else 0.
+
+    It combines jets: `(a b)^(t) = sum_{r, s} trs[t, r, s] a^(r) b^(s)`.
+
+    **Arguments:**
+
+    - `order`: highest derivative order `K >= 0`; `T = K + 1`.
+    - `dtype`: floating dtype (default: JAX's default float).
+
+    **Returns:**
+
+    An array `(T, T, T)`.
+    """
+    order = check_order("binomial_combine_tensor", order)
+    return binomial_table(order, jnp.zeros((), dtype).dtype)
+
+
+@jaxtyped(typechecker=beartype)
+def dense_probe_derivatives(
+    ww: Sequence[Float[Array, " _N"]],
+    pp: Sequence[Float[Array, " _N"]],
+    T: Float[Array, "..."],
+    order: int,
+) -> list[Float[Array, "_T _N"]]:
+    """Probe-derivative jets of a dense tensor by the multilinear subset expansion (test oracle).
+
+    `y_i^(t) = t! sum_{S subset modes \\ {i}, |S| = t} T contracted with p_j (j in S) and x_j
+    (j not in S, j != i)`. Cost grows like `2^d prod_j N_j`: small tests only.
+
+    **Arguments:**
+
+    - `ww`, `pp`: `d` unstacked vectors `(N_i,)`.
+    - `T`: the dense tensor `(N_0, ..., N_{d-1})`.
+    - `order`: highest derivative order.
+
+    **Returns:**
+
+    A list of `d` arrays `(order + 1, N_i)`.
+    """
+    fn = "dense_probe_derivatives"
+    order = check_order(fn, order)
+    d = T.ndim
+    if len(ww) != d or len(pp) != d:
+        raise ValueError(
+            f"`{fn}(ww, pp)`: expected d={d} vectors each (T has shape {tuple(T.shape)}), "
+            f"got {len(ww)} and {len(pp)}."
+        )
+    for i in range(d):
+        if ww[i].shape != (T.shape[i],) or pp[i].shape != (T.shape[i],):
+            raise ValueError(
+                f"`{fn}(ww, pp)`: ww[{i}] and pp[{i}] must have shape ({T.shape[i]},), "
+                f"got {tuple(ww[i].shape)} and {tuple(pp[i].shape)}."
+            )
+    letters = string.ascii_letters[:d]
+    out = []
+    for i in range(d):
+        others = [j for j in range(d) if j != i]
+        jets = []
+        for t in range(order + 1):
+            acc = jnp.zeros((T.shape[i],), T.dtype)
+            for subset in itertools.combinations(others, t):
+                vecs = [pp[j] if j in subset else ww[j] for j in others]
+                spec = ",".join([letters] + [letters[j] for j in others]) + "->" + letters[i]
+                acc = acc + jnp.einsum(spec, T, *vecs)
+            jets.append(math.factorial(t) * acc)
+        out.append(jnp.stack(jets))
+    return out

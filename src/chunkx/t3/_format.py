@@ -1,0 +1,158 @@
+"""The Tucker tensor train format: a final `eqx.Module` holding typed cores."""
+
+import math
+from collections.abc import Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from beartype import beartype
+from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
+
+from ._validate import check_cores
+
+# Per-core ranks differ, so only the frame stack `*C` is shared across the cores of one T3.
+TuckerCore = Float[Array, "*C _n _N"]
+TTCore = Float[Array, "*C _rl _n _rr"]
+CorePair = tuple[Sequence[TuckerCore], Sequence[TTCore]]
+
+
+class TuckerTensorTrain(eqx.Module):
+    """A Tucker tensor train (T3): Tucker cores `U_i` and TT cores `G_i`.
+
+    The dense tensor is
+    `T[o_0..o_{d-1}] = sum alpha[a_0] prod_i G_i[a_i, k_i, a_{i+1}] U_i[k_i, o_i] beta[a_d]`
+    with all-ones boundary vectors `alpha`, `beta` (boundary ranks > 1 are summed over).
+    A leading frame stack `C` (shared by all cores) represents a batch of T3s.
+
+    **Fields:**
+
+    - `tucker_cores`: `d` arrays `C + (n_i, N_i)`.
+    - `tt_cores`: `d` arrays `C + (r_i, n_i, r_{i+1})`.
+
+    Accepted wherever a `x` / `core_pair` argument is (`(tucker_cores, tt_cores)` works too).
+
+    !!! Example
+
+        ```python
+        import jax
+        from chunkx.t3 import TuckerTensorTrain
+        x = TuckerTensorTrain.randn(jax.random.key(0), (4, 5, 6), (2, 3, 2), (1, 2, 2, 1))
+        assert x.to_dense().shape == (4, 5, 6)
+        ```
+    """
+
+    tucker_cores: tuple[TuckerCore, ...]
+    tt_cores: tuple[TTCore, ...]
+
+    def __init__(self, tucker_cores: Sequence[TuckerCore], tt_cores: Sequence[TTCore]):
+        self.tucker_cores = tuple(tucker_cores)
+        self.tt_cores = tuple(tt_cores)
+
+    def __check_init__(self):
+        check_cores("TuckerTensorTrain", "tucker_cores, tt_cores", self.tucker_cores, self.tt_cores)
+
+    @property
+    def data(self) -> CorePair:
+        """The `(tucker_cores, tt_cores)` pair (t3toolbox's `TuckerTensorTrain.data`)."""
+        return self.tucker_cores, self.tt_cores
+
+    @property
+    def d(self) -> int:
+        return len(self.tucker_cores)
+
+    @property
+    def stack_shape(self) -> tuple[int, ...]:
+        return tuple(self.tucker_cores[0].shape[:-2])
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(U.shape[-1]) for U in self.tucker_cores)
+
+    @property
+    def tucker_ranks(self) -> tuple[int, ...]:
+        return tuple(int(U.shape[-2]) for U in self.tucker_cores)
+
+    @property
+    def tt_ranks(self) -> tuple[int, ...]:
+        return (int(self.tt_cores[0].shape[-3]),) + tuple(int(G.shape[-1]) for G in self.tt_cores)
+
+    def to_dense(self) -> Float[Array, "..."]:
+        """The dense tensor `C + (N_0, ..., N_{d-1})` (exponential in `d`: small cases only)."""
+        return to_dense(self.tucker_cores, self.tt_cores)
+
+    @staticmethod
+    @jaxtyped(typechecker=beartype)
+    def randn(
+        key: PRNGKeyArray,
+        shape: Sequence[int],
+        tucker_ranks: Sequence[int],
+        tt_ranks: Sequence[int],
+        stack_shape: Sequence[int] = (),
+        dtype=jnp.float32,
+    ) -> "TuckerTensorTrain":
+        """A T3 with i.i.d. `N(0, 1)` cores.
+
+        **Arguments:**
+
+        - `key`: a JAX PRNG key.
+        - `shape`: mode sizes `(N_0, ..., N_{d-1})`.
+        - `tucker_ranks`: `(n_0, ..., n_{d-1})`.
+        - `tt_ranks`: `(r_0, ..., r_d)` (`d + 1` entries).
+        - `stack_shape`: frame stack `C` in front of every core.
+        - `dtype`: floating dtype of the cores.
+
+        **Returns:**
+
+        A `TuckerTensorTrain`.
+        """
+        d = len(shape)
+        if len(tucker_ranks) != d or len(tt_ranks) != d + 1:
+            raise ValueError(
+                f"`TuckerTensorTrain.randn(tucker_ranks, tt_ranks)`: expected {d} Tucker ranks and "
+                f"{d + 1} TT ranks for shape {tuple(shape)}, got {tuple(tucker_ranks)} and "
+                f"{tuple(tt_ranks)}."
+            )
+        C = tuple(stack_shape)
+        keys = jax.random.split(key, 2 * d)
+        tucker = [
+            jax.random.normal(keys[i], C + (tucker_ranks[i], shape[i]), dtype) for i in range(d)
+        ]
+        tt = [
+            jax.random.normal(keys[d + i], C + (tt_ranks[i], tucker_ranks[i], tt_ranks[i + 1]), dtype)
+            for i in range(d)
+        ]
+        return TuckerTensorTrain(tucker, tt)
+
+
+def _dense_one(tucker, tt):
+    X = jnp.ones((tt[0].shape[0],), tt[0].dtype)  # (bond,)
+    for U, G in zip(tucker, tt):
+        X = jnp.tensordot(X, G, axes=1)  # (..., n, r')
+        X = jnp.moveaxis(jnp.tensordot(X, U, axes=((X.ndim - 2,), (0,))), -1, -2)
+    return X.sum(-1)
+
+
+def to_dense(tucker, tt) -> Array:
+    """Dense tensor of the T3 `(tucker, tt)`, frame stack `C` kept in front."""
+    C = tuple(tucker[0].shape[:-2])
+    f = _dense_one
+    for _ in C:
+        f = jax.vmap(f)
+    return f(list(tucker), list(tt))
+
+
+def as_core_pair(fn: str, name: str, x):
+    """Accept a `TuckerTensorTrain` or a `(tucker_cores, tt_cores)` pair."""
+    if isinstance(x, TuckerTensorTrain):
+        return x.data
+    if isinstance(x, Sequence) and len(x) == 2:
+        return tuple(x[0]), tuple(x[1])
+    raise ValueError(
+        f"`{fn}({name})`: expected a TuckerTensorTrain or a (tucker_cores, tt_cores) pair, "
+        f"got {type(x).__name__}."
+    )
+
+
+def prod(shape) -> int:
+    return math.prod(int(s) for s in shape)

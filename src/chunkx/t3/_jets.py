@@ -1,0 +1,127 @@
+"""Per-probe jet calculus of Tucker tensor trains (one probe, one frame, one tangent).
+
+Every function here works on a single probe `(x_i, p_i)` and unstacked cores; the public functions
+lift them with `jax.vmap` over the stacks (W probes, C frames, B tangents). Jets are stacks
+`(q^(0), ..., q^(K))` of raw derivatives along the ray `X + s P` (order axis first).
+"""
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+
+def binomial_table(order: int, dtype) -> Float[Array, "T T T"]:
+    """`trs[t, r, s] = C(t, r)` if `r + s == t` else 0, as a constant array of `dtype`."""
+    T = order + 1
+    trs = np.zeros((T, T, T))
+    for t in range(T):
+        for r in range(t + 1):
+            trs[t, r, t - r] = math.comb(t, r)
+    return jnp.asarray(trs, dtype=dtype)
+
+
+def _unit_jet(rank: int, order: int, dtype) -> Float[Array, "T r"]:
+    """The constant jet of the all-ones boundary vector: ones at order 0, zeros above."""
+    return jnp.zeros((order + 1, rank), dtype).at[0].set(1)
+
+
+def _tshift(J: Float[Array, "T ..."]) -> Float[Array, "T ..."]:
+    """`out[t] = t * J[t-1]` (`out[0] = 0`): the affine-input term of the product rule."""
+    T = J.shape[0]
+    tvec = jnp.arange(T, dtype=J.dtype).reshape((T,) + (1,) * (J.ndim - 1))
+    return tvec * jnp.concatenate([jnp.zeros_like(J[:1]), J[:-1]], axis=0)
+
+
+def _push(X, M0, M1):
+    """Left-to-right jet push through `A(v)`: `X^(t) M0 + t X^(t-1) M1` (M1 is None for K=0)."""
+    out = X @ M0
+    if M1 is not None:
+        out = out + _tshift(X) @ M1
+    return out
+
+
+def _pushr(Y, M0, M1):
+    """Right-to-left jet push through `A(v)`: `M0 Y^(t) + t M1 Y^(t-1)`."""
+    out = Y @ M0.T
+    if M1 is not None:
+        out = out + _tshift(Y) @ M1.T
+    return out
+
+
+def _comb(X, A, Y, trs):
+    """Binomial convolution `sum_r C(t,r) X^(r) A Y^(t-r)` -> `(T, k)`."""
+    AY = jnp.einsum("akb,sb->sak", A, Y)
+    XAY = jnp.einsum("ra,sak->rsk", X, AY)
+    return jnp.einsum("trs,rsk->tk", trs, XAY)
+
+
+def _mats(G, xi0, xi1):
+    """`G(xi0)`, `G(xi1)` as `(r, r')` matrices (`None` for a missing order)."""
+    M0 = jnp.einsum("akb,k->ab", G, xi0)
+    M1 = None if xi1 is None else jnp.einsum("akb,k->ab", G, xi1)
+    return M0, M1
+
+
+def _inputs(tucker, x, p, order):
+    """Affine input jets `(U_i x_i, U_i p_i)` (the second is None for order 0)."""
+    xi0 = [U @ xv for U, xv in zip(tucker, x)]
+    xi1 = [None] * len(x) if order == 0 else [U @ pv for U, pv in zip(tucker, p)]
+    return xi0, xi1
+
+
+def _sweeps(left, right, xi0, xi1, order):
+    """Left edge jets `L_i` through `left` cores, right edge jets `R_{i+1}` through `right` cores."""
+    d = len(left)
+    dtype = left[0].dtype
+    ML = [_mats(G, a, b) for G, a, b in zip(left, xi0, xi1)]
+    MR = [_mats(G, a, b) for G, a, b in zip(right, xi0, xi1)]
+    L = [_unit_jet(left[0].shape[0], order, dtype)]
+    for i in range(d - 1):
+        L.append(_push(L[-1], *ML[i]))
+    R = [_unit_jet(right[-1].shape[2], order, dtype)]
+    for i in range(d - 1, 0, -1):
+        R.insert(0, _pushr(R[0], *MR[i]))
+    return L, R, ML, MR
+
+
+def probe_jets(tucker, tt, x, p, order):
+    """Forward jets `z_i`, `(T, N_i)` each, of probing one T3 with one probe pair `(x, p)`."""
+    trs = binomial_table(order, tt[0].dtype)
+    xi0, xi1 = _inputs(tucker, x, p, order)
+    L, R, _, _ = _sweeps(tt, tt, xi0, xi1, order)
+    return tuple(_comb(Li, G, Ri, trs) @ U for Li, G, Ri, U in zip(L, tt, R, tucker))
+
+
+def tangent_jets(dtucker, dtt, frame, x, p, order):
+    """Forward jets of probing the tangent vector `(dU, dG)` in `frame = (U, O, P, Q)`."""
+    U, O, P, Q = frame
+    d = len(U)
+    dtype = O[0].dtype
+    trs = binomial_table(order, dtype)
+    xi0, xi1 = _inputs(U, x, p, order)
+    L, R, MP, MQ = _sweeps(P, Q, xi0, xi1, order)
+    dxi0, dxi1 = _inputs(dtucker, x, p, order)
+    # M(dG, xi) + M(O, dxi): the two variation sources share a push.
+    MV = []
+    for i in range(d):
+        a0, a1 = _mats(dtt[i], xi0[i], xi1[i])
+        b0, b1 = _mats(O[i], dxi0[i], dxi1[i])
+        MV.append((a0 + b0, None if a1 is None else a1 + b1))
+    S = [jnp.zeros((order + 1, Q[0].shape[0]), dtype)]
+    for i in range(d - 1):
+        S.append(_push(S[-1], *MQ[i]) + _push(L[i], *MV[i]))
+    Tau = [jnp.zeros((order + 1, P[-1].shape[2]), dtype)]
+    for i in range(d - 1, 0, -1):
+        Tau.insert(0, _pushr(Tau[0], *MP[i]) + _pushr(R[i], *MV[i]))
+    out = []
+    for i in range(d):
+        eta = _comb(L[i], O[i], R[i], trs)
+        deta = (
+            _comb(S[i], Q[i], R[i], trs)
+            + _comb(L[i], dtt[i], R[i], trs)
+            + _comb(L[i], P[i], Tau[i], trs)
+        )
+        out.append(deta @ U[i] + eta @ dtucker[i])
+    return tuple(out)

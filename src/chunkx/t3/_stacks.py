@@ -1,0 +1,70 @@
+"""Stack bookkeeping: flatten the W / B / C stacks to one axis each, lift per-probe maps.
+
+Internal layout: probes `ww_f[i]`: `(Wf, N_i)`; cores `(Cf,) + core`; variations
+`(Bf, Cf) + core`; per-row jets `(w, Bf, Cf, T, N_i)` (corewise: no `Bf`).
+"""
+
+import jax
+import jax.numpy as jnp
+
+from ._format import prod
+from ._jets import probe_jets, tangent_jets
+
+
+def flat_lead(arrays, lead):
+    """Reshape each array `lead + rest` to `(prod(lead),) + rest`."""
+    n = len(lead)
+    return tuple(a.reshape((prod(lead),) + tuple(a.shape[n:])) for a in arrays)
+
+
+def flat_stacks(arrays, B, C):
+    """Reshape each array `B + C + rest` to `(prod(B), prod(C)) + rest`."""
+    n = len(B) + len(C)
+    return tuple(a.reshape((prod(B), prod(C)) + tuple(a.shape[n:])) for a in arrays)
+
+
+def unflat_lead(arrays, lead):
+    return tuple(a.reshape(tuple(lead) + tuple(a.shape[1:])) for a in arrays)
+
+
+def probes_rows(ww, W):
+    return flat_lead(ww, W)
+
+
+def jets_to_rows(ztildes, W):
+    """`(T,) + W + rest` -> `(Wf,) + rest + (T,)`-free row layout `(Wf,) + rest[:-1] + (T, N)`."""
+    out = []
+    for z in ztildes:
+        z = jnp.moveaxis(z, 0, -2)  # W + rest[:-1] + (T, N)
+        out.append(z.reshape((prod(W),) + tuple(z.shape[len(W) :])))
+    return tuple(out)
+
+
+def rows_to_jets(rows, W):
+    """Inverse of `jets_to_rows`: `(Wf,) + mid + (T, N)` -> `(T,) + W + mid + (N,)`."""
+    out = []
+    for z in rows:
+        z = z.reshape(tuple(W) + tuple(z.shape[1:]))
+        out.append(jnp.moveaxis(z, -2, 0))
+    return tuple(out)
+
+
+def corewise_rows_fn(order):
+    """Batched forward: `(x_rows, p_rows, tucker_f, tt_f)` -> jets `(w, Cf, T, N_i)` per mode."""
+
+    def one(x, p, U, G):
+        return probe_jets(U, G, x, p, order)
+
+    per_frame = jax.vmap(one, in_axes=(None, None, 0, 0))
+    return jax.vmap(per_frame, in_axes=(0, 0, None, None))
+
+
+def tangent_rows_fn(order):
+    """Batched tangent forward: `(x_rows, p_rows, dU_f, dG_f, frame_f)` -> `(w, Bf, Cf, T, N_i)`."""
+
+    def one(x, p, dU, dG, frame):
+        return tangent_jets(dU, dG, frame, x, p, order)
+
+    per_frame = jax.vmap(one, in_axes=(None, None, 0, 0, 0))
+    per_tangent = jax.vmap(per_frame, in_axes=(None, None, 0, 0, None))
+    return jax.vmap(per_tangent, in_axes=(0, 0, None, None, None))
