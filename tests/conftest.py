@@ -1,0 +1,11 @@
+"""Test set-up: 4 fake CPU devices (set before jax is imported) and float64 available."""
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+).strip()
+
+import jax  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
