@@ -113,13 +113,13 @@ class TuckerTensorTrain(eqx.Module):
                 f"{d + 1} TT ranks for shape {tuple(shape)}, got {tuple(tucker_ranks)} and "
                 f"{tuple(tt_ranks)}."
             )
-        C = tuple(stack_shape)
+        C, r = tuple(stack_shape), tuple(tt_ranks)
         keys = jax.random.split(key, 2 * d)
         tucker = [
             jax.random.normal(keys[i], C + (tucker_ranks[i], shape[i]), dtype) for i in range(d)
         ]
         tt = [
-            jax.random.normal(keys[d + i], C + (tt_ranks[i], tucker_ranks[i], tt_ranks[i + 1]), dtype)
+            jax.random.normal(keys[d + i], C + (r[i], tucker_ranks[i], r[i + 1]), dtype)
             for i in range(d)
         ]
         return TuckerTensorTrain(tucker, tt)

@@ -72,7 +72,7 @@ def _inputs(tucker, x, p, order):
 
 
 def _sweeps(left, right, xi0, xi1, order):
-    """Left edge jets `L_i` through `left` cores, right edge jets `R_{i+1}` through `right` cores."""
+    """Left edge jets `L_i` via the `left` cores; right edge jets `R_{i+1}` via `right`."""
     d = len(left)
     dtype = left[0].dtype
     ML = [_mats(G, a, b) for G, a, b in zip(left, xi0, xi1)]
@@ -96,9 +96,9 @@ def probe_jets(tucker, tt, x, p, order):
 
 def tangent_jets(dtucker, dtt, frame, x, p, order):
     """Forward jets of probing the tangent vector `(dU, dG)` in `frame = (U, O, P, Q)`."""
-    U, O, P, Q = frame
+    U, Dn, P, Q = frame
     d = len(U)
-    dtype = O[0].dtype
+    dtype = Dn[0].dtype
     trs = binomial_table(order, dtype)
     xi0, xi1 = _inputs(U, x, p, order)
     L, R, MP, MQ = _sweeps(P, Q, xi0, xi1, order)
@@ -107,7 +107,7 @@ def tangent_jets(dtucker, dtt, frame, x, p, order):
     MV = []
     for i in range(d):
         a0, a1 = _mats(dtt[i], xi0[i], xi1[i])
-        b0, b1 = _mats(O[i], dxi0[i], dxi1[i])
+        b0, b1 = _mats(Dn[i], dxi0[i], dxi1[i])
         MV.append((a0 + b0, None if a1 is None else a1 + b1))
     S = [jnp.zeros((order + 1, Q[0].shape[0]), dtype)]
     for i in range(d - 1):
@@ -117,7 +117,7 @@ def tangent_jets(dtucker, dtt, frame, x, p, order):
         Tau.insert(0, _pushr(Tau[0], *MP[i]) + _pushr(R[i], *MV[i]))
     out = []
     for i in range(d):
-        eta = _comb(L[i], O[i], R[i], trs)
+        eta = _comb(L[i], Dn[i], R[i], trs)
         deta = (
             _comb(S[i], Q[i], R[i], trs)
             + _comb(L[i], dtt[i], R[i], trs)

@@ -13,7 +13,9 @@ def _shape(a) -> tuple[int, ...]:
 
 def check_order(fn: str, order) -> int:
     if isinstance(order, bool) or not isinstance(order, int) or order < 0:
-        raise ValueError(f"`{fn}(order={order!r})`: order must be a non-negative int, got {order!r}.")
+        raise ValueError(
+            f"`{fn}(order={order!r})`: order must be a non-negative int, got {order!r}."
+        )
     return order
 
 
@@ -109,16 +111,16 @@ def check_frame(fn: str, frame, d: int | None = None):
     """Frame `(U, O, P, Q)`; returns (d, C)."""
     if not isinstance(frame, Sequence) or len(frame) != 4:
         raise ValueError(f"`{fn}(frame)`: expected a 4-tuple (U, O, P, Q), got {type(frame)}.")
-    U, O, P, Q = frame
+    U, Dn, P, Q = frame
     d, C = check_cores(fn, "frame (U, P)", U, P, d)
     check_cores(fn, "frame (U, Q)", U, Q, d)
-    _check_len(fn, "frame O", O, d)
+    _check_len(fn, "frame O", Dn, d)
     nc = len(C)
     for i in range(d):
-        o, p, q = _shape(O[i]), _shape(P[i]), _shape(Q[i])
+        o, p, q = _shape(Dn[i]), _shape(P[i]), _shape(Q[i])
         if len(o) != nc + 3 or o[:nc] != C or o[nc] != p[nc] or o[-1] != q[-1]:
             raise ValueError(
-                f"`{fn}(frame)`: down core O[{i}] must have shape C + (rL_{i}, nO_{i}, rR_{i + 1})"
+                f"`{fn}(frame)`: down core Dn[{i}] must have shape C + (rL_{i}, nO_{i}, rR_{i + 1})"
                 f" = {C} + ({p[nc]}, nO, {q[-1]}), got {o}."
             )
     return d, C
@@ -128,14 +130,14 @@ def check_variation(fn: str, variation, frame, C):
     """Variation `(dU, dG)` matching the frame, with a tangent stack B in front; returns B."""
     if not isinstance(variation, Sequence) or len(variation) != 2:
         raise ValueError(f"`{fn}(variation)`: expected a pair (dU, dG), got {type(variation)}.")
-    U, O, P, Q = frame
+    U, Dn, P, Q = frame
     dU, dG = variation
     d, nc = len(U), len(C)
     _check_len(fn, "variation dU", dU, d)
     _check_len(fn, "variation dG", dG, d)
     B = _shape(dU[0])[: dU[0].ndim - nc - 2]
     for i in range(d):
-        o, u = _shape(O[i])[nc:], _shape(U[i])[nc:]
+        o, u = _shape(Dn[i])[nc:], _shape(U[i])[nc:]
         want_u = B + C + (o[1], u[1])
         want_g = B + C + (o[0], u[0], o[2])
         if _shape(dU[i]) != want_u:
