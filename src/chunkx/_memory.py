@@ -1,0 +1,269 @@
+"""The memory-planning machinery: measure compiled temp memory, fit a line, search a chunk size.
+
+One machinery serves every planner: `measure(B) -> bytes` (usually [`chunkx.compiled_temp_bytes`][]
+of a pipeline built with chunk size `B`), a straight-line model `bytes ≈ a + b·B`, and a bracketed
+search that verifies its answer and the next size up by compiling them.
+"""
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+
+_MAX_COMPILES = 12
+
+
+class MemoryPlan(eqx.Module):
+    """What the planner measured and chose.
+
+    **Fields:**
+
+    - `n`: the largest useful chunk size (rows per device).
+    - `budget_bytes`: the temp-memory budget.
+    - `points`: `(chunk size, temp bytes)` pairs that were compiled, in order of measurement.
+    - `a`, `b`: the model `bytes ≈ a + b·B`, fitted through `B = 1` and `B = n`.
+    - `predicted`: the chunk size the model alone gives, `floor((budget - a) / b)` in `[1, n]`.
+    - `chunk_size`: the verified answer: its measured temp is within the budget, and the next
+      size up was measured over it (unless `chunk_size == n`).
+    """
+
+    n: int = eqx.field(static=True)
+    budget_bytes: int = eqx.field(static=True)
+    points: tuple[tuple[int, int], ...] = eqx.field(static=True)
+    a: float = eqx.field(static=True)
+    b: float = eqx.field(static=True)
+    predicted: int = eqx.field(static=True)
+    chunk_size: int = eqx.field(static=True)
+
+    def bytes_at(self, size: int) -> int | None:
+        """The measured temp bytes at `size`, or `None` if that size was not compiled."""
+        return dict(self.points).get(size)
+
+
+def fit_line(points: Any) -> tuple[float, float]:
+    """Least-squares `(a, b)` of `bytes ≈ a + b·B` through `(B, bytes)` points (b >= 0)."""
+    xs = np.array([p[0] for p in points], float)
+    ys = np.array([p[1] for p in points], float)
+    if len(xs) < 2 or np.ptp(xs) == 0:
+        return float(ys.mean()), 0.0
+    b, a = np.polyfit(xs, ys, 1)
+    return float(a), float(max(b, 0.0))
+
+
+def _check_budget(who: str, name: str, budget: Any) -> int:
+    if isinstance(budget, bool) or not isinstance(budget, int | np.integer) or budget < 1:
+        raise ValueError(
+            f"`{who}({name}={budget!r})`: {name} must be a positive int (bytes), got {budget!r}."
+        )
+    return int(budget)
+
+
+def fit_memory(
+    measure: Callable[[int], int],
+    n: int,
+    budget_bytes: int,
+    *,
+    who: str = "fit_memory",
+    what: str = "the pipeline",
+    name: str = "budget_bytes",
+) -> MemoryPlan:
+    """The largest chunk size in `[1, n]` whose measured memory fits in `budget_bytes`.
+
+    Measures `B = 1` (an error if even that is over budget) and `B = n` (returned if it fits),
+    fits `bytes ≈ a + b·B` through them, then narrows the bracket `measure(lo) <= budget <
+    measure(hi)` by regula falsi (Illinois) until `hi == lo + 1`: with a linear memory profile
+    that is two more compilations, the predicted size and its neighbour. At most 12 sizes are
+    measured; the answer is always a measured size that fits.
+
+    **Arguments:**
+
+    - `measure`: `B -> bytes`, e.g. `lambda B: chunkx.compiled_temp_bytes(build(B), *args)`.
+    - `n`: the largest useful chunk size (the number of rows, per device).
+    - `budget_bytes`: the budget in bytes.
+    - `who`, `what`, `name`: the caller, the measured object and the budget argument, for messages.
+
+    **Returns:**
+
+    A [`chunkx.MemoryPlan`][].
+    """
+    budget = _check_budget(who, name, budget_bytes)
+    if n < 1:
+        return MemoryPlan(max(n, 0), budget, (), 0.0, 0.0, 1, 1)
+    seen: dict[int, int] = {}
+
+    def m(size: int) -> int:
+        if size not in seen:
+            seen[size] = int(measure(size))
+        return seen[size]
+
+    one = m(1)
+    if one > budget:
+        raise ValueError(
+            f"`{who}({name}={budget})`: the budget is smaller than one row of {what}: "
+            f"batch_size=1 needs {one} bytes of XLA temp memory. Raise {name} to at least {one}."
+        )
+    full = m(n)
+    a, b = fit_line([(1, one), (n, full)]) if n > 1 else (float(one), 0.0)
+    predicted = n if b == 0 else int(min(n, max(1, (budget - a) // b)))
+    if full <= budget:
+        return MemoryPlan(n, budget, tuple(seen.items()), a, b, predicted, n)
+    lo = _search(m, budget, n, predicted)
+    for d in _divisors_between(n, lo, predicted):  # sizes without a remainder chunk cost less
+        if m(d) <= budget or len(seen) >= _MAX_COMPILES:
+            lo = d if m(d) <= budget else lo
+            break
+    return MemoryPlan(n, budget, tuple(seen.items()), a, b, predicted, lo)
+
+
+def _search(m: Callable[[int], int], budget: int, n: int, first: int) -> int:
+    """Bracket `m(lo) <= budget < m(hi)` from `(1, n)` until `hi == lo + 1`; return `lo`.
+
+    Guesses: the model's `first`; after a success, the line through the last two successes
+    (memory grows at the local slope); after a failure, the secant through the bracket; after
+    two failures in a row, the midpoint.
+    """
+    lo, hi, prev, fails = 1, n, None, 0
+    guess = first
+    calls = 0
+    while hi - lo > 1 and calls < _MAX_COMPILES - 2:
+        guess = int(min(hi - 1, max(lo + 1, guess)))
+        calls += 1
+        if m(guess) <= budget:
+            prev, lo, fails = lo, guess, 0
+        else:
+            hi, fails = guess, fails + 1
+        slope_lo = (m(lo) - m(prev)) / (lo - prev) if prev is not None else 0.0
+        if fails == 0 and slope_lo > 0:
+            guess = lo + (budget - m(lo)) / slope_lo
+        elif fails <= 1:
+            guess = lo + (hi - lo) * (budget - m(lo)) / max(m(hi) - m(lo), 1)
+        else:
+            guess = (lo + hi) / 2
+    return lo
+
+
+def _divisors_between(n: int, lo: int, hi: int) -> list[int]:
+    """Divisors `d` of `n` with `lo < d <= hi`, largest first."""
+    return [d for d in range(min(hi, n), lo, -1) if n % d == 0][:2]
+
+
+# -- compiling a pipeline -----------------------------------------------------------------------
+
+
+def _is_leaf_array(x: Any) -> bool:
+    return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
+
+
+def _struct(x: Any) -> Any:
+    return jax.ShapeDtypeStruct(np.shape(x), x.dtype) if _is_leaf_array(x) else x
+
+
+def temp_bytes_of(compiled: Any, who: str) -> int:
+    """`compiled.memory_analysis().temp_size_in_bytes`, with a clear error where it is missing."""
+    analysis = compiled.memory_analysis()
+    temp = getattr(analysis, "temp_size_in_bytes", None)
+    if temp is None:
+        platform = jax.default_backend()
+        raise RuntimeError(
+            f"`{who}`: the {platform!r} backend reports no memory analysis for compiled code "
+            "(memory_analysis() returned None), so a chunk size cannot be planned; pass an "
+            "explicit batch_size/chunk_size instead."
+        )
+    return int(temp)
+
+
+def compiled_temp_bytes(
+    fn: Callable[..., Any], *args: Any, who: str = "compiled_temp_bytes"
+) -> int:
+    """XLA temp memory (bytes, per device) of `jax.jit(fn)(*args)` on the default backend.
+
+    Nothing is allocated or run: array leaves of `args` (and of `fn`, if it is a Module holding
+    arrays or tracers) become `jax.ShapeDtypeStruct`s and are only compiled for. Other leaves
+    are closed over as constants.
+    """
+    dyn, static = eqx.partition((fn, args), _is_leaf_array)
+    dyn = jax.tree_util.tree_map(_struct, dyn)
+
+    def run(d):
+        f, a = eqx.combine(d, static)
+        return f(*a)
+
+    return temp_bytes_of(jax.jit(run).lower(dyn).compile(), who)
+
+
+# -- cache of measurements per signature --------------------------------------------------------
+
+_CACHE: "OrderedDict[Hashable, tuple[tuple, dict[int, int]]]" = OrderedDict()
+_CACHE_SIZE = 64
+
+
+def _leaf_key(x: Any) -> Hashable:
+    if _is_leaf_array(x):
+        return ("array", tuple(np.shape(x)), str(x.dtype))
+    try:
+        hash(x)
+        return ("value", type(x).__name__, x)
+    except TypeError:
+        return ("id", id(x))
+
+
+def signature(*objects: Any) -> tuple[Hashable, tuple]:
+    """A cache key for `objects`: shapes/dtypes of arrays, values or identities of the rest.
+
+    Also returns the objects keyed by identity, which the cache keeps alive with the key.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(objects, is_leaf=_is_leaf_array)
+    keys = tuple(_leaf_key(x) for x in leaves)
+    keep = tuple(x for x, k in zip(leaves, keys) if k[0] == "id")
+    return (treedef, keys), keep
+
+
+def cached(key: Hashable, keepalive: tuple, measure: Callable[[int], int]) -> Callable[[int], int]:
+    """`measure` with its results remembered under `key` (LRU of 64 signatures).
+
+    `keepalive` holds the objects whose `id` is part of `key`, so ids cannot be reused while the
+    entry lives.
+    """
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        memo = _CACHE[key][1]
+    else:
+        memo = {}
+        _CACHE[key] = (keepalive, memo)
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+
+    def m(size: int) -> int:
+        if size not in memo:
+            memo[size] = measure(size)
+        return memo[size]
+
+    return m
+
+
+def plan_pipeline(
+    build: Callable[[int], Callable[..., Any]],
+    args: tuple,
+    n: int,
+    budget_bytes: int,
+    *,
+    who: str,
+    what: str,
+    name: str = "budget_bytes",
+    cache_on: Any = None,
+) -> MemoryPlan:
+    """Plan any pipeline builder: `build(B)(*args)` is compiled for the sizes the search needs.
+
+    `cache_on` (e.g. `(f, options)`) identifies `build` across calls: measurements are cached
+    per `signature(cache_on, args)`. With `cache_on=None` nothing is cached.
+    """
+
+    def measure(size: int) -> int:
+        return compiled_temp_bytes(build(size), *args, who=who)
+
+    if cache_on is not None:
+        measure = cached(*signature(cache_on, args), measure)
+    return fit_memory(measure, n, budget_bytes, who=who, what=what, name=name)

@@ -1,0 +1,105 @@
+"""Progress bars over chunk loops, reported from compiled code through `jax.debug.callback`.
+
+Nothing here is traced unless a map is built with `progress=True`: with it off the compiled
+program is exactly the plain `jax.lax.scan` (no callback, no custom call).
+"""
+
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class _TextBar:
+    """Fallback when tqdm is not installed: a line per tenth of the run on stderr."""
+
+    def __init__(self, total: int, desc: str):
+        self.total, self.desc, self.n, self._shown = total, desc, 0, -1
+
+    def update(self, k: int) -> None:
+        self.n += k
+        tenth = (10 * self.n) // max(self.total, 1)
+        if tenth != self._shown:
+            self._shown = tenth
+            print(f"{self.desc}: {self.n}/{self.total} chunks", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+def _new_bar(total: int, desc: str) -> Any:
+    try:
+        from tqdm import tqdm
+    except ImportError:  # tqdm is optional: `pip install tqdm` for a live bar
+        return _TextBar(total, desc)
+    return tqdm(total=total, desc=desc, unit="chunk", file=sys.stderr, leave=True)
+
+
+class ProgressState:
+    """Host-side state of one compiled loop: a bar opened at step 0 and closed at the last step.
+
+    Steps may be reported more than once (under `vmap`, or by every device under `shard_map`);
+    the bar follows the furthest step seen, and reports of a finished run are ignored until a
+    new run starts at step 0.
+    """
+
+    def __init__(self, total: int, desc: str):
+        self.total, self.desc = total, desc
+        self.bar: Any = None
+        self.lock = threading.Lock()
+
+    def __call__(self, step: Any) -> None:
+        i = int(np.max(np.asarray(step)))
+        with self.lock:
+            if self.bar is None:
+                if i != 0:
+                    return
+                self.bar = _new_bar(self.total, self.desc)
+            done = i + 1
+            if done > self.bar.n:
+                self.bar.update(done - self.bar.n)
+            if done >= self.total:
+                self.bar.close()
+                self.bar = None
+
+
+def ticker(total: int, desc: str = "chunkx") -> Callable[[Any], None]:
+    """A function to call in traced code with the 0-based step index; it drives one bar."""
+    state = ProgressState(total, desc)
+
+    def tick(step: Any) -> None:
+        jax.debug.callback(state, step)
+
+    return tick
+
+
+def scan(
+    step: Callable[[Any, Any], tuple[Any, Any]],
+    init: Any,
+    xs: Any,
+    length: int,
+    *,
+    unroll: int = 1,
+    progress: bool = False,
+    desc: str = "chunkx",
+) -> tuple[Any, Any]:
+    """`jax.lax.scan(step, init, xs)` over `length` steps, with a progress bar when asked.
+
+    With `progress=False` this is exactly `jax.lax.scan`. With `progress=True` every step
+    reports its index through `jax.debug.callback` after computing (under `jit` too).
+    """
+    if not progress:
+        return jax.lax.scan(step, init, xs, length=length, unroll=unroll)
+    tick = ticker(length, desc)
+
+    def body(carry, x_i):
+        x, i = x_i
+        out = step(carry, x)
+        tick(i)
+        return out
+
+    return jax.lax.scan(body, init, (xs, jnp.arange(length)), length=length, unroll=unroll)
