@@ -11,5 +11,7 @@ from ._combinators.chunk import Chunk as Chunk, Reduce as Reduce
 from ._combinators.pad import Pad as Pad
 from ._combinators.shard import Shard as Shard
 from ._maps.adv import BatchVmap as BatchVmap, batch_map as batch_map, batch_vmap as batch_vmap
+from ._maps.quantax import ChunkMap as ChunkMap, chunk_map as chunk_map
+from ._maps.quantax import jit_chunk_vmap as jit_chunk_vmap
 
 __version__ = "0.1.0"

@@ -1,7 +1,7 @@
 """`Chunk` and `Reduce`: evaluate a batched function over the mapped axis piece by piece."""
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import equinox as eqx
 import jax
@@ -69,6 +69,8 @@ class Chunk(eqx.Module):
     - `remainder`: `"call"` or `"pad"`.
     - `checkpoint`: rematerialise each chunk in reverse mode.
     - `unroll`: scan steps per loop iteration (fewer loop overheads for small chunks).
+    - `loop`: `"scan"` (default) or `"python"`: an unrolled Python loop, one call per chunk
+      (runs a non-traceable `fn` eagerly; under `jit` the program grows with the chunk count).
     - `groups`: view the mapped axis as `groups` equal contiguous blocks and take `size` rows of
       *each* block per step (device-local chunking of a batch-sharded array; `fn` sees
       `groups * size` rows).
@@ -82,6 +84,7 @@ class Chunk(eqx.Module):
     checkpoint: bool = eqx.field(static=True, default=True)
     unroll: int = eqx.field(static=True, default=1)
     groups: int = eqx.field(static=True, default=1)
+    loop: Literal["scan", "python"] = eqx.field(static=True, default="scan")
 
     def __check_init__(self):
         _check_size("Chunk", "size", self.size)
@@ -91,6 +94,8 @@ class Chunk(eqx.Module):
             raise ValueError(
                 f"`Chunk(remainder={self.remainder!r})`: remainder must be 'call' or 'pad'."
             )
+        if self.loop not in ("scan", "python"):
+            raise ValueError(f"`Chunk(loop={self.loop!r})`: loop must be 'scan' or 'python'.")
 
     def __call__(self, *args: Any, valid: RowMask | None = None) -> Any:
         axes = normalize_in_axes(self.in_axes, len(args), "Chunk")
@@ -101,7 +106,7 @@ class Chunk(eqx.Module):
                 f"`Chunk(groups={g})`: the mapped length must divide into {g} groups, got {n}."
             )
         length = n // g
-        if s is None or (length <= s and self.remainder == "call"):
+        if s is None or n == 0 or (length <= s and self.remainder == "call"):
             return _evaluate(self.fn, self.reducer, args, valid, "Chunk")
 
         if self.remainder == "pad":
@@ -142,6 +147,14 @@ class Chunk(eqx.Module):
 
     def _scan(self, piece, fixed, xs, k):
         reducer = self.reducer
+        if self.loop == "python":  # unrolled: one call per chunk, joined in order
+            parts = [piece(*_at(xs, i, fixed)) for i in range(k)]
+            if reducer.keeps_rows:
+                return jax.tree_util.tree_map(lambda *ys: jnp.stack(ys), *parts)
+            out = parts[0]
+            for p in parts[1:]:
+                out = reducer.combine(out, p)
+            return out
         if reducer.keeps_rows:
             step = lambda c, x: (c, piece(x[0], fixed, x[1]))  # noqa: E731
             return jax.lax.scan(step, None, xs, unroll=self.unroll)[1]
@@ -201,6 +214,11 @@ class Chunk(eqx.Module):
 
     def _truncate(self, y, length, n_real):
         return self._grouped(y, length)[:, :n_real].reshape((-1,) + y.shape[1:])
+
+
+def _at(xs, i, fixed):
+    mapped, v = jax.tree_util.tree_map(lambda x: x[i], xs)
+    return mapped, fixed, v
 
 
 def _tmap(fn, tree):

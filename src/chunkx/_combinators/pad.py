@@ -48,7 +48,7 @@ class Pad(eqx.Module):
         n = mapped_length(args, axes, "Pad")
         m = round_up(n, self.multiple)
         keeps = self.reducer.keeps_rows
-        if m == n:
+        if m == n or n == 0:
             return self.fn(*args) if keeps or valid is None else self.fn(*args, valid=valid)
         padded = map_mapped(lambda x: pad_rows(x, m), args, axes)
         if keeps:

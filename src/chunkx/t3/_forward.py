@@ -65,7 +65,7 @@ def t3_probe_derivatives(
     d, C = check_cores(fn, "x", tucker, tt)
     W = check_probes(fn, ww, pp, d)
     check_modes(fn, "Tucker", ww, tucker, len(C))
-    rows = corewise_rows_fn(order)(
+    rows = corewise_rows_fn(order, C != ())(
         probes_rows(ww, W), probes_rows(pp, W), flat_lead(tucker, C), flat_lead(tt, C)
     )
     return rows_to_jets(tuple(r.reshape(r.shape[:1] + C + r.shape[2:]) for r in rows), W)
@@ -102,6 +102,6 @@ def tv_probe_derivatives(
     BC = B + C
     dU, dG = (flat_stacks(v, B, C) for v in variation)
     frame_f = tuple(flat_lead(part, C) for part in frame)
-    rows = tangent_rows_fn(order)(probes_rows(ww, W), probes_rows(pp, W), dU, dG, frame_f)
+    rows = tangent_rows_fn(order, B != (), C != ())(probes_rows(ww, W), probes_rows(pp, W), dU, dG, frame_f)
     return rows_to_jets(tuple(r.reshape(r.shape[:1] + BC + r.shape[3:]) for r in rows), W)
 

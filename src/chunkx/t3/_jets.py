@@ -1,8 +1,9 @@
-"""Per-probe jet calculus of Tucker tensor trains (one probe, one frame, one tangent).
+"""Jet calculus of Tucker tensor trains for a batch of probes (one frame, one tangent).
 
-Every function here works on a single probe `(x_i, p_i)` and unstacked cores; the public functions
-lift them with `jax.vmap` over the stacks (W probes, C frames, B tangents). Jets are stacks
-`(q^(0), ..., q^(K))` of raw derivatives along the ray `X + s P` (order axis first).
+Every function here works on probes `(x_i, p_i)` of shape `w + (N_i,)` (`w` any batch shape,
+`()` for a single probe) and unstacked cores; the public functions lift them with `jax.vmap`
+over the frame stack C and the tangent stack B. Jets are stacks `(q^(0), ..., q^(K))` of raw
+derivatives along the ray `X + s P`, with the order axis second to last: `w + (T, r)`.
 """
 
 import math
@@ -22,16 +23,17 @@ def binomial_table(order: int, dtype) -> Float[Array, "T T T"]:
     return jnp.asarray(trs, dtype=dtype)
 
 
-def _unit_jet(rank: int, order: int, dtype) -> Float[Array, "T r"]:
+def _unit_jet(batch, rank: int, order: int, dtype) -> Float[Array, "*w T r"]:
     """The constant jet of the all-ones boundary vector: ones at order 0, zeros above."""
-    return jnp.zeros((order + 1, rank), dtype).at[0].set(1)
+    e = jnp.zeros((order + 1, rank), dtype).at[0].set(1)
+    return jnp.broadcast_to(e, tuple(batch) + e.shape)
 
 
-def _tshift(J: Float[Array, "T ..."]) -> Float[Array, "T ..."]:
+def _tshift(J: Float[Array, "*w T r"]) -> Float[Array, "*w T r"]:
     """`out[t] = t * J[t-1]` (`out[0] = 0`): the affine-input term of the product rule."""
-    T = J.shape[0]
-    tvec = jnp.arange(T, dtype=J.dtype).reshape((T,) + (1,) * (J.ndim - 1))
-    return tvec * jnp.concatenate([jnp.zeros_like(J[:1]), J[:-1]], axis=0)
+    T = J.shape[-2]
+    tvec = jnp.arange(T, dtype=J.dtype)[:, None]
+    return tvec * jnp.concatenate([jnp.zeros_like(J[..., :1, :]), J[..., :-1, :]], axis=-2)
 
 
 def _push(X, M0, M1):
@@ -44,30 +46,30 @@ def _push(X, M0, M1):
 
 def _pushr(Y, M0, M1):
     """Right-to-left jet push through `A(v)`: `M0 Y^(t) + t M1 Y^(t-1)`."""
-    out = Y @ M0.T
+    out = Y @ jnp.swapaxes(M0, -1, -2)
     if M1 is not None:
-        out = out + _tshift(Y) @ M1.T
+        out = out + _tshift(Y) @ jnp.swapaxes(M1, -1, -2)
     return out
 
 
 def _comb(X, A, Y, trs):
     """Binomial convolution `sum_r C(t,r) X^(r) A Y^(t-r)` -> `(T, k)`."""
-    AY = jnp.einsum("akb,sb->sak", A, Y)
-    XAY = jnp.einsum("ra,sak->rsk", X, AY)
-    return jnp.einsum("trs,rsk->tk", trs, XAY)
+    AY = jnp.einsum("akb,...sb->...sak", A, Y)
+    XAY = jnp.einsum("...ra,...sak->...rsk", X, AY)
+    return jnp.einsum("trs,...rsk->...tk", trs, XAY)
 
 
 def _mats(G, xi0, xi1):
     """`G(xi0)`, `G(xi1)` as `(r, r')` matrices (`None` for a missing order)."""
-    M0 = jnp.einsum("akb,k->ab", G, xi0)
-    M1 = None if xi1 is None else jnp.einsum("akb,k->ab", G, xi1)
+    M0 = jnp.einsum("akb,...k->...ab", G, xi0)
+    M1 = None if xi1 is None else jnp.einsum("akb,...k->...ab", G, xi1)
     return M0, M1
 
 
 def _inputs(tucker, x, p, order):
     """Affine input jets `(U_i x_i, U_i p_i)` (the second is None for order 0)."""
-    xi0 = [U @ xv for U, xv in zip(tucker, x)]
-    xi1 = [None] * len(x) if order == 0 else [U @ pv for U, pv in zip(tucker, p)]
+    xi0 = [xv @ U.T for U, xv in zip(tucker, x)]
+    xi1 = [None] * len(x) if order == 0 else [pv @ U.T for U, pv in zip(tucker, p)]
     return xi0, xi1
 
 
@@ -75,19 +77,20 @@ def _sweeps(left, right, xi0, xi1, order):
     """Left edge jets `L_i` via the `left` cores; right edge jets `R_{i+1}` via `right`."""
     d = len(left)
     dtype = left[0].dtype
+    batch = xi0[0].shape[:-1]
     ML = [_mats(G, a, b) for G, a, b in zip(left, xi0, xi1)]
     MR = [_mats(G, a, b) for G, a, b in zip(right, xi0, xi1)]
-    L = [_unit_jet(left[0].shape[0], order, dtype)]
+    L = [_unit_jet(batch, left[0].shape[0], order, dtype)]
     for i in range(d - 1):
         L.append(_push(L[-1], *ML[i]))
-    R = [_unit_jet(right[-1].shape[2], order, dtype)]
+    R = [_unit_jet(batch, right[-1].shape[2], order, dtype)]
     for i in range(d - 1, 0, -1):
         R.insert(0, _pushr(R[0], *MR[i]))
     return L, R, ML, MR
 
 
 def probe_jets(tucker, tt, x, p, order):
-    """Forward jets `z_i`, `(T, N_i)` each, of probing one T3 with one probe pair `(x, p)`."""
+    """Forward jets `z_i`, `w + (T, N_i)` each, of probing one T3 with probe pairs `(x, p)`."""
     trs = binomial_table(order, tt[0].dtype)
     xi0, xi1 = _inputs(tucker, x, p, order)
     L, R, _, _ = _sweeps(tt, tt, xi0, xi1, order)
@@ -109,10 +112,11 @@ def tangent_jets(dtucker, dtt, frame, x, p, order):
         a0, a1 = _mats(dtt[i], xi0[i], xi1[i])
         b0, b1 = _mats(Dn[i], dxi0[i], dxi1[i])
         MV.append((a0 + b0, None if a1 is None else a1 + b1))
-    S = [jnp.zeros((order + 1, Q[0].shape[0]), dtype)]
+    batch = xi0[0].shape[:-1]
+    S = [jnp.zeros(batch + (order + 1, Q[0].shape[0]), dtype)]
     for i in range(d - 1):
         S.append(_push(S[-1], *MQ[i]) + _push(L[i], *MV[i]))
-    Tau = [jnp.zeros((order + 1, P[-1].shape[2]), dtype)]
+    Tau = [jnp.zeros(batch + (order + 1, P[-1].shape[2]), dtype)]
     for i in range(d - 1, 0, -1):
         Tau.insert(0, _pushr(Tau[0], *MP[i]) + _pushr(R[i], *MV[i]))
     out = []

@@ -49,22 +49,33 @@ def rows_to_jets(rows, W):
     return tuple(out)
 
 
-def corewise_rows_fn(order):
+def _lift(fn, axes, stacked):
+    """vmap `fn` over a stack (output axis 1), or squeeze a trivial length-1 stack."""
+    if stacked:
+        return jax.vmap(fn, in_axes=axes, out_axes=1)
+    take = lambda a, ax: a if ax is None else jax.tree_util.tree_map(lambda v: v[0], a)  # noqa: E731
+
+    def squeezed(*args):
+        out = fn(*(take(a, ax) for a, ax in zip(args, axes)))
+        return tuple(z[:, None] for z in out)
+
+    return squeezed
+
+
+def corewise_rows_fn(order, c_stacked=True):
     """Batched forward: `(x_rows, p_rows, tucker_f, tt_f)` -> jets `(w, Cf, T, N_i)` per mode."""
 
     def one(x, p, U, G):
         return probe_jets(U, G, x, p, order)
 
-    per_frame = jax.vmap(one, in_axes=(None, None, 0, 0))
-    return jax.vmap(per_frame, in_axes=(0, 0, None, None))
+    return _lift(one, (None, None, 0, 0), c_stacked)
 
 
-def tangent_rows_fn(order):
+def tangent_rows_fn(order, b_stacked=True, c_stacked=True):
     """Batched tangent forward: `(x_rows, p_rows, dU_f, dG_f, frame_f)` -> `(w, Bf, Cf, T, N_i)`."""
 
     def one(x, p, dU, dG, frame):
         return tangent_jets(dU, dG, frame, x, p, order)
 
-    per_frame = jax.vmap(one, in_axes=(None, None, 0, 0, 0))
-    per_tangent = jax.vmap(per_frame, in_axes=(None, None, 0, 0, None))
-    return jax.vmap(per_tangent, in_axes=(0, 0, None, None, None))
+    per_frame = _lift(one, (None, None, 0, 0, 0), c_stacked)
+    return _lift(per_frame, (None, None, 0, 0, None), b_stacked)

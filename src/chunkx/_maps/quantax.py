@@ -1,0 +1,181 @@
+"""`chunk_map` and `jit_chunk_vmap`: quantax 0.4.0 semantics, composed from the combinators."""
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+from beartype import beartype
+from jax.sharding import Mesh
+from jaxtyping import jaxtyped
+
+from .._checks import check_callable, check_positive
+from .._combinators._rows import array_leaves, mapped_length
+from .._combinators.chunk import Chunk
+from .._combinators.pad import Pad
+from .._combinators.shard import Shard
+from .._types import InAxes
+from ._axes import MovedAxes, map_outputs, move_axis, normalize_axis
+
+
+class ChunkMap(eqx.Module):
+    """The callable returned by [`chunkx.chunk_map`][]; an equinox Module (a pytree)."""
+
+    f: Callable[..., Any]
+    in_axes: InAxes = eqx.field(static=True)
+    out_axes: int | tuple[int, ...] = eqx.field(static=True)
+    chunk_size: int | None = eqx.field(static=True)
+    use_scan: bool = eqx.field(static=True)
+    shard_batch: bool = eqx.field(static=True)
+    atleast_1chunk: bool = eqx.field(static=True)
+    mesh: Mesh | None = eqx.field(static=True)
+
+    def __call__(self, *args: Any) -> Any:
+        who = "chunk_map"
+        axes = _arg_axes(who, self.in_axes, args)
+        mapped = tuple(i for i, a in enumerate(axes) if a is not None)
+        if not mapped or not any(array_leaves(args[i]) for i in mapped):
+            return self.f(*args)
+        mesh = self.mesh
+        ndev = mesh.size if mesh is not None else jax.device_count()
+        moved = tuple(a if ax is None else move_axis(a, ax, 0) for a, ax in zip(args, axes))
+        zero = tuple(None if a is None else 0 for a in axes)
+        n = mapped_length(moved, zero, who)
+        per_device = -(-n // ndev)
+        c = self.chunk_size
+        if c is None or per_device == c or (per_device < c and not self.atleast_1chunk):
+            size = None  # quantax's fast path: f sees the whole (local) batch
+        else:
+            size = c
+        inner = MovedAxes(self.f, axes, self.out_axes)
+        if self.shard_batch:
+            piece = Shard(self._chunk(inner, size, zero, 1), mesh, in_axes=zero)
+        else:
+            piece = self._chunk(inner, size, zero, ndev)
+        if n % ndev:  # quantax needs n % D == 0; chunkx pads with copies of real rows
+            piece = Pad(piece, ndev, in_axes=zero)
+        out = piece(*moved)
+        return map_outputs(out, self.out_axes, lambda o, ax: move_axis(o, 0, ax))
+
+    def _chunk(self, inner, size, zero, groups):
+        if size is None:
+            return inner
+        return Chunk(
+            inner, size, in_axes=zero, remainder="pad", groups=groups,
+            loop="scan" if self.use_scan else "python",
+        )
+
+
+def _arg_axes(who, in_axes, args):
+    if in_axes is None or isinstance(in_axes, int):
+        axes = (in_axes,) * len(args)
+    else:
+        axes = tuple(in_axes)
+        if len(axes) != len(args):
+            raise ValueError(
+                f"`{who}(in_axes={in_axes!r})`: in_axes has {len(axes)} entries but the "
+                f"function was called with {len(args)} positional arguments."
+            )
+    return tuple(
+        None if a is None else normalize_axis(who, "in_axes", i, arg, a)
+        for i, (arg, a) in enumerate(zip(args, axes))
+    )
+
+
+class _CheckedOutAxes(eqx.Module):
+    """Reject an `out_axes` tuple that does not match a tuple output."""
+
+    f: Callable[..., Any]
+    out_axes: int | tuple[int, ...] = eqx.field(static=True)
+
+    def __call__(self, *args: Any) -> Any:
+        out = self.f(*args)
+        if isinstance(self.out_axes, tuple) and type(out) is tuple:
+            if len(self.out_axes) != len(out):
+                raise ValueError(
+                    f"`chunk_map(out_axes={self.out_axes!r})`: f returned a tuple of "
+                    f"{len(out)} outputs but out_axes has {len(self.out_axes)} entries."
+                )
+        return out
+
+
+@jaxtyped(typechecker=beartype)
+def chunk_map(
+    f: Callable[..., Any],
+    in_axes: InAxes = 0,
+    out_axes: int | tuple[int, ...] | None = 0,
+    chunk_size: int | None = None,
+    use_scan: bool = False,
+    shard_batch: bool = False,
+    atleast_1chunk: bool = False,
+    mesh: Mesh | None = None,
+) -> Callable[..., Any]:
+    """Evaluate an already-batched `f` in chunks of `chunk_size` rows per device (quantax 0.4.0).
+
+    With `D` devices (`mesh.size`, or all devices) and `b = n / D` rows per device, the loop is
+
+    ```python
+    for k in range(ceil(b / c)):       # c = chunk_size
+        rows_k = [rows(d * b + k * c, d * b + (k + 1) * c) for d in range(D)]
+        out_k = f(*concatenate(rows_k))  # D * c rows per call (c per device)
+    ```
+
+    with each device's last chunk padded (with copies of a real row, never zeros) and the padded
+    outputs cut off, so the result equals `f(*args)` row for row.
+
+    **Arguments:**
+
+    - `f`: a batched function (e.g. `jax.vmap(g)`); use [`chunkx.jit_chunk_vmap`][] for a
+      per-example `g`.
+    - `in_axes`: an int for every argument, or a tuple with one int/`None` per argument.
+    - `out_axes`: an int, or a tuple with one int per output of a tuple-returning `f`.
+    - `chunk_size`: rows per device per call; `None` returns `f` itself.
+    - `use_scan`: `True`: one `lax.scan` (one trace); `False`: a Python loop over chunks (works
+      for non-traceable `f` when called eagerly; unrolls under `jit`).
+    - `shard_batch`: run the loop inside `jax.shard_map`, so `f` sees device-local rows.
+    - `atleast_1chunk`: pad a batch smaller than one chunk up to `chunk_size` rows per device.
+    - `mesh`: the device mesh (any number of axes; the mapped axis is split over all of them).
+
+    **Returns:**
+
+    A [`chunkx.ChunkMap`][] Module, or `f` itself when there is nothing to chunk.
+    """
+    who = "chunk_map"
+    check_callable(who, "f", f)
+    check_positive(who, "chunk_size", chunk_size)
+    axes_all_none = in_axes is None or (isinstance(in_axes, tuple | list) and all(
+        a is None for a in in_axes))
+    if isinstance(in_axes, list):
+        in_axes = tuple(in_axes)
+    if axes_all_none or (chunk_size is None and not shard_batch):
+        return f
+    if out_axes is None or (isinstance(out_axes, tuple) and None in out_axes):
+        raise NotImplementedError(
+            f"`{who}(out_axes={out_axes!r})`: `chunk_map` with `out_axes=None` not implemented; "
+            "every output must carry the batch axis."
+        )
+    return ChunkMap(
+        _CheckedOutAxes(f, out_axes), in_axes, out_axes, chunk_size, use_scan, shard_batch,
+        atleast_1chunk, mesh,
+    )
+
+
+@jaxtyped(typechecker=beartype)
+def jit_chunk_vmap(
+    f: Callable[..., Any],
+    in_axes: InAxes = 0,
+    out_axes: int | tuple[int, ...] = 0,
+    chunk_size: int | None = None,
+    shard_batch: bool = False,
+    mesh: Mesh | None = None,
+) -> Callable[..., Any]:
+    """`eqx.filter_jit(chunk_map(eqx.filter_vmap(f, in_axes, out_axes), ..., use_scan=True))`.
+
+    **Arguments:** as in [`chunkx.chunk_map`][]; `f` is a per-example function.
+
+    **Returns:** a jitted callable.
+    """
+    vmapped = eqx.filter_vmap(f, in_axes=in_axes, out_axes=out_axes)
+    return eqx.filter_jit(
+        chunk_map(vmapped, in_axes, out_axes, chunk_size, True, shard_batch, False, mesh)
+    )

@@ -1,0 +1,197 @@
+"""`sparse_pullback`, `sparse_pullback_map`, `check_block_diagonal` (adv-jax-math 1.3 API)."""
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from beartype import beartype
+from jax.sharding import Mesh
+from jaxtyping import PRNGKeyArray, PyTree, jaxtyped
+
+from .._checks import check_callable, check_mesh_1d, resolve_batch_size
+from .._combinators._rows import mapped_length
+from .._combinators.pullback import Pullback, check_contract
+from .._combinators.reduce import identity
+from .adv import _first_row, _Strip, compose, reducer_for
+
+
+def _mismatch(fn: Callable, y: Any, key: Any) -> tuple[Any, Any, Any]:
+    """`fn(y)`, and how far the sparse pullback of a random cotangent is from the dense one."""
+    out, vjp = eqx.filter_vjp(fn, y)
+    g = jax.random.normal(key, out.shape, out.dtype)
+    dense = jax.tree_util.tree_leaves(vjp(g))
+    diag = jax.tree_util.tree_leaves(vjp(jnp.ones_like(out)))
+    err = jnp.zeros((), out.dtype)
+    scale = jnp.zeros((), out.dtype)
+    for d, p in zip(dense, diag):
+        sparse = p * g.reshape(g.shape + (1,) * (p.ndim - g.ndim))
+        err = jnp.maximum(err, jnp.max(jnp.abs(d - sparse), initial=0).astype(out.dtype))
+        scale = jnp.maximum(scale, jnp.max(jnp.abs(d), initial=0).astype(out.dtype))
+    return out, err, scale
+
+
+def _raise_if_mixed(who: str, x: Any, err: Any, scale: Any, rtol: float, atol: float) -> Any:
+    bad = err > atol + rtol * scale
+    msg = (
+        f"`{who}`: fn's Jacobian is not block-diagonal along the mapped axis: a dense VJP "
+        "with a random cotangent differs from the sparse rule (diagonal blocks times the "
+        "cotangent), so sparse derivatives would be silently wrong. Use plain autodiff or "
+        "batch_map for this fn."
+    )
+    try:
+        if bool(bad):
+            raise ValueError(f"{msg} Max abs difference {float(err):.3g}, scale {float(scale):.3g}.")
+        return x
+    except jax.errors.ConcretizationTypeError:
+        return eqx.error_if(x, bad, msg)
+
+
+@jaxtyped(typechecker=beartype)
+def check_block_diagonal(
+    fn: Callable[[Any], Any],
+    y: PyTree,
+    *,
+    key: PRNGKeyArray | None = None,
+    rtol: float = 1e-4,
+    atol: float = 1e-6,
+) -> Any:
+    """Return `fn(y)`, raising if `fn`'s Jacobian is visibly not block-diagonal at `y`.
+
+    Compares the dense pullback `vjp(fn)(g)` of a random cotangent `g` with the sparse rule
+    `p * g` (`p = vjp(fn)(ones)`), which agree exactly when the contract of
+    [`chunkx.Pullback`][] holds. It costs one `fn` and two VJPs, so run it on a small slice
+    (`sparse_pullback(check_block_diagonal=True)` checks the first chunk). Outside `jit` it
+    raises `ValueError`; under `jit` the error is an `equinox.error_if` on the returned value.
+
+    **Arguments:**
+
+    - `fn`: a natively batched function of one pytree, returning one array.
+    - `y`: the input pytree.
+    - `key`: the random key for the cotangent (default `jax.random.key(0)`).
+    - `rtol`, `atol`: tolerance on the largest absolute difference.
+
+    **Returns:**
+
+    `fn(y)`.
+    """
+    who = "check_block_diagonal"
+    check_callable(who, "fn", fn)
+    check_contract(who, y, jax.eval_shape(fn, y))
+    key = jax.random.key(0) if key is None else key
+    out, err, scale = _mismatch(fn, y, key)
+    return _raise_if_mixed(who, out, err, scale, rtol, atol)
+
+
+def _head(y: Any, rows: int, strip: bool) -> Any:
+    return jax.tree_util.tree_map(lambda x: x[0] if strip else x[:rows], y)
+
+
+@jaxtyped(typechecker=beartype)
+def sparse_pullback(
+    fn: Callable[[Any], Any],
+    y: PyTree,
+    /,
+    batch_size: int | None = None,
+    *,
+    reduction: Callable[[Any, Any], Any] | None = None,
+    chunk_reduction: Callable[[Any], Any] = identity,
+    strip_dim0: bool = False,
+    shard: bool = False,
+    mesh: Mesh | None = None,
+    higher_order: bool = False,
+    check_block_diagonal: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """`chunk_reduction(fn(y))` in chunks, differentiated through the diagonal blocks of `fn`.
+
+    **Contract: `fn(y)[i]` may depend only on row `i` of the leaves of `y`** (a per-sample map;
+    block-diagonal Jacobian). Then the values are those of [`chunkx.batch_map`][] and every
+    derivative (`grad`, `jacrev`, `jvp`, `jacfwd`, `linearize`, `hessian`) is exact, while
+    reverse mode stores one block per row instead of `fn`'s intermediates. If the contract is
+    broken, derivatives are silently wrong; pass `check_block_diagonal=True` while developing.
+
+    As a plain loop (`rows(i, j)` slices every leaf of `y`; `fn` is not vmapped):
+
+    ```python
+    parts = [chunk_reduction(Pullback(fn)(rows(i, min(i + B, n)))) for i in range(0, n, B)]
+    out = parts[0]
+    for p in parts[1:]:
+        out = reduction(out, p)          # reduction=None: concatenate along axis 0
+    ```
+
+    **Arguments:**
+
+    - `fn`: a natively vectorised function of one pytree returning one array whose shape is a
+      leading part of every floating leaf's shape.
+    - `y`: the pytree whose leaves are chunked along axis 0.
+    - `batch_size`: rows per chunk (per device with `shard=True`); `None`: no chunking.
+      `chunk_size=` is accepted as an alias when `batch_size` is `None`.
+    - `reduction`, `chunk_reduction`, `shard`, `mesh`: as in [`chunkx.batch_map`][].
+    - `strip_dim0`: with `batch_size=1`, `fn` receives single rows without the leading axis.
+    - `higher_order`: see [`chunkx.Pullback`][]; second derivatives are exact either way.
+    - `check_block_diagonal`: compare the sparse rule with a dense VJP (random cotangent) on
+      the first chunk and raise if they differ (see [`chunkx.check_block_diagonal`][]).
+
+    **Returns:**
+
+    `chunk_reduction(fn(y))`, or the folded chunk results with a `reduction`.
+    """
+    who = "sparse_pullback"
+    check_callable(who, "fn", fn)
+    batch_size = resolve_batch_size(who, batch_size, kwargs)
+    if shard:
+        check_mesh_1d(who, mesh)
+    if strip_dim0 and batch_size != 1:
+        raise ValueError(
+            f"`{who}(strip_dim0=True, batch_size={batch_size!r})`: strip_dim0 needs "
+            "batch_size=1 (fn then receives single rows without their leading axis)."
+        )
+    n = mapped_length((y,), (0,), who)
+    if n:
+        rows = n if batch_size is None else min(n, batch_size)
+        check_contract(who, _head(y, rows, strip_dim0), jax.eval_shape(fn, _head(y, rows, strip_dim0)))
+    inner = Pullback(fn, higher_order)
+    if strip_dim0:
+        inner = _Strip(inner)
+        if reduction is not None:
+            if n == 0:
+                raise ValueError(
+                    f"`{who}(strip_dim0=True, reduction=...)`: y has 0 rows and the "
+                    "reduction has no identity element to return."
+                )
+            chunk_reduction = _first_row
+    reducer, post = reducer_for(who, reduction, chunk_reduction)
+    out = compose(inner, (0,), batch_size, reducer, shard, mesh, checkpoint=False)(y)
+    out = out if post is None else post(out)
+    if check_block_diagonal and n:
+        _, err, scale = _mismatch(fn, _head(y, rows, strip_dim0), jax.random.key(0))
+        out = _raise_if_mixed(f"{who}(check_block_diagonal=True)", out, err, scale, 1e-4, 1e-6)
+    return out
+
+
+@jaxtyped(typechecker=beartype)
+def sparse_pullback_map(
+    fn: Callable[[Any], Any], y: PyTree, *, higher_order: bool = False
+) -> Pullback:
+    """`fn` with the block-diagonal derivative rule, closure-converted at the example `y`.
+
+    `sparse_pullback_map(fn, y)(z)` is `fn(z)` for `z` shaped like `y`, with the derivatives of
+    [`chunkx.Pullback`][] (same contract). Calling it on differently shaped input raises
+    equinox's closure-conversion error, as in adv-jax-math.
+
+    **Arguments:**
+
+    - `fn`: a natively vectorised function of one pytree returning one array.
+    - `y`: an example input (only shapes and dtypes are used).
+    - `higher_order`: see [`chunkx.Pullback`][].
+
+    **Returns:**
+
+    A [`chunkx.Pullback`][] Module.
+    """
+    who = "sparse_pullback_map"
+    check_callable(who, "fn", fn)
+    check_contract(who, y, jax.eval_shape(fn, y))
+    return Pullback(eqx.filter_closure_convert(fn, y), higher_order)
