@@ -42,7 +42,9 @@ def _raise_if_mixed(who: str, x: Any, err: Any, scale: Any, rtol: float, atol: f
     )
     try:
         if bool(bad):
-            raise ValueError(f"{msg} Max abs difference {float(err):.3g}, scale {float(scale):.3g}.")
+            raise ValueError(
+                f"{msg} Max abs difference {float(err):.3g}, scale {float(scale):.3g}."
+            )
         return x
     except jax.errors.ConcretizationTypeError:
         return eqx.error_if(x, bad, msg)
@@ -151,7 +153,9 @@ def sparse_pullback(
     n = mapped_length((y,), (0,), who)
     if n:
         rows = n if batch_size is None else min(n, batch_size)
-        check_contract(who, _head(y, rows, strip_dim0), jax.eval_shape(fn, _head(y, rows, strip_dim0)))
+        check_contract(
+            who, _head(y, rows, strip_dim0), jax.eval_shape(fn, _head(y, rows, strip_dim0))
+        )
     inner = Pullback(fn, higher_order)
     if strip_dim0:
         inner = _Strip(inner)
