@@ -1,7 +1,7 @@
 """`batch_vmap` and `batch_map`: adv-jax-math 1.3 semantics, composed from the combinators."""
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import equinox as eqx
 import jax
@@ -9,12 +9,13 @@ from beartype import beartype
 from jax.sharding import Mesh
 from jaxtyping import jaxtyped
 
-from .._checks import check_callable, check_mesh_1d, resolve_batch_size
-from .._combinators._rows import normalize_in_axes
+from .._checks import check_callable, check_mesh_1d, check_positive, resolve_batch_size
+from .._combinators._rows import mapped_length, normalize_in_axes
 from .._combinators.chunk import Chunk, Reduce
 from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
 from .._combinators.shard import Shard
 from .._combinators.vmap import Vmap
+from .._plan import per_device_rows, resolve_auto
 from .._types import InAxes
 from ._axes import move_axis, normalize_axis
 
@@ -51,12 +52,13 @@ class BatchVmap(eqx.Module):
 
     f: Callable[..., Any]
     in_axes: InAxes = eqx.field(static=True)
-    batch_size: int | None = eqx.field(static=True)
+    batch_size: int | Literal["auto"] | None = eqx.field(static=True)
     reducer: AbstractReducer
     post: Callable | None = eqx.field(static=True)
     shard: bool = eqx.field(static=True)
     mesh: Mesh | None = eqx.field(static=True)
     checkpoint: bool = eqx.field(static=True)
+    memory_budget: int | None = eqx.field(static=True, default=None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         who = "batch_vmap"
@@ -77,11 +79,17 @@ class BatchVmap(eqx.Module):
             args, zero = args + (kwargs,), zero + (None,)
         else:
             f = self.f
-        pipeline = compose(
-            Vmap(f, zero), zero, self.batch_size, self.reducer, self.shard, self.mesh,
-            self.checkpoint,
-        )
-        out = pipeline(*args)
+        def build(size):
+            return compose(
+                Vmap(f, zero), zero, size, self.reducer, self.shard, self.mesh, self.checkpoint
+            )
+
+        size = self.batch_size
+        if size == "auto":
+            n = per_device_rows(mapped_length(args, zero, who), self.shard, self.mesh)
+            key = (self.f, zero, self.reducer, self.shard, self.mesh, self.checkpoint, who)
+            size = resolve_auto(who, build, args, n, self.memory_budget, cache_on=key)
+        out = build(size)(*args)
         return out if self.post is None else self.post(out)
 
 
@@ -116,12 +124,13 @@ def batch_vmap(
     /,
     in_axes: InAxes = 0,
     *,
-    batch_size: int | None = None,
+    batch_size: int | Literal["auto"] | None = None,
     reduction: Callable[[Any, Any], Any] | None = None,
     chunk_reduction: Callable[[Any], Any] = identity,
     shard: bool = False,
     mesh: Mesh | None = None,
     checkpoint: bool = True,
+    memory_budget: int | None = None,
     **kwargs: Any,
 ) -> BatchVmap:
     """`jax.vmap(f, in_axes)` evaluated in chunks of `batch_size` rows (adv-jax-math 1.3 API).
@@ -154,6 +163,9 @@ def batch_vmap(
     - `shard`: split the mapped rows over the devices of `mesh` (see [`chunkx.Shard`][]).
     - `mesh`: a one-dimensional mesh (Auto or Explicit axis); `None`: all devices.
     - `checkpoint`: rematerialise chunks in reverse mode.
+    - `memory_budget`: with `batch_size="auto"`, bytes of XLA temp memory per device; the
+      largest fitting size is planned at trace time (see [`chunkx.plan_chunk_size`][]).
+      `None`: half the device's memory where the backend reports it (a CPU needs a budget).
 
     **Returns:**
 
@@ -170,11 +182,28 @@ def batch_vmap(
     """
     who = "batch_vmap"
     check_callable(who, "f", f)
-    batch_size = resolve_batch_size(who, batch_size, kwargs)
+    batch_size = _resolve_size(who, batch_size, kwargs, memory_budget)
     if shard:
         check_mesh_1d(who, mesh)
     reducer, post = reducer_for(who, reduction, chunk_reduction)
-    return BatchVmap(f, in_axes, batch_size, reducer, post, shard, mesh, checkpoint)
+    return BatchVmap(f, in_axes, batch_size, reducer, post, shard, mesh, checkpoint, memory_budget)
+
+
+def _resolve_size(who, batch_size, kwargs, memory_budget):
+    """`resolve_batch_size`, plus `"auto"` (planned at trace time within `memory_budget`)."""
+    auto = batch_size == "auto" or kwargs.get("chunk_size") == "auto"
+    if auto:
+        resolve_batch_size(who, None, {k: v for k, v in kwargs.items() if k != "chunk_size"})
+    else:
+        batch_size = resolve_batch_size(who, batch_size, kwargs)
+    if memory_budget is not None:
+        check_positive(who, "memory_budget", memory_budget)
+        if not auto:
+            raise ValueError(
+                f"`{who}(memory_budget={memory_budget!r})`: memory_budget is only used with "
+                f"batch_size='auto', got batch_size={batch_size!r}."
+            )
+    return "auto" if auto else batch_size
 
 
 class _Strip(eqx.Module):
@@ -196,7 +225,7 @@ def batch_map(
     fun: Callable[[Any], Any],
     fun_input: Any,
     /,
-    batch_size: int | None = None,
+    batch_size: int | Literal["auto"] | None = None,
     *,
     reduction: Callable[[Any, Any], Any] | None = None,
     chunk_reduction: Callable[[Any], Any] = identity,
@@ -204,6 +233,7 @@ def batch_map(
     shard: bool = False,
     mesh: Mesh | None = None,
     checkpoint: bool = True,
+    memory_budget: int | None = None,
     **kwargs: Any,
 ) -> Any:
     """`chunk_reduction(fun(fun_input))` computed in chunks; `fun` is *not* vmapped.
@@ -217,8 +247,8 @@ def batch_map(
 
     - `fun`: a vectorised function of one pytree.
     - `fun_input`: the pytree whose leaves are chunked along axis 0.
-    - `batch_size`, `reduction`, `chunk_reduction`, `shard`, `mesh`, `checkpoint`, `chunk_size`:
-      as in [`chunkx.batch_vmap`][].
+    - `batch_size`, `reduction`, `chunk_reduction`, `shard`, `mesh`, `checkpoint`, `chunk_size`,
+      `memory_budget`: as in [`chunkx.batch_vmap`][].
     - `strip_dim0`: with `batch_size=1`, call `fun` on single elements without their leading
       axis (no vmap: `lax.cond` stays a branch); with a `reduction`, the per-element results
       are folded and `chunk_reduction` is not used. Any other `batch_size` is an error.
@@ -229,7 +259,7 @@ def batch_map(
     """
     who = "batch_map"
     check_callable(who, "fun", fun)
-    batch_size = resolve_batch_size(who, batch_size, kwargs)
+    batch_size = _resolve_size(who, batch_size, kwargs, memory_budget)
     if shard:
         check_mesh_1d(who, mesh)
     if strip_dim0:
@@ -248,7 +278,15 @@ def batch_map(
                 )
             chunk_reduction = _first_row
     reducer, post = reducer_for(who, reduction, chunk_reduction)
-    out = compose(fun, (0,), batch_size, reducer, shard, mesh, checkpoint)(fun_input)
+
+    def build(size):
+        return compose(fun, (0,), size, reducer, shard, mesh, checkpoint)
+
+    if batch_size == "auto":
+        n = per_device_rows(_length(who, fun_input), shard, mesh)
+        key = (fun, reducer, shard, mesh, checkpoint, who)
+        batch_size = resolve_auto(who, build, (fun_input,), n, memory_budget, cache_on=key)
+    out = build(batch_size)(fun_input)
     return out if post is None else post(out)
 
 
