@@ -1,0 +1,261 @@
+"""`batch_vectorize`: `jax.numpy.vectorize` whose loop dimensions are chunked `batch_vmap`s."""
+
+import re
+import warnings
+from collections.abc import Callable, Collection
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from beartype import beartype
+from jaxtyping import jaxtyped
+
+from .._checks import check_callable, resolve_batch_size
+from .adv import batch_vmap
+
+_WHO = "batch_vectorize"
+# A gufunc signature: "(m,n),(n)->(m)"; dimension names are word characters, no spaces.
+_OPERAND = r"\((?:\w+(?:,\w+)*)?\)"
+_OPERANDS = rf"{_OPERAND}(?:,{_OPERAND})*"
+_SIGNATURE = re.compile(rf"^{_OPERANDS}->{_OPERANDS}$")
+
+CoreDims = tuple[str, ...]
+
+
+def parse_signature(signature: str) -> tuple[list[CoreDims], list[CoreDims]]:
+    """Core dimension names of every input and output of a gufunc signature."""
+    if not _SIGNATURE.match(signature):
+        raise ValueError(f"`{_WHO}(signature=...)`: not a valid gufunc signature: {signature}")
+    inputs, outputs = signature.split("->")
+    return _operands(inputs), _operands(outputs)
+
+
+def _operands(text: str) -> list[CoreDims]:
+    return [tuple(re.findall(r"\w+", op)) for op in re.findall(_OPERAND, text)]
+
+
+def _record_sizes(sizes: dict, shape: tuple, core: CoreDims, context: str, is_input: bool):
+    """Check one operand's core dimensions against (and add them to) `sizes`."""
+    if is_input and len(shape) < len(core):
+        raise ValueError(
+            f"`{_WHO}`: input with shape {shape!r} does not have enough dimensions for all "
+            f"core dimensions {core!r} {context}"
+        )
+    if not is_input and len(shape) != len(core):
+        raise ValueError(
+            f"`{_WHO}`: output shape {shape!r} does not match core dimensions {core!r} {context}"
+        )
+    for name, size in zip(core, shape[len(shape) - len(core) :]):
+        if sizes.setdefault(name, size) != size:
+            raise ValueError(
+                f"`{_WHO}`: inconsistent size for core dimension {name!r}: {size!r} vs "
+                f"{sizes[name]!r} {context}"
+            )
+
+
+class _CheckOutputs(eqx.Module):
+    """`fn`, with its outputs checked against the signature's output core dimensions."""
+
+    fn: Callable[..., Any]
+    sizes: tuple[tuple[str, int], ...] = eqx.field(static=True)
+    out_core: tuple[CoreDims, ...] = eqx.field(static=True)
+    context: str = eqx.field(static=True)
+
+    def __call__(self, *args: Any) -> Any:
+        out = self.fn(*args)
+        many = isinstance(out, tuple)
+        if len(self.out_core) > 1 and not many:
+            raise TypeError(
+                f"`{_WHO}`: output must be a tuple when multiple outputs are expected, "
+                f"got: {out!r}\n{self.context}"
+            )
+        outs = out if many else (out,)
+        if len(outs) != len(self.out_core):
+            raise TypeError(
+                f"`{_WHO}`: wrong number of output arguments: expected {len(self.out_core)!r}, "
+                f"got {len(outs)!r} {self.context}"
+            )
+        sizes = dict(self.sizes)
+        for o, core in zip(outs, self.out_core):
+            _record_sizes(sizes, jnp.shape(o), core, self.context, is_input=False)
+        return out
+
+
+class _Bind(eqx.Module):
+    """`fn` with some positional and keyword arguments fixed (the excluded or `None` ones)."""
+
+    fn: Callable[..., Any]
+    fixed: tuple  # ((position, value), ...) in increasing position
+    fixed_kwargs: dict
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        full = list(args)
+        for i, value in self.fixed:
+            full.insert(i, value)
+        return self.fn(*full, **kwargs, **self.fixed_kwargs)
+
+
+def _split_excluded(fn, excluded, args, kwargs):
+    if not excluded:
+        return fn, list(args), kwargs
+    fixed = tuple(
+        (i, args[i]) for i in sorted(e for e in excluded if isinstance(e, int)) if i < len(args)
+    )
+    fixed_kwargs = {k: v for k, v in kwargs.items() if k in excluded}
+    rest = [a for i, a in enumerate(args) if i not in excluded]
+    rest_kwargs = {k: v for k, v in kwargs.items() if k not in excluded}
+    return _Bind(fn, fixed, fixed_kwargs), rest, rest_kwargs
+
+
+class BatchVectorize(eqx.Module):
+    """The callable returned by [`chunkx.batch_vectorize`][]; an equinox Module (a pytree)."""
+
+    pyfunc: Callable[..., Any]
+    excluded: frozenset = eqx.field(static=True)
+    signature: str | None = eqx.field(static=True)
+    batch_size: int | None = eqx.field(static=True)
+    context: str = eqx.field(static=True)  # jnp.vectorize's suffix of shape errors
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        signature, context = self.signature, self.context
+        fn, args, kwargs = _split_excluded(self.pyfunc, self.excluded, args, kwargs)
+        if kwargs:
+            raise TypeError(
+                f"`{_WHO}(excluded={self.excluded!r})`: keyword argument(s) "
+                f"{', '.join(sorted(kwargs))} are not excluded, and vectorized keyword "
+                "arguments are not supported (jnp.vectorize silently drops them); add their "
+                "names to excluded to pass them through unchanged."
+            )
+        if signature is None:
+            in_core, out_core = [()] * len(args), None
+        else:
+            in_core, out_core = parse_signature(signature)
+        nones = {i for i, a in enumerate(args) if a is None}
+        if nones:
+            if any(i < len(in_core) and in_core[i] != () for i in nones):
+                raise ValueError(
+                    f"`{_WHO}`: Cannot pass None at locations {nones} with {signature=}"
+                )
+            fn, args, _ = _split_excluded(fn, nones, args, {})
+            in_core = [c for i, c in enumerate(in_core) if i not in nones]
+        args = [jnp.asarray(a) for a in args]
+        if len(args) != len(in_core):
+            raise TypeError(
+                f"`{_WHO}`: wrong number of positional arguments: expected {len(in_core)!r}, "
+                f"got {len(args)!r} {context}"
+            )
+        sizes: dict[str, int] = {}
+        loop_shapes = []
+        for a, core in zip(args, in_core):
+            _record_sizes(sizes, a.shape, core, context, is_input=True)
+            loop_shapes.append(a.shape[: a.ndim - len(core)])
+        loop_shape = jnp.broadcast_shapes(*loop_shapes)
+        if out_core is not None:
+            fn = _CheckOutputs(fn, tuple(sizes.items()), tuple(out_core), context)
+        _check_rank_promotion(args, in_core, loop_shapes, signature)
+        return _vectorize(fn, args, loop_shapes, loop_shape, self.batch_size)
+
+
+def _check_rank_promotion(args, in_core, loop_shapes, signature):
+    mode = jax.config.jax_numpy_rank_promotion
+    if mode == "allow":
+        return
+    ranks = {len(s) for a, s in zip(args, loop_shapes) if a.ndim != 0}
+    if len(ranks) > 1:
+        msg = (
+            f"`{_WHO}`: operands with shapes {[a.shape for a in args]} require rank promotion "
+            f"for jnp.vectorize function with signature {signature}. Set the "
+            "jax_numpy_rank_promotion config option to 'allow' to disable this message; for "
+            "more information, see https://docs.jax.dev/en/latest/rank_promotion_warning.html."
+        )
+        if mode == "warn":
+            warnings.warn(msg, UserWarning, stacklevel=3)
+        else:
+            raise ValueError(msg)
+
+
+def _vectorize(fn, args, loop_shapes, loop_shape, batch_size):
+    """Squeeze size-1 loop dims, nest one `batch_vmap` per loop dim, restore the size-1 dims."""
+    ndim = len(loop_shape)
+    squeezed = [
+        jnp.squeeze(a, axis=tuple(i for i, s in enumerate(shape) if s == 1))
+        for a, shape in zip(args, loop_shapes)
+    ]
+    padded = [(1,) * (ndim - len(s)) + tuple(s) for s in loop_shapes]
+    expand = []
+    for d in reversed(range(ndim)):  # innermost loop dim first
+        axes = tuple(None if shape[d] == 1 else 0 for shape in padded)
+        if all(a is None for a in axes):
+            expand.append(d)
+        else:
+            fn = batch_vmap(fn, axes, batch_size=batch_size)
+    out = fn(*squeezed)
+    if not expand:
+        return out
+    if isinstance(out, tuple):
+        return tuple(jnp.expand_dims(o, axis=expand) for o in out)
+    return jnp.expand_dims(out, axis=expand)
+
+
+@jaxtyped(typechecker=beartype)
+def batch_vectorize(
+    pyfunc: Callable[..., Any],
+    *,
+    excluded: Collection[Any] = frozenset(),
+    signature: str | None = None,
+    batch_size: int | None = None,
+    **kwargs: Any,
+) -> BatchVectorize:
+    """`jax.numpy.vectorize(pyfunc, excluded=..., signature=...)` with chunked loop dimensions.
+
+    Every broadcast loop dimension becomes one [`chunkx.batch_vmap`][] with `batch_size`
+    (nested, innermost loop dimension innermost), so one step of the innermost scan handles
+    up to `batch_size**k` elements for `k` loop dimensions. As a plain loop:
+
+    ```python
+    def g(*args):                     # core dims per the signature ("()" when None)
+        args = broadcast the loop dims of args against each other
+        return stack([pyfunc(*(a[idx] for a in args)) for idx in ndindex(loop_shape)])
+    ```
+
+    Loop dimensions of size one are squeezed before the map and restored afterwards; `None`
+    may be passed for arguments without core dimensions (they are left out of the call);
+    `jax_numpy_rank_promotion="warn"`/`"raise"` warns or raises on implicit rank promotion.
+    Validation errors carry `jax.numpy.vectorize`'s messages.
+
+    **Arguments:**
+
+    - `pyfunc`: the per-element function (sees the core dimensions only).
+    - `excluded`: positions (ints >= 0) and keyword names passed to `pyfunc` unchanged.
+    - `signature`: a gufunc signature such as `"(m,n),(n)->(m)"`; tuple outputs are allowed
+      (`"(n)->(),(n)"`). `None`: every argument is a scalar per element.
+    - `batch_size`: elements per chunk along each loop dimension; `None`: no chunking.
+      `chunk_size=` is accepted as an alias when `batch_size` is `None`.
+
+    **Returns:**
+
+    A [`chunkx.BatchVectorize`][] Module. Keyword arguments at call time must be listed in
+    `excluded` (`jnp.vectorize` would drop them silently; this raises `TypeError`).
+
+    !!! Example
+
+        ```python
+        import jax.numpy as jnp, chunkx
+        mv = chunkx.batch_vectorize(jnp.dot, signature="(m,n),(n)->(m)", batch_size=4)
+        y = mv(jnp.ones((10, 3, 2)), jnp.ones(2))   # (10, 3)
+        ```
+    """
+    check_callable(_WHO, "pyfunc", pyfunc)
+    batch_size = resolve_batch_size(_WHO, batch_size, kwargs)
+    if any(not isinstance(e, int | str) for e in excluded):
+        raise TypeError(
+            f"`{_WHO}(excluded=...)`: jax.numpy.vectorize can only exclude integer or string "
+            f"arguments, but excluded={excluded!r}"
+        )
+    if any(isinstance(e, int) and e < 0 for e in excluded):
+        raise ValueError(f"`{_WHO}(excluded=...)`: excluded={excluded!r} contains negative numbers")
+    if signature is not None:
+        parse_signature(signature)
+    context = f"on vectorized function with excluded={excluded!r} and signature={signature!r}"
+    return BatchVectorize(pyfunc, frozenset(excluded), signature, batch_size, context)
