@@ -1,0 +1,272 @@
+"""`batch_jacfwd` and `batch_jacrev`: `jax.jacfwd`/`jax.jacrev` with chunked basis vectors."""
+
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from beartype import beartype
+from jaxtyping import jaxtyped
+
+from .._checks import resolve_batch_size
+from .adv import batch_vmap
+
+Argnums = int | tuple[int, ...]
+
+
+def _index(argnums: Any) -> Argnums:
+    """An int, or a tuple of ints (JAX's rule for `argnums`)."""
+    try:
+        return operator.index(argnums)
+    except TypeError:
+        return tuple(map(operator.index, argnums))
+
+
+def _partial(fun, argnums, args, kwargs):
+    """`fun` as a function of the differentiated arguments only; and those arguments."""
+    nums = (argnums,) if isinstance(argnums, int) else argnums
+    n = len(args)
+    for i in nums:
+        if not -n <= i < n:
+            raise ValueError(
+                "Positional argument indices, e.g. for `static_argnums`, must have value greater "
+                "than or equal to -len(args) and less than len(args), but got value "
+                f"{i} for len(args) == {n}."
+            )
+    nums = tuple(i % n for i in nums)
+
+    def f_partial(*dyn):
+        full = list(args)
+        for i, x in zip(nums, dyn):
+            full[i] = x
+        return fun(*full, **kwargs)
+
+    return f_partial, tuple(args[i] for i in nums)
+
+
+def _basis(tree: Any) -> Any:
+    """The standard basis of a pytree: leaves of shape `(n, *leaf.shape)`, n = total size."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    sizes = [int(np.size(x)) for x in leaves]
+    eye = jnp.eye(sum(sizes), dtype=jnp.result_type(*leaves))
+    parts = jnp.split(eye, np.cumsum(sizes[:-1]).tolist(), axis=1) if leaves else []
+    return jax.tree_util.tree_unflatten(
+        treedef,
+        [
+            _cast(p.reshape((p.shape[0],) + np.shape(x)), jnp.result_type(x))
+            for p, x in zip(parts, leaves)
+        ],
+    )
+
+
+def _cast(x: Any, dtype: Any, weak: bool = False) -> Any:
+    """`x` as `dtype` (dropping an imaginary part for real targets), weakly typed if `weak`."""
+    if jnp.iscomplexobj(x) and not jnp.issubdtype(dtype, jnp.complexfloating):
+        x = jnp.real(x)
+    x = jax.lax.convert_element_type(x, dtype)
+    if weak:  # Python-scalar types: write into a weakly typed array of the same dtype
+        for kind in (int, float, complex):
+            if jax.dtypes.canonicalize_dtype(kind) == x.dtype:
+                return jax.lax.full(x.shape, kind(0)).at[...].set(x)
+    return x
+
+
+def _like(x: Any, ref: jax.ShapeDtypeStruct) -> Any:
+    """Reshape and cast one Jacobian block like JAX's (`x is None`: a float0 tangent)."""
+    if x is None:
+        return _cast(jnp.zeros(ref.shape, ref.dtype), ref.dtype, ref.weak_type)
+    return _cast(x.reshape(ref.shape), ref.dtype, ref.weak_type)
+
+
+def _no_float0(tree: Any) -> list:
+    """Leaves of a tangent/cotangent tree, with float0 (integer) leaves as `None`."""
+    return [None if x.dtype == jax.dtypes.float0 else x for x in jax.tree_util.tree_leaves(tree)]
+
+
+def _assemble(ref: Any, blocks: list) -> Any:
+    """Blocks (output-leaf major, input-leaf minor) in the structure of JAX's Jacobian `ref`."""
+    leaves, treedef = jax.tree_util.tree_flatten(ref)
+    return jax.tree_util.tree_unflatten(treedef, [_like(b, r) for b, r in zip(blocks, leaves)])
+
+
+def _offsets(tree: Any) -> list[tuple[int, int]]:
+    sizes = [int(np.size(x)) for x in jax.tree_util.tree_leaves(tree)]
+    starts = np.cumsum([0] + sizes[:-1]).tolist()
+    return list(zip(starts, sizes))
+
+
+class BatchJacfwd(eqx.Module):
+    """The callable returned by [`chunkx.batch_jacfwd`][]; an equinox Module (a pytree)."""
+
+    fun: Callable[..., Any]
+    argnums: Argnums = eqx.field(static=True)
+    has_aux: bool = eqx.field(static=True)
+    holomorphic: bool = eqx.field(static=True)
+    batch_size: int | None = eqx.field(static=True)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        f, dyn = _partial(self.fun, self.argnums, args, kwargs)
+        nums = 0 if isinstance(self.argnums, int) else tuple(range(len(dyn)))
+        jac_fn = jax.jacfwd(f, nums, has_aux=self.has_aux, holomorphic=self.holomorphic)
+        ref = jax.eval_shape(jac_fn, *dyn)  # JAX's dtype checks, structure and avals
+        ref_jac, ref_aux = ref if self.has_aux else (ref, None)
+        cols = _offsets(dyn)
+        if sum(k for _, k in cols) == 0:  # no input entries: every block is empty
+            blocks, aux = [None] * len(jax.tree_util.tree_leaves(ref_jac)), None
+            if self.has_aux:
+                aux = f(*dyn)[1]
+        else:
+
+            def push(tangent, primal):
+                out = jax.jvp(f, primal, tangent, has_aux=self.has_aux)
+                return _no_float0(out[1]), (out[2] if self.has_aux else None)
+
+            tangents, aux = batch_vmap(push, (0, None), batch_size=self.batch_size)(
+                _basis(dyn), dyn
+            )
+            aux = jax.tree_util.tree_map(lambda x: x[0], aux)
+            blocks = [  # (n, *y.shape) -> y.shape + x.shape for every input leaf x
+                None if t is None else jnp.moveaxis(t[s : s + k], 0, -1)
+                for t in tangents
+                for s, k in cols
+            ]
+        jac = _assemble(ref_jac, blocks)
+        if not self.has_aux:
+            return jac
+        return jac, jax.tree_util.tree_map(lambda a, r: _like(a, r), aux, ref_aux)
+
+
+class BatchJacrev(eqx.Module):
+    """The callable returned by [`chunkx.batch_jacrev`][]; an equinox Module (a pytree)."""
+
+    fun: Callable[..., Any]
+    argnums: Argnums = eqx.field(static=True)
+    has_aux: bool = eqx.field(static=True)
+    holomorphic: bool = eqx.field(static=True)
+    allow_int: bool = eqx.field(static=True)
+    batch_size: int | None = eqx.field(static=True)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        f, dyn = _partial(self.fun, self.argnums, args, kwargs)
+        nums = 0 if isinstance(self.argnums, int) else tuple(range(len(dyn)))
+        jac_fn = jax.jacrev(f, nums, self.has_aux, self.holomorphic, self.allow_int)
+        ref = jax.eval_shape(jac_fn, *dyn)  # JAX's dtype checks, structure and avals
+        ref_jac = ref[0] if self.has_aux else ref
+        y, pullback, *aux = jax.vjp(f, *dyn, has_aux=self.has_aux)  # residuals: once
+        rows_of = _offsets(y)
+        if sum(k for _, k in rows_of) == 0:
+            blocks = [None] * len(jax.tree_util.tree_leaves(ref_jac))
+        else:
+
+            def pull(cotangent):
+                return _no_float0(pullback(cotangent))
+
+            rows = batch_vmap(pull, batch_size=self.batch_size)(_basis(y))
+            blocks = [None if r is None else r[s : s + k] for s, k in rows_of for r in rows]
+        jac = _assemble(ref_jac, blocks)
+        return (jac, *aux) if self.has_aux else jac
+
+
+@jaxtyped(typechecker=beartype)
+def batch_jacfwd(
+    fun: Any,
+    argnums: int | Sequence[int] = 0,
+    has_aux: bool = False,
+    holomorphic: bool = False,
+    *,
+    batch_size: int | None = None,
+    **kwargs: Any,
+) -> BatchJacfwd:
+    """`jax.jacfwd(fun, argnums, has_aux, holomorphic)`, with the columns in chunks.
+
+    The Jacobian is built column by column from JVPs along the standard basis of the
+    differentiated inputs; [`chunkx.batch_vmap`][] pushes `batch_size` basis vectors
+    through `jax.jvp` per step (the primal is recomputed once per chunk). As a plain loop:
+
+    ```python
+    def jac(*args):                  # e_i: the i-th standard basis vector of args[argnums]
+        cols = [jax.jvp(f, primals, e_i)[1] for e_i in basis(args[argnums])]  # B at a time
+        return unravel(stack(cols, axis=-1))  # as jax.jacfwd(fun, argnums)(*args)
+    ```
+
+    The result has exactly `jax.jacfwd`'s pytree structure, shapes and dtypes, and the same
+    errors (dtype checks come from `jax.jacfwd` itself, evaluated with `jax.eval_shape`).
+
+    **Arguments:**
+
+    - `fun`: the function to differentiate; keyword arguments at call time are passed to it.
+    - `argnums`: an int or a sequence of ints (negative values count from the end).
+    - `has_aux`: `fun` returns `(output, aux)`; `aux` is returned alongside.
+    - `holomorphic`: `fun` is holomorphic (complex inputs and outputs).
+    - `batch_size`: basis vectors (columns) per chunk; `None`: all at once, like `jax.jacfwd`.
+      `chunk_size=` is accepted as an alias when `batch_size` is `None`.
+
+    **Returns:**
+
+    A [`chunkx.BatchJacfwd`][] Module with `fun`'s arguments, returning the Jacobian (and `aux`).
+
+    !!! Example
+
+        ```python
+        import jax.numpy as jnp, chunkx
+        J = chunkx.batch_jacfwd(jnp.sin, batch_size=16)(jnp.arange(100.0))   # (100, 100)
+        ```
+    """
+    argnums = _index(argnums)
+    jax.jacfwd(fun, argnums, has_aux, holomorphic)  # JAX's checks of fun and argnums
+    batch_size = resolve_batch_size("batch_jacfwd", batch_size, kwargs)
+    return BatchJacfwd(fun, argnums, has_aux, holomorphic, batch_size)
+
+
+@jaxtyped(typechecker=beartype)
+def batch_jacrev(
+    fun: Any,
+    argnums: int | Sequence[int] = 0,
+    has_aux: bool = False,
+    holomorphic: bool = False,
+    allow_int: bool = False,
+    *,
+    batch_size: int | None = None,
+    **kwargs: Any,
+) -> BatchJacrev:
+    """`jax.jacrev(fun, argnums, has_aux, holomorphic, allow_int)`, with the rows in chunks.
+
+    One `jax.vjp` runs outside the loop (its residuals are computed once); the pullback is
+    then mapped with [`chunkx.batch_vmap`][] over the standard basis of the output,
+    `batch_size` rows per step. As a plain loop:
+
+    ```python
+    def jac(*args):
+        y, pullback = jax.vjp(f, *args[argnums])
+        rows = [pullback(e_j) for e_j in basis(y)]          # B at a time
+        return unravel(stack(rows, axis=0))  # as jax.jacrev(fun, argnums)(*args)
+    ```
+
+    The result has exactly `jax.jacrev`'s pytree structure, shapes and dtypes, and the same
+    errors (dtype checks come from `jax.jacrev` itself, evaluated with `jax.eval_shape`).
+
+    **Arguments:**
+
+    - `fun`, `argnums`, `has_aux`, `holomorphic`: as in [`chunkx.batch_jacfwd`][].
+    - `allow_int`: allow integer inputs (their Jacobian blocks are zeros of that dtype).
+    - `batch_size`: basis vectors (rows) per chunk; `None`: all at once, like `jax.jacrev`.
+      `chunk_size=` is accepted as an alias when `batch_size` is `None`.
+
+    **Returns:**
+
+    A [`chunkx.BatchJacrev`][] Module with `fun`'s arguments, returning the Jacobian (and `aux`).
+
+    !!! Example
+
+        ```python
+        import jax.numpy as jnp, chunkx
+        J = chunkx.batch_jacrev(lambda x: jnp.cumsum(x**2), batch_size=8)(jnp.ones(50))
+        ```
+    """
+    argnums = _index(argnums)
+    jax.jacrev(fun, argnums, has_aux, holomorphic, allow_int)  # JAX's check of fun
+    batch_size = resolve_batch_size("batch_jacrev", batch_size, kwargs)
+    return BatchJacrev(fun, argnums, has_aux, holomorphic, allow_int, batch_size)
