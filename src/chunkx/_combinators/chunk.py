@@ -7,6 +7,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .._progress import scan, ticker
 from .._types import InAxes, Remainder, RowMask
 from ._rows import map_mapped, mapped_length, normalize_in_axes, pad_rows, round_up, struct_of
 from .reduce import AbstractReducer, Concat
@@ -74,6 +75,8 @@ class Chunk(eqx.Module):
     - `groups`: view the mapped axis as `groups` equal contiguous blocks and take `size` rows of
       *each* block per step (device-local chunking of a batch-sharded array; `fn` sees
       `groups * size` rows).
+    - `progress`: show a progress bar over the chunks (tqdm, from compiled code through
+      `jax.debug.callback`); off, nothing is added to the program.
     """
 
     fn: Callable[..., Any]
@@ -85,6 +88,7 @@ class Chunk(eqx.Module):
     unroll: int = eqx.field(static=True, default=1)
     groups: int = eqx.field(static=True, default=1)
     loop: Literal["scan", "python"] = eqx.field(static=True, default="scan")
+    progress: bool = eqx.field(static=True, default=False)
 
     def __check_init__(self):
         _check_size("Chunk", "size", self.size)
@@ -119,8 +123,8 @@ class Chunk(eqx.Module):
                 length = padded
         k, r = divmod(length, s)
         dyn, static = eqx.partition(args, eqx.is_array)
-        dyn_mapped = tuple(d if a is not None else None for d, a in zip(dyn, axes))
-        dyn_fixed = tuple(d if a is None else None for d, a in zip(dyn, axes))
+        dyn_mapped = tuple(d if a is not None else _nones(d) for d, a in zip(dyn, axes))
+        dyn_fixed = tuple(d if a is None else _nones(d) for d, a in zip(dyn, axes))
 
         def piece(mapped, fixed, v):
             full = eqx.combine(mapped, fixed, static)
@@ -148,7 +152,12 @@ class Chunk(eqx.Module):
     def _scan(self, piece, fixed, xs, k):
         reducer = self.reducer
         if self.loop == "python":  # unrolled: one call per chunk, joined in order
-            parts = [piece(*_at(xs, i, fixed)) for i in range(k)]
+            tick = ticker(k) if self.progress else None
+            parts = []
+            for i in range(k):
+                parts.append(piece(*_at(xs, i, fixed)))
+                if tick is not None:
+                    tick(i)
             if reducer.keeps_rows:
                 return jax.tree_util.tree_map(lambda *ys: jnp.stack(ys), *parts)
             out = parts[0]
@@ -157,7 +166,7 @@ class Chunk(eqx.Module):
             return out
         if reducer.keeps_rows:
             step = lambda c, x: (c, piece(x[0], fixed, x[1]))  # noqa: E731
-            return jax.lax.scan(step, None, xs, unroll=self.unroll)[1]
+            return scan(step, None, xs, k, unroll=self.unroll, progress=self.progress)[1]
         first = jax.eval_shape(lambda m, v: piece(m, fixed, v), *_first(xs))
         init = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), first)
         seeded = reducer.identity_like(init) is None
@@ -170,7 +179,8 @@ class Chunk(eqx.Module):
             take_first = lambda c, p: p  # noqa: E731
             return jax.lax.cond(i == 0, take_first, reducer.combine, carry, part), None
 
-        out, _ = jax.lax.scan(body, init, (xs, jnp.arange(k)), unroll=self.unroll)
+        xs = (xs, jnp.arange(k))
+        out, _ = scan(body, init, xs, k, unroll=self.unroll, progress=self.progress)
         return out
 
     # -- layout: (groups * length) rows <-> chunks ----------------------------------------------
@@ -214,6 +224,10 @@ class Chunk(eqx.Module):
 
     def _truncate(self, y, length, n_real):
         return self._grouped(y, length)[:, :n_real].reshape((-1,) + y.shape[1:])
+
+
+def _nones(tree):
+    return jax.tree_util.tree_map(lambda _: None, tree)
 
 
 def _at(xs, i, fixed):

@@ -5,3 +5,7 @@ from ._dense import dense_probe_derivatives as dense_probe_derivatives
 from ._format import TuckerTensorTrain as TuckerTensorTrain
 from ._forward import t3_probe_derivatives as t3_probe_derivatives
 from ._forward import tv_probe_derivatives as tv_probe_derivatives
+from ._transpose import (
+    t3_probe_corewise_derivatives_transpose as t3_probe_corewise_derivatives_transpose,
+)
+from ._transpose import tv_probe_derivatives_transpose as tv_probe_derivatives_transpose

@@ -36,16 +36,18 @@ def _tshift(J: Float[Array, "*w T r"]) -> Float[Array, "*w T r"]:
     return tvec * jnp.concatenate([jnp.zeros_like(J[..., :1, :]), J[..., :-1, :]], axis=-2)
 
 
-def _push(X, M0, M1):
+def _push(X, mats):
     """Left-to-right jet push through `A(v)`: `X^(t) M0 + t X^(t-1) M1` (M1 is None for K=0)."""
+    M0, M1 = mats
     out = X @ M0
     if M1 is not None:
         out = out + _tshift(X) @ M1
     return out
 
 
-def _pushr(Y, M0, M1):
+def _pushr(Y, mats):
     """Right-to-left jet push through `A(v)`: `M0 Y^(t) + t M1 Y^(t-1)`."""
+    M0, M1 = mats
     out = Y @ jnp.swapaxes(M0, -1, -2)
     if M1 is not None:
         out = out + _tshift(Y) @ jnp.swapaxes(M1, -1, -2)
@@ -60,7 +62,7 @@ def _comb(X, A, Y, trs):
 
 
 def _mats(G, xi0, xi1):
-    """`G(xi0)`, `G(xi1)` as `(r, r')` matrices (`None` for a missing order)."""
+    """`G(xi0)`, `G(xi1)` as `w + (r, r')` matrices (`None` for a missing order)."""
     M0 = jnp.einsum("akb,...k->...ab", G, xi0)
     M1 = None if xi1 is None else jnp.einsum("akb,...k->...ab", G, xi1)
     return M0, M1
@@ -82,10 +84,10 @@ def _sweeps(left, right, xi0, xi1, order):
     MR = [_mats(G, a, b) for G, a, b in zip(right, xi0, xi1)]
     L = [_unit_jet(batch, left[0].shape[0], order, dtype)]
     for i in range(d - 1):
-        L.append(_push(L[-1], *ML[i]))
+        L.append(_push(L[-1], ML[i]))
     R = [_unit_jet(batch, right[-1].shape[2], order, dtype)]
     for i in range(d - 1, 0, -1):
-        R.insert(0, _pushr(R[0], *MR[i]))
+        R.insert(0, _pushr(R[0], MR[i]))
     return L, R, ML, MR
 
 
@@ -115,10 +117,10 @@ def tangent_jets(dtucker, dtt, frame, x, p, order):
     batch = xi0[0].shape[:-1]
     S = [jnp.zeros(batch + (order + 1, Q[0].shape[0]), dtype)]
     for i in range(d - 1):
-        S.append(_push(S[-1], *MQ[i]) + _push(L[i], *MV[i]))
+        S.append(_push(S[-1], MQ[i]) + _push(L[i], MV[i]))
     Tau = [jnp.zeros(batch + (order + 1, P[-1].shape[2]), dtype)]
     for i in range(d - 1, 0, -1):
-        Tau.insert(0, _pushr(Tau[0], *MP[i]) + _pushr(R[i], *MV[i]))
+        Tau.insert(0, _pushr(Tau[0], MP[i]) + _pushr(R[i], MV[i]))
     out = []
     for i in range(d):
         eta = _comb(L[i], Dn[i], R[i], trs)

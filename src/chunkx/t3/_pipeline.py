@@ -1,0 +1,85 @@
+"""Transpose pipelines: per-probe computation -> `Chunk` over W -> reducer -> optional `Shard`.
+
+The row layout is internal (see `_stacks`): residual rows `(w, [Bf,] Cf, T, N_i)`, probe rows
+`(w, N_i)`, cores `(Cf,) + core`, variations `(Bf, Cf) + core`.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from chunkx import Chunk, Concat, Shard, Vmap
+
+from ._reduce import SumPartials
+from ._stacks import corewise_rows_fn, tangent_rows_fn
+
+
+def _rows1(a):
+    return jax.tree_util.tree_map(lambda v: v[None], a)
+
+
+def _assemble(chunk_fn, per_probe_fn, n_fixed, sum_over_probes, chunk_size, mesh):
+    """`Chunk` over the probe axis (then `Shard`), summing or concatenating."""
+    in_axes = (0, 0, 0) + (None,) * n_fixed
+    if sum_over_probes:
+        inner, reducer = chunk_fn, SumPartials()
+    else:
+        inner, reducer = Vmap(per_probe_fn, in_axes=in_axes), Concat()
+    pipe = Chunk(inner, chunk_size, reducer=reducer, in_axes=in_axes)
+    if mesh is not None:
+        pipe = Shard(pipe, mesh, reducer=reducer, in_axes=in_axes)
+    return pipe
+
+
+def corewise_pipeline(
+    order: int,
+    sum_over_probes: bool,
+    chunk_size: int | None,
+    c_stacked: bool,
+    mesh: Mesh | None = None,
+):
+    """`(zt_rows, x_rows, p_rows, tucker_f, tt_f) -> (tucker_grads, tt_grads)`.
+
+    Summed: the chunk's gradient is the VJP of the batched forward (a GEMM over the chunk's
+    probes). Kept: one VJP per probe, vmapped over the chunk.
+    """
+    fwd = corewise_rows_fn(order, c_stacked)
+
+    def chunk_sum(zt, x, p, U, G):
+        _, vjp = jax.vjp(lambda U, G: fwd(x, p, U, G), U, G)
+        return vjp(zt)
+
+    def per_probe(zt, x, p, U, G):
+        return chunk_sum(_rows1(zt), _rows1(x), _rows1(p), U, G)
+
+    return _assemble(chunk_sum, per_probe, 2, sum_over_probes, chunk_size, mesh)
+
+
+def tangent_pipeline(
+    order: int,
+    sum_over_probes: bool,
+    chunk_size: int | None,
+    b_stacked: bool,
+    c_stacked: bool,
+    mesh: Mesh | None = None,
+):
+    """`(zt_rows, x_rows, p_rows, frame_f, var_structs) -> (dU_grads, dG_grads)`.
+
+    The tangent forward is linear in the variation, so its VJP (taken at a zero variation) is
+    exactly the transpose; `var_zero` only carries the variation shapes.
+    """
+    fwd = tangent_rows_fn(order, b_stacked, c_stacked)
+
+    def chunk_sum(zt, x, p, frame, var_zero):
+        dU0, dG0 = var_zero
+        _, vjp = jax.vjp(lambda dU, dG: fwd(x, p, dU, dG, frame), dU0, dG0)
+        return vjp(zt)
+
+    def per_probe(zt, x, p, frame, var_zero):
+        return chunk_sum(_rows1(zt), _rows1(x), _rows1(p), frame, var_zero)
+
+    return _assemble(chunk_sum, per_probe, 2, sum_over_probes, chunk_size, mesh)
+
+
+def zeros_like_tree(tree):
+    return jax.tree_util.tree_map(jnp.zeros_like, tree)

@@ -1,0 +1,64 @@
+"""Shared case table: sizes x dtypes x argument structures, with plain-vmap references."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# (n, batch_size): remainder, n < B, n == B, n == 0, exact multiple, B == 1, no chunking.
+SIZES = [(10, 3), (3, 5), (4, 4), (0, 3), (12, 4), (5, 1), (7, None)]
+
+DTYPES = [jnp.float32, jnp.float64, jnp.complex64, jnp.bfloat16, jnp.int32]
+
+
+def rand(key, shape, dtype):
+    """Deterministic random data of any dtype, kept away from zero."""
+    if jnp.issubdtype(dtype, jnp.integer):
+        return jax.random.randint(key, shape, 1, 9).astype(dtype)
+    x = jax.random.uniform(key, shape, minval=0.5, maxval=1.5)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        y = jax.random.uniform(jax.random.fold_in(key, 1), shape, minval=-1, maxval=1)
+        return (x + 1j * y).astype(dtype)
+    return x.astype(dtype)
+
+
+def per_example(x, w, d):
+    """A per-example function with pytree input and output and an unmapped argument."""
+    h = x * w + d["b"]
+    return {"h": h, "s": jnp.sum(h * h)}, h[:1]
+
+
+def make_args(n, dtype, seed=0):
+    k = jax.random.split(jax.random.PRNGKey(seed), 3)
+    x = rand(k[0], (n, 3), dtype)
+    w = rand(k[1], (3,), dtype)
+    d = {"b": rand(k[2], (n, 3), dtype)}
+    return x, w, d
+
+
+def tol(dtype):
+    return {
+        jnp.bfloat16: 5e-2, jnp.float32: 1e-5, jnp.complex64: 1e-5, jnp.float64: 1e-12,
+        jnp.int32: 0,
+    }[dtype]
+
+
+def assert_tree_close(a, b, rtol=1e-6, atol=None):
+    """Same structure, shapes and dtypes; values within tolerance."""
+    la, ta = jax.tree_util.tree_flatten(a)
+    lb, tb = jax.tree_util.tree_flatten(b)
+    assert ta == tb, (ta, tb)
+    for x, y in zip(la, lb):
+        x, y = np.asarray(x), np.asarray(y)
+        assert x.shape == y.shape, (x.shape, y.shape)
+        assert x.dtype == y.dtype, (x.dtype, y.dtype)
+        if x.dtype.kind in "iub":
+            np.testing.assert_array_equal(x, y)
+        else:
+            xf, yf = x.astype(np.complex128), y.astype(np.complex128)
+            np.testing.assert_allclose(xf, yf, rtol=rtol, atol=rtol if atol is None else atol)
+
+
+def cases():
+    return list(itertools.product(SIZES, DTYPES))
