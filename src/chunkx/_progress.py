@@ -12,6 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import io_callback
 
 
 class _TextBar:
@@ -67,14 +68,31 @@ class ProgressState:
                 self.bar = None
 
 
-def ticker(total: int, desc: str = "chunkx") -> Callable[[Any], None]:
-    """A function to call in traced code with the 0-based step index; it drives one bar."""
+def ticker(total: int, desc: str = "chunkx", chained: bool = False) -> Callable[[Any], None]:
+    """A function to call in traced code with the 0-based step index; it drives one bar.
+
+    Inside a `lax.scan` body the steps run in order and a `jax.debug.callback` suffices. In an
+    unrolled loop (`chained=True`) XLA may run independent callbacks in any order, so each tick
+    is an `io_callback` that takes the previous tick's result: the bar still moves forward.
+    """
     state = ProgressState(total, desc)
+    if not chained:
 
-    def tick(step: Any) -> None:
-        jax.debug.callback(state, step)
+        def tick(step: Any) -> None:
+            jax.debug.callback(state, step)
 
-    return tick
+        return tick
+    token = [jnp.int32(0)]
+
+    def after(step: Any, previous: Any) -> np.ndarray:
+        state(step)
+        return np.asarray(step, np.int32)
+
+    def chained_tick(step: Any) -> None:
+        out = jax.ShapeDtypeStruct((), jnp.int32)
+        token[0] = io_callback(after, out, jnp.int32(step), token[0])
+
+    return chained_tick
 
 
 def scan(

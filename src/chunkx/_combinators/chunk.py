@@ -152,7 +152,7 @@ class Chunk(eqx.Module):
     def _scan(self, piece, fixed, xs, k):
         reducer = self.reducer
         if self.loop == "python":  # unrolled: one call per chunk, joined in order
-            tick = ticker(k) if self.progress else None
+            tick = ticker(k, chained=True) if self.progress else None
             parts = []
             for i in range(k):
                 parts.append(piece(*_at(xs, i, fixed)))
