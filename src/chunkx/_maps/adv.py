@@ -36,12 +36,15 @@ def reducer_for(
     return Monoid(reduction, chunk_reduction), None
 
 
-def compose(inner, axes, batch_size, reducer, shard, mesh, checkpoint=True):
+def compose(inner, axes, batch_size, reducer, shard, mesh, checkpoint=True, progress=False):
     """The adv pipeline: [Shard ∘] (Chunk | Reduce) ∘ inner, all with one reducer."""
     if batch_size is None:
         piece = Reduce(inner, reducer)
     else:
-        piece = Chunk(inner, batch_size, reducer=reducer, in_axes=axes, checkpoint=checkpoint)
+        piece = Chunk(
+            inner, batch_size, reducer=reducer, in_axes=axes, checkpoint=checkpoint,
+            progress=progress,
+        )
     if shard:
         piece = Shard(piece, mesh, reducer=reducer, in_axes=axes)
     return piece
@@ -59,6 +62,7 @@ class BatchVmap(eqx.Module):
     mesh: Mesh | None = eqx.field(static=True)
     checkpoint: bool = eqx.field(static=True)
     memory_budget: int | None = eqx.field(static=True, default=None)
+    progress: bool = eqx.field(static=True, default=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         who = "batch_vmap"
@@ -81,7 +85,8 @@ class BatchVmap(eqx.Module):
             f = self.f
         def build(size):
             return compose(
-                Vmap(f, zero), zero, size, self.reducer, self.shard, self.mesh, self.checkpoint
+                Vmap(f, zero), zero, size, self.reducer, self.shard, self.mesh, self.checkpoint,
+                self.progress,
             )
 
         size = self.batch_size
@@ -131,6 +136,7 @@ def batch_vmap(
     mesh: Mesh | None = None,
     checkpoint: bool = True,
     memory_budget: int | None = None,
+    progress: bool = False,
     **kwargs: Any,
 ) -> BatchVmap:
     """`jax.vmap(f, in_axes)` evaluated in chunks of `batch_size` rows (adv-jax-math 1.3 API).
@@ -166,6 +172,8 @@ def batch_vmap(
     - `memory_budget`: with `batch_size="auto"`, bytes of XLA temp memory per device; the
       largest fitting size is planned at trace time (see [`chunkx.plan_chunk_size`][]).
       `None`: half the device's memory where the backend reports it (a CPU needs a budget).
+    - `progress`: show a progress bar over the chunks (also under `jit`; see
+      [`chunkx.Chunk`][]). Off, nothing is added to the compiled program.
 
     **Returns:**
 
@@ -186,7 +194,9 @@ def batch_vmap(
     if shard:
         check_mesh_1d(who, mesh)
     reducer, post = reducer_for(who, reduction, chunk_reduction)
-    return BatchVmap(f, in_axes, batch_size, reducer, post, shard, mesh, checkpoint, memory_budget)
+    return BatchVmap(
+        f, in_axes, batch_size, reducer, post, shard, mesh, checkpoint, memory_budget, progress
+    )
 
 
 def _resolve_size(who, batch_size, kwargs, memory_budget):
@@ -234,6 +244,7 @@ def batch_map(
     mesh: Mesh | None = None,
     checkpoint: bool = True,
     memory_budget: int | None = None,
+    progress: bool = False,
     **kwargs: Any,
 ) -> Any:
     """`chunk_reduction(fun(fun_input))` computed in chunks; `fun` is *not* vmapped.
@@ -248,7 +259,7 @@ def batch_map(
     - `fun`: a vectorised function of one pytree.
     - `fun_input`: the pytree whose leaves are chunked along axis 0.
     - `batch_size`, `reduction`, `chunk_reduction`, `shard`, `mesh`, `checkpoint`, `chunk_size`,
-      `memory_budget`: as in [`chunkx.batch_vmap`][].
+      `memory_budget`, `progress`: as in [`chunkx.batch_vmap`][].
     - `strip_dim0`: with `batch_size=1`, call `fun` on single elements without their leading
       axis (no vmap: `lax.cond` stays a branch); with a `reduction`, the per-element results
       are folded and `chunk_reduction` is not used. Any other `batch_size` is an error.
@@ -280,7 +291,7 @@ def batch_map(
     reducer, post = reducer_for(who, reduction, chunk_reduction)
 
     def build(size):
-        return compose(fun, (0,), size, reducer, shard, mesh, checkpoint)
+        return compose(fun, (0,), size, reducer, shard, mesh, checkpoint, progress)
 
     if batch_size == "auto":
         n = per_device_rows(_length(who, fun_input), shard, mesh)
