@@ -1,0 +1,106 @@
+"""Every chunkx error names the function, the argument, the expectation and what arrived."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import chunkx
+
+x10 = jnp.arange(10.0)
+
+
+def test_batch_size_type_checked():
+    """A float is caught by the runtime type check (beartype), which names the parameter."""
+    with pytest.raises(TypeError, match=r"batch_vmap(.|\n)*parameter 'batch_size'(.|\n)*2\.0"):
+        chunkx.batch_vmap(jnp.sin, batch_size=2.0)
+
+
+@pytest.mark.parametrize("bad", [0, -1, True])
+def test_batch_size_validated(bad):
+    with pytest.raises(ValueError, match=r"`batch_vmap\(batch_size=.*\)`: batch_size must be a positive int"):
+        chunkx.batch_vmap(jnp.sin, batch_size=bad)
+    with pytest.raises(ValueError, match=r"`batch_map\(chunk_size=.*\)`: chunk_size must be a positive int"):
+        chunkx.batch_map(jnp.sin, x10, chunk_size=bad)
+    with pytest.raises(ValueError, match=r"`chunk_map\(chunk_size=.*\)`: chunk_size must be a positive int"):
+        chunkx.chunk_map(jax.vmap(jnp.sin), chunk_size=bad)
+
+
+def test_unexpected_kwargs():
+    with pytest.raises(ValueError, match=r"`batch_map\(\*\*kwargs\)`: Unexpected keyword argument\(s\): batch_sze"):
+        chunkx.batch_map(jnp.sin, x10, batch_sze=2)
+
+
+def test_in_axes_validated():
+    with pytest.raises(ValueError, match=r"`batch_vmap\(in_axes=\(None, None\)\)`: at least one argument must be mapped"):
+        chunkx.batch_vmap(lambda a, b: a, (None, None), batch_size=2)(x10, x10)
+    with pytest.raises(ValueError, match=r"`batch_vmap\(in_axes=\(0,\)\)`: in_axes has 1 entries but the function was called with 2"):
+        chunkx.batch_vmap(lambda a, b: a, (0,), batch_size=2)(x10, x10)
+    with pytest.raises(TypeError, match=r"parameter 'in_axes'(.|\n)*\('a',\)"):
+        chunkx.batch_vmap(lambda a: a, ("a",), batch_size=2)
+    with pytest.raises(ValueError, match=r"axis 3 of argument 0 is out of range for a leaf of shape \(10,\)"):
+        chunkx.batch_vmap(lambda a: a, 3, batch_size=2)(x10)
+    with pytest.raises(ValueError, match=r"`Chunk\(in_axes=1\)`: every in_axes entry must be 0 or None"):
+        chunkx.Chunk(jnp.sin, 2, in_axes=1)(x10)
+
+
+def test_mapped_lengths_must_agree():
+    msg = r"mapped arguments must share the length of their leading axis, got argument 0 shape \(10,\), argument 1 shape \(12,\)"
+    with pytest.raises(ValueError, match=msg):
+        chunkx.batch_vmap(jnp.add, batch_size=3)(x10, jnp.arange(12.0))
+    with pytest.raises(ValueError, match=msg):
+        chunkx.chunk_map(jnp.add, chunk_size=3)(x10, jnp.arange(12.0))
+
+
+def test_out_axes_validated():
+    f = lambda x: (x, x, x)  # noqa: E731
+    with pytest.raises(ValueError, match=r"`chunk_map\(out_axes=\(0, 0\)\)`: f returned a tuple of 3 outputs but out_axes has 2 entries"):
+        chunkx.chunk_map(f, out_axes=(0, 0), chunk_size=2)(x10)
+    with pytest.raises(NotImplementedError, match=r"`chunk_map` with `out_axes=None` not implemented"):
+        chunkx.chunk_map(f, out_axes=None, chunk_size=2)
+
+
+def test_mesh_must_be_1d():
+    mesh = jax.make_mesh((2, 2), ("a", "b"))
+    with pytest.raises(ValueError, match=r"`batch_vmap\(mesh=...\)`: Sharded batching requires a one-dimensional mesh; got a mesh with axes \('a', 'b'\)"):
+        chunkx.batch_vmap(jnp.sin, shard=True, mesh=mesh)
+
+
+def test_reduction_needs_collapsing_chunk_reduction():
+    with pytest.raises(ValueError, match=r"`batch_vmap\(reduction=...\)`: a reduction needs a chunk_reduction that removes the mapped axis"):
+        chunkx.batch_vmap(jnp.sin, batch_size=2, reduction=jnp.add)
+    with pytest.raises(ValueError, match=r"chunk_reduction must remove the mapped axis .* returned shapes \[\(2,\)\]"):
+        chunkx.batch_vmap(jnp.sin, batch_size=2, reduction=jnp.add, chunk_reduction=jnp.cumsum)(x10)
+
+
+def test_strip_dim0_needs_batch_size_one():
+    with pytest.raises(ValueError, match=r"`batch_map\(strip_dim0=True, batch_size=2\)`: strip_dim0 needs batch_size=1"):
+        chunkx.batch_map(jnp.sin, x10, 2, strip_dim0=True)
+
+
+def test_empty_reduction_without_identity():
+    with pytest.raises(ValueError, match=r"fun_input has 0 rows and the reduction has no identity"):
+        chunkx.batch_map(jnp.sin, jnp.zeros((0,)), 1, strip_dim0=True, reduction=jnp.add)
+
+
+def test_combinator_settings_validated():
+    with pytest.raises(ValueError, match=r"`Chunk\(size=0\)`: size must be a positive int or None, got 0"):
+        chunkx.Chunk(jnp.sin, 0)
+    # under the jaxtyping import hook the field's Literal type catches it first
+    with pytest.raises((ValueError, TypeError), match=r"remainder(.|\n)*'drop'"):
+        chunkx.Chunk(jnp.sin, 2, remainder="drop")
+    with pytest.raises(ValueError, match=r"`Pad\(multiple=0\)`: multiple must be a positive int, got 0"):
+        chunkx.Pad(jnp.sin, 0)
+    with pytest.raises(ValueError, match=r"`Chunk\(groups=3\)`: the mapped length must divide into 3 groups, got 10"):
+        chunkx.Chunk(jnp.sin, 2, groups=3)(x10)
+    with pytest.raises(ValueError, match=r"a user reduction cannot mask padded rows"):
+        chunkx.Chunk(jnp.sin, 3, reducer=chunkx.Monoid(jnp.add, jnp.sum), remainder="pad")(x10)
+
+
+def test_zero_dim_mapped_leaf():
+    with pytest.raises(ValueError, match=r"`Chunk`: argument 0 is mapped \(in_axes 0\) but has a 0-d leaf"):
+        chunkx.Chunk(jnp.sin, 2)(jnp.float32(1.0))
+
+
+def test_not_callable():
+    with pytest.raises(TypeError, match=r"batch_vmap(.|\n)*parameter 'f'(.|\n)*Actual value: 3"):
+        chunkx.batch_vmap(3)
