@@ -1,10 +1,10 @@
 """Choose a chunk size for a budget of XLA temp memory: `plan_chunk_size` and `"auto"`."""
 
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 import jax
-import numpy as np
 from beartype import beartype
 from jax.sharding import Mesh
 from jaxtyping import PyTree, jaxtyped
@@ -17,34 +17,9 @@ from ._types import InAxes
 #: budget when no `memory_budget` is given (backends that report device memory only).
 DEFAULT_BUDGET_FRACTION = 0.5
 
-
-def _rows(who: str, args: tuple, in_axes: InAxes) -> int:
-    """The mapped length of `args` under adv-style `in_axes` (any int axis, or None)."""
-    axes = (in_axes,) * len(args) if not isinstance(in_axes, tuple | list) else tuple(in_axes)
-    if len(axes) != len(args):
-        raise ValueError(
-            f"`{who}(in_axes={in_axes!r})`: in_axes has {len(axes)} entries but {len(args)} "
-            "positional arguments were given."
-        )
-    lengths = set()
-    for arg, ax in zip(args, axes):
-        if ax is None:
-            continue
-        for leaf in jax.tree_util.tree_leaves(arg):
-            if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
-                shape = np.shape(leaf)
-                if not -len(shape) <= ax < len(shape):
-                    raise ValueError(
-                        f"`{who}(in_axes={in_axes!r})`: axis {ax} is out of range for an "
-                        f"argument leaf of shape {shape}."
-                    )
-                lengths.add(int(shape[ax]))
-    if len(lengths) != 1:
-        raise ValueError(
-            f"`{who}(in_axes={in_axes!r})`: the mapped arguments must have array leaves that "
-            f"share one mapped length, got lengths {sorted(lengths)}."
-        )
-    return lengths.pop()
+# Set by `plan_memory` while it traces a map with an "auto" size: (who, budget argument name,
+# what is planned, list receiving the MemoryPlan).
+_PLANNING: ContextVar[tuple[str, str, str, list] | None] = ContextVar("_PLANNING", default=None)
 
 
 def per_device_rows(n: int, shard: bool, mesh: Mesh | None) -> int:
@@ -74,26 +49,25 @@ def plan_memory(
     """
     from ._maps.adv import batch_vmap
 
-    who = "plan_chunk_size"
-    _check_budget(who, "budget_bytes", budget_bytes)
-    n = per_device_rows(_rows(who, args, in_axes), shard, mesh)
+    _check_budget("plan_chunk_size", "budget_bytes", budget_bytes)
     name = getattr(f, "__name__", type(f).__name__)
-
-    def build(size: int) -> Callable[..., Any]:
-        return batch_vmap(
-            f,
-            in_axes,
-            batch_size=size,
-            reduction=reduction,
-            chunk_reduction=chunk_reduction,
-            shard=shard,
-            mesh=mesh,
-        )
-
-    options = (f, in_axes, reduction, chunk_reduction, shard, mesh, "batch_vmap")
-    return plan_pipeline(
-        build, args, n, budget_bytes, who=who, what=f"batch_vmap({name})", cache_on=options
+    g = batch_vmap(
+        f,
+        in_axes,
+        batch_size="auto",
+        memory_budget=budget_bytes,
+        reduction=reduction,
+        chunk_reduction=chunk_reduction,
+        shard=shard,
+        mesh=mesh,
     )
+    captured: list[MemoryPlan] = []
+    token = _PLANNING.set(("plan_chunk_size", "budget_bytes", f"batch_vmap({name})", captured))
+    try:  # trace the map once; its "auto" size is planned (and captured) during the trace
+        jax.eval_shape(g, *args)
+    finally:
+        _PLANNING.reset(token)
+    return captured[-1]
 
 
 @jaxtyped(typechecker=beartype)
@@ -202,14 +176,13 @@ def resolve_auto(
     """
     if memory_budget is None:
         memory_budget = default_budget(who, arg)
+    what, name, captured = f"{who}({arg}='auto')", "memory_budget", None
+    planning = _PLANNING.get()
+    if planning is not None:  # called from plan_memory: its name in messages, and the plan
+        who, name, what, captured = planning
     plan = plan_pipeline(
-        build,
-        args,
-        n,
-        memory_budget,
-        who=who,
-        what=f"{who}({arg}='auto')",
-        name="memory_budget",
-        cache_on=cache_on,
+        build, args, n, memory_budget, who=who, what=what, name=name, cache_on=cache_on
     )
+    if captured is not None:
+        captured.append(plan)
     return plan.chunk_size

@@ -1,0 +1,195 @@
+"""The memory planner against XLA's compiled memory analysis, explicit sizes and jax.vmap."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import chunkx
+from chunkx._memory import MemoryPlan, fit_memory, temp_bytes_of
+from chunkx._plan import DEFAULT_BUDGET_FRACTION, default_budget, plan_chunk_size, plan_memory
+
+S = jax.ShapeDtypeStruct
+f32 = jnp.float32
+
+
+def mlp(x, w1, w2):
+    return jnp.tanh(jnp.tanh(x @ w1) @ w2)
+
+
+def loss(p, x, y):
+    return jnp.sum((mlp(x, p["w1"], p["w2"]) - y) ** 2)
+
+
+def deep(x, w):
+    return jnp.tanh(w @ jnp.tanh(w @ x))
+
+
+def row_sum(o):
+    return jnp.sum(o, axis=0)
+
+
+N = 96
+CASES = {
+    "mlp_jacobian": (
+        jax.jacrev(mlp), (S((N, 8), f32), S((8, 16), f32), S((16, 16), f32)), (0, None, None), {}
+    ),
+    "per_sample_grad": (
+        jax.grad(loss),
+        ({"w1": S((8, 16), f32), "w2": S((16, 4), f32)}, S((N, 8), f32), S((N, 4), f32)),
+        (None, 0, 0),
+        {},
+    ),
+    "reduction": (
+        deep, (S((N, 32), f32), S((32, 32), f32)), (0, None),
+        {"reduction": jnp.add, "chunk_reduction": row_sum},
+    ),
+}
+
+
+def compiled_temp(f, args, in_axes, size, kw):
+    """The independent reference: XLA's memory analysis of the jitted map at `size`."""
+    g = lambda *a: chunkx.batch_vmap(f, in_axes, batch_size=size, **kw)(*a)  # noqa: E731
+    return jax.jit(g).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_plan_fits_budget_and_twice_does_not(name):
+    f, args, in_axes, kw = CASES[name]
+    whole = plan_memory(f, *args, in_axes=in_axes, budget_bytes=2**40, **kw)
+    assert whole.chunk_size == N and whole.bytes_at(N) is not None  # whole batch fits -> n
+    one, full = whole.bytes_at(1), whole.bytes_at(N)
+    budget = (one + full) // 2
+    size = plan_chunk_size(f, *args, in_axes=in_axes, budget_bytes=budget, **kw)
+    assert isinstance(size, int) and 1 <= size < N
+    assert compiled_temp(f, args, in_axes, size, kw) <= budget
+    assert compiled_temp(f, args, in_axes, min(2 * size, N), kw) > budget
+    plan = plan_memory(f, *args, in_axes=in_axes, budget_bytes=budget, **kw)
+    assert plan.chunk_size == size and len(plan.points) <= 12
+    assert plan.bytes_at(size + 1) is None or plan.bytes_at(size + 1) > budget
+
+
+def test_budget_smaller_than_one_row():
+    f, args, in_axes, kw = CASES["mlp_jacobian"]
+    with pytest.raises(
+        ValueError,
+        match=r"`plan_chunk_size\(budget_bytes=100\)`: the budget is smaller than one row of "
+        r"batch_vmap\(mlp\).*batch_size=1 needs \d+ bytes",
+    ):
+        plan_chunk_size(mlp, *args, in_axes=in_axes, budget_bytes=100)
+
+
+def test_bad_budget_and_axes():
+    args = (S((8, 3), f32),)
+    with pytest.raises(ValueError, match=r"`plan_chunk_size\(budget_bytes=0\)`: budget_bytes"):
+        plan_chunk_size(jnp.sin, *args, budget_bytes=0)
+    with pytest.raises(ValueError, match=r"`batch_vmap\(in_axes=\(0, None\)\)`: in_axes has 2"):
+        plan_chunk_size(jnp.sin, *args, in_axes=(0, None), budget_bytes=10**6)
+    with pytest.raises(ValueError, match=r"mapped arguments must share the length"):
+        plan_chunk_size(jnp.add, S((8,), f32), S((3,), f32), budget_bytes=10**6)
+
+
+def test_missing_memory_analysis_is_a_clear_error():
+    class NoAnalysis:
+        def memory_analysis(self):
+            return None
+
+    with pytest.raises(RuntimeError, match=r"`plan_chunk_size`: the 'cpu' backend reports no"):
+        temp_bytes_of(NoAnalysis(), "plan_chunk_size")
+
+
+def _ref_mlp(x, w1, w2):
+    return jnp.tanh(x @ w1) @ w2
+
+
+def test_auto_matches_explicit_size_and_vmap():
+    key = jax.random.PRNGKey(0)
+    x = jax.random.normal(key, (50, 6), f32)
+    w1, w2 = jnp.ones((6, 24), f32) / 6, jnp.ones((24, 5), f32) / 24
+    ref = jax.vmap(_ref_mlp, (0, None, None))(x, w1, w2)
+    plan = plan_memory(_ref_mlp, x, w1, w2, in_axes=(0, None, None), budget_bytes=2**40)
+    budget = (plan.bytes_at(1) + plan.bytes_at(50)) // 3
+    size = plan_chunk_size(_ref_mlp, x, w1, w2, in_axes=(0, None, None), budget_bytes=budget)
+    assert 1 <= size < 50
+    explicit = chunkx.batch_vmap(_ref_mlp, (0, None, None), batch_size=size)(x, w1, w2)
+    g = chunkx.batch_vmap(_ref_mlp, (0, None, None), batch_size="auto", memory_budget=budget)
+    np.testing.assert_array_equal(g(x, w1, w2), explicit)
+    np.testing.assert_array_equal(jax.jit(g)(x, w1, w2), explicit)
+    np.testing.assert_allclose(explicit, ref, rtol=1e-6)
+    fun = lambda t: _ref_mlp(t, w1, w2)  # noqa: E731
+    auto = chunkx.batch_map(fun, x, "auto", memory_budget=4 * budget)
+    np.testing.assert_allclose(auto, ref, rtol=1e-6)
+
+
+def test_auto_errors():
+    x = jnp.ones((10, 3), f32)
+    with pytest.raises(
+        ValueError, match=r"`batch_vmap\(batch_size='auto'\)`: memory_budget must be given on"
+    ):
+        chunkx.batch_vmap(jnp.sin, batch_size="auto")(x)
+    with pytest.raises(
+        ValueError, match=r"`batch_vmap\(memory_budget=1000\)`: memory_budget is only used with"
+    ):
+        chunkx.batch_vmap(jnp.sin, batch_size=4, memory_budget=1000)
+    with pytest.raises(ValueError, match=r"`batch_map\(memory_budget=0\)`: memory_budget must be"):
+        chunkx.batch_map(jnp.sin, x, "auto", memory_budget=0)
+    with pytest.raises(
+        ValueError, match=r"`batch_vmap\(memory_budget=10\)`: the budget is smaller than one row"
+    ):
+        chunkx.batch_vmap(jnp.sin, batch_size="auto", memory_budget=10)(x)
+
+
+def test_default_budget_from_device_memory():
+    class Gpu:
+        platform = "gpu"
+
+        def memory_stats(self):
+            return {"bytes_limit": 1000, "bytes_in_use": 10}
+
+    assert default_budget("batch_vmap", device=Gpu()) == int(DEFAULT_BUDGET_FRACTION * 1000)
+    with pytest.raises(ValueError, match=r"`chunk_map\(chunk_size='auto'\)`: memory_budget must"):
+        default_budget("chunk_map", "chunk_size", device=jax.devices("cpu")[0])
+
+
+# -- the search on synthetic memory profiles (no compilation) -----------------------------------
+
+
+def test_linear_profile_needs_four_measurements():
+    calls = []
+
+    def measure(b):
+        calls.append(b)
+        return 1000 + 37 * b
+
+    plan = fit_memory(measure, 10_000, 50_000)
+    assert isinstance(plan, MemoryPlan)
+    assert plan.chunk_size == plan.predicted == (50_000 - 1000) // 37
+    assert (plan.a, plan.b) == pytest.approx((1000, 37))
+    assert calls == [1, 10_000, plan.chunk_size, plan.chunk_size + 1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 5000),
+    a=st.integers(0, 10**5),
+    b=st.integers(1, 10**4),
+    jump=st.integers(0, 10**5),
+    budget=st.integers(1, 10**8),
+)
+def test_search_on_monotone_profiles(n, a, b, jump, budget):
+    """a + b·B plus a fixed cost whenever B leaves a remainder (Concat copies the output)."""
+    measure = lambda B: a + b * B + (jump if n % B else 0)  # noqa: E731
+    if measure(1) > budget:
+        with pytest.raises(ValueError, match="smaller than one row"):
+            fit_memory(measure, n, budget)
+        return
+    plan = fit_memory(measure, n, budget)
+    c = plan.chunk_size
+    assert 1 <= c <= n and measure(c) <= budget and len(plan.points) <= 12
+    assert all(measure(s) == m for s, m in plan.points)
+    if c < n:
+        assert measure(2 * c) > budget or 2 * c > n or jump  # maximal for a pure line
+        if not jump:
+            assert measure(c + 1) > budget

@@ -1,0 +1,91 @@
+"""Progress bars over chunk loops: captured output, results vs jax.vmap, no callback when off."""
+
+import re
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import chunkx
+from chunkx._progress import ProgressState
+
+
+def per_example(x, w):
+    return jnp.tanh(x @ w)
+
+
+X = jnp.arange(40.0, dtype=jnp.float32).reshape(10, 4) / 40
+W = jnp.ones((4, 3), jnp.float32)
+REF = jax.vmap(per_example, (0, None))(X, W)
+
+
+def _bars(text: str) -> list[str]:
+    """The final state of every bar: tqdm redraws with carriage returns."""
+    return [line for line in text.replace("\r", "\n").splitlines() if "100%" in line]
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_batch_vmap_progress_bar(capfd, jit):
+    g = chunkx.batch_vmap(per_example, (0, None), batch_size=3, progress=True)
+    out = (jax.jit(g) if jit else g)(X, W)
+    jax.effects_barrier()
+    np.testing.assert_allclose(out, REF, rtol=1e-6)
+    bars = _bars(capfd.readouterr().err)
+    assert len(bars) == 1 and "3/3" in bars[0] and "chunkx" in bars[0]
+
+
+def test_progress_bar_with_reduction_and_python_loop(capfd):
+    c = chunkx.Chunk(chunkx.Vmap(jnp.sin), 2, reducer=chunkx.Sum(), loop="python", progress=True)
+    x = jnp.linspace(0.0, 1.0, 9)
+    np.testing.assert_allclose(jax.jit(c)(x), jnp.sum(jnp.sin(x)), rtol=1e-6)
+    jax.effects_barrier()
+    bars = _bars(capfd.readouterr().err)
+    assert len(bars) == 1 and "4/4" in bars[0]
+    s = chunkx.batch_map(jnp.sin, x, 2, reduction=jnp.add, chunk_reduction=jnp.sum, progress=True)
+    np.testing.assert_allclose(s, jnp.sum(jnp.sin(x)), rtol=1e-6)
+    jax.effects_barrier()
+    assert len(_bars(capfd.readouterr().err)) == 1
+
+
+def test_progress_bar_under_vmap_and_repeated_runs(capfd):
+    g = jax.jit(chunkx.batch_vmap(per_example, (0, None), batch_size=4, progress=True))
+    ws = jnp.stack([W, 2 * W])
+    out = jax.vmap(lambda w: g(X, w))(ws)
+    jax.effects_barrier()
+    np.testing.assert_allclose(out[1], jax.vmap(per_example, (0, None))(X, 2 * W), rtol=1e-6)
+    assert len(_bars(capfd.readouterr().err)) == 1  # duplicated ticks drive one bar
+    g(X, W)
+    g(X, W)
+    jax.effects_barrier()
+    assert len(_bars(capfd.readouterr().err)) == 2  # one bar per run of the compiled program
+
+
+def test_fallback_without_tqdm(capfd, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # `from tqdm import tqdm` raises ImportError
+    state = ProgressState(3, "chunkx")
+    for i in (0, 1, 1, 2):
+        state(np.int32(i))
+    err = capfd.readouterr().err
+    assert "chunkx: 3/3 chunks" in err and "chunkx: 1/3 chunks" in err
+
+
+@pytest.mark.parametrize("reduction", [None, jnp.add])
+def test_off_adds_nothing_to_the_compiled_program(reduction):
+    kw = {} if reduction is None else {"reduction": reduction, "chunk_reduction": jnp.sum}
+
+    def compiled(progress):
+        g = chunkx.batch_vmap(jnp.sin, batch_size=3, progress=progress, **kw)
+        lowered = jax.jit(g).lower(jnp.ones(10, jnp.float32))
+        return lowered.as_text(), lowered.compile().as_text()
+
+    off_ir, off_hlo = compiled(False)
+    on_ir, on_hlo = compiled(True)
+    # a host callback is a custom call to a python_*_callback target (cpu or gpu)
+    callback_op = re.compile(r"custom[-_]call.*python_\w*callback")
+    for text in (off_ir, off_hlo):
+        assert not callback_op.search(text)
+    if jax.default_backend() == "cpu":  # and on CPU nothing else is a custom call
+        assert "custom_call" not in off_ir + off_hlo and "custom-call" not in off_hlo
+    assert callback_op.search(on_ir) and callback_op.search(on_hlo)
