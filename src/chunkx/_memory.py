@@ -24,7 +24,8 @@ class MemoryPlan(eqx.Module):
     - `n`: the largest useful chunk size (rows per device).
     - `budget_bytes`: the temp-memory budget.
     - `points`: `(chunk size, temp bytes)` pairs that were compiled, in order of measurement.
-    - `a`, `b`: the model `bytes ≈ a + b·B`, fitted through `B = 1` and `B = n`.
+    - `a`, `b`: the model `bytes ≈ a + b·B`, fitted through two small sizes (see
+      [`chunkx.fit_memory`][]); `b = 0` when no line was needed.
     - `predicted`: the chunk size the model alone gives, `floor((budget - a) / b)` in `[1, n]`.
     - `chunk_size`: the verified answer: its measured temp is within the budget, and the next
       size up was measured over it (unless `chunk_size == n`).
@@ -72,11 +73,14 @@ def fit_memory(
 ) -> MemoryPlan:
     """The largest chunk size in `[1, n]` whose measured memory fits in `budget_bytes`.
 
-    Measures `B = 1` (an error if even that is over budget) and `B = n` (returned if it fits),
-    fits `bytes ≈ a + b·B` through them, then narrows the bracket `measure(lo) <= budget <
-    measure(hi)` by regula falsi (Illinois) until `hi == lo + 1`: with a linear memory profile
-    that is two more compilations, the predicted size and its neighbour. At most 12 sizes are
-    measured; the answer is always a measured size that fits.
+    Measures `B = n` (returned if it fits), then two small sizes `p1 < p2` (about 2 and `n / 8`,
+    each leaving a remainder chunk), fits `bytes ≈ a + b·B` through them and predicts the size
+    at the budget. It then narrows the bracket `measure(lo) <= budget < measure(hi)` until
+    `hi == lo + 1`, starting at the prediction: with a linear memory profile that is two more
+    compilations, the predicted size and its neighbour. Last, the largest divisor of `n` up to
+    the prediction is tried (no remainder chunk, often cheaper). At most about 12 sizes are
+    measured, and the answer is always a measured size that fits. If `p1` does not fit, the
+    sizes below it are tried one by one; if none fits, `ValueError`.
 
     **Arguments:**
 
@@ -99,36 +103,56 @@ def fit_memory(
             seen[size] = int(measure(size))
         return seen[size]
 
-    one = m(1)
-    if one > budget:
+    def plan(a: float, b: float, predicted: int, size: int) -> MemoryPlan:
+        return MemoryPlan(n, budget, tuple(seen.items()), a, b, predicted, size)
+
+    if m(n) <= budget:  # the whole batch fits: no chunking
+        return plan(float(m(n)), 0.0, n, n)
+    p1 = _with_remainder(n, 2)
+    p2 = _with_remainder(n, max(p1 + 1, n // 8))
+    if p2 >= n or m(p1) > budget:  # tiny n, or the budget is near one row: try each size
+        for size in range(min(p1, n - 1), 0, -1):
+            if m(size) <= budget:
+                return plan(float(m(size)), 0.0, size, size)
         raise ValueError(
             f"`{who}({name}={budget})`: the budget is smaller than one row of {what}: "
-            f"batch_size=1 needs {one} bytes of XLA temp memory. Raise {name} to at least {one}."
+            f"batch_size=1 needs {m(1)} bytes of XLA temp memory. Raise {name} to at least "
+            f"{min(seen.values())}."
         )
-    full = m(n)
-    a, b = fit_line([(1, one), (n, full)]) if n > 1 else (float(one), 0.0)
+    a, b = fit_line([(p1, m(p1)), (p2, m(p2))])
     predicted = n if b == 0 else int(min(n, max(1, (budget - a) // b)))
-    if full <= budget:
-        return MemoryPlan(n, budget, tuple(seen.items()), a, b, predicted, n)
-    lo = _search(m, budget, n, predicted)
+    lo, hi = (p2, n) if m(p2) <= budget else (p1, p2)
+    lo = _search(m, budget, lo, hi, predicted)
     for d in _divisors_between(n, lo, predicted):  # sizes without a remainder chunk cost less
-        if m(d) <= budget or len(seen) >= _MAX_COMPILES:
-            lo = d if m(d) <= budget else lo
+        if len(seen) >= _MAX_COMPILES:
             break
-    return MemoryPlan(n, budget, tuple(seen.items()), a, b, predicted, lo)
+        if m(d) <= budget:
+            lo = d
+            break
+    return plan(a, b, predicted, lo)
 
 
-def _search(m: Callable[[int], int], budget: int, n: int, first: int) -> int:
-    """Bracket `m(lo) <= budget < m(hi)` from `(1, n)` until `hi == lo + 1`; return `lo`.
+def _with_remainder(n: int, size: int) -> int:
+    """The smallest `B >= size`, `B < n // 2`, that leaves a remainder (else `size`).
+
+    Most chunk sizes leave a remainder chunk, which has its own cost (e.g. copying a
+    concatenated output), so the model is fitted where it is paid.
+    """
+    for b in range(size, max(size, n // 2)):
+        if n % b:
+            return b
+    return size
+
+
+def _search(m: Callable[[int], int], budget: int, lo: int, hi: int, first: int) -> int:
+    """Narrow `m(lo) <= budget < m(hi)` until `hi == lo + 1`; return `lo`.
 
     Guesses: the model's `first`; after a success, the line through the last two successes
     (memory grows at the local slope); after a failure, the secant through the bracket; after
     two failures in a row, the midpoint.
     """
-    lo, hi, prev, fails = 1, n, None, 0
-    guess = first
-    calls = 0
-    while hi - lo > 1 and calls < _MAX_COMPILES - 2:
+    prev, fails, calls, guess = None, 0, 0, first
+    while hi - lo > 1 and calls < _MAX_COMPILES - 6:
         guess = int(min(hi - 1, max(lo + 1, guess)))
         calls += 1
         if m(guess) <= budget:

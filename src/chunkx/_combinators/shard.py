@@ -98,6 +98,8 @@ class Shard(eqx.Module):
                 out_specs=reducer.shard_spec(axis),
                 check_vma=False,
             )(dyn, v_head)
+            if is_explicit(mesh) and not reducer.keeps_rows:  # per-device partials: replicate
+                gathered = jax.tree_util.tree_map(lambda x: place(x, mesh, P()), gathered)
             parts.append(reducer.shard_collect(gathered))
         if n_even < n or not n_even:
             tail = map_mapped(lambda x: x[n_even:], args, axes)

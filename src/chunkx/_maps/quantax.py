@@ -48,12 +48,14 @@ class ChunkMap(eqx.Module):
         else:
             size = c
         inner = MovedAxes(self.f, axes, self.out_axes)
+        # quantax needs n % D == 0. chunkx: Shard evaluates the n % D leftover rows outside the
+        # shard_map; the grouped layout pads them with copies of real rows.
         if self.shard_batch:
             piece = Shard(self._chunk(inner, size, zero, 1), mesh, in_axes=zero)
         else:
             piece = self._chunk(inner, size, zero, ndev)
-        if n % ndev:  # quantax needs n % D == 0; chunkx pads with copies of real rows
-            piece = Pad(piece, ndev, in_axes=zero)
+            if n % ndev:
+                piece = Pad(piece, ndev, in_axes=zero)
         out = piece(*moved)
         return map_outputs(out, self.out_axes, lambda o, ax: move_axis(o, 0, ax))
 

@@ -1,0 +1,152 @@
+"""The combinators on their own and nested, against jax.vmap / plain sums."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import assert_tree_close, rand
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import chunkx
+
+
+def per_row(x, w):
+    return jnp.sin(x * w).sum(-1) + jnp.sqrt(x[0] * w[0])
+
+
+def batched(x, w):
+    return jax.vmap(per_row, (0, None))(x, w)
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9])
+@pytest.mark.parametrize("remainder", ["call", "pad"])
+@pytest.mark.parametrize("loop", ["scan", "python"])
+def test_chunk_concat_and_sum(n, remainder, loop):
+    x = rand(jax.random.PRNGKey(0), (n, 3), jnp.float64)
+    w = rand(jax.random.PRNGKey(1), (3,), jnp.float64)
+    ref = batched(x, w)
+    cat = chunkx.Chunk(batched, 3, in_axes=(0, None), remainder=remainder, loop=loop)
+    assert_tree_close(cat(x, w), ref, rtol=1e-12)
+    total = chunkx.Chunk(batched, 3, reducer=chunkx.Sum(), in_axes=(0, None),
+                         remainder=remainder, loop=loop)
+    np.testing.assert_allclose(total(x, w), ref.sum(), rtol=1e-12)
+    g = jax.grad(lambda w: total(x, w))(w)
+    np.testing.assert_allclose(g, jax.grad(lambda w: batched(x, w).sum())(w), rtol=1e-12)
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_chunk_groups_keep_row_order(groups):
+    x = rand(jax.random.PRNGKey(0), (24, 2), jnp.float64)
+    seen = []
+
+    def f(rows):
+        seen.append(rows.shape[0])
+        return rows * 2
+
+    out = chunkx.Chunk(f, 4, groups=groups, remainder="pad", loop="python")(x)
+    np.testing.assert_array_equal(out, x * 2)
+    assert set(seen) == {4 * groups}  # every call sees `size` rows of each group
+
+
+def test_pad_masks_padded_rows_out_of_sums():
+    x = rand(jax.random.PRNGKey(2), (10,), jnp.float64)
+    inner = chunkx.Chunk(lambda r: r**2, 4, reducer=chunkx.Sum())
+    padded = chunkx.Pad(inner, 8, reducer=chunkx.Sum())
+    np.testing.assert_allclose(padded(x), jnp.sum(x**2), rtol=1e-12)
+    rows = chunkx.Pad(lambda r: r**2, 8)(x)
+    np.testing.assert_allclose(rows, x**2)
+
+
+@pytest.mark.parametrize("n", [0, 3, 8, 10])
+@pytest.mark.parametrize("reducer", [chunkx.Concat(), chunkx.Sum(),
+                                     chunkx.Monoid(jnp.add, lambda o: jnp.sum(o, 0))])
+def test_shard_of_chunk(n, reducer):
+    x = rand(jax.random.PRNGKey(3), (n, 3), jnp.float64)
+    w = rand(jax.random.PRNGKey(4), (3,), jnp.float64)
+    pipe = chunkx.Shard(chunkx.Chunk(batched, 2, reducer=reducer, in_axes=(0, None)),
+                        reducer=reducer, in_axes=(0, None))
+    ref = batched(x, w)
+    if not reducer.keeps_rows:
+        ref = ref.sum(0)
+    if n == 0 and isinstance(reducer, chunkx.Monoid):
+        ref = jnp.float64(0.0)
+    assert_tree_close(jax.jit(pipe)(x, w), ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit])
+@pytest.mark.parametrize("n", [8, 10])
+def test_shard_on_auto_and_explicit_meshes(axis_type, n):
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(axis_type,))
+    x = rand(jax.random.PRNGKey(5), (n, 3), jnp.float64)
+    w = rand(jax.random.PRNGKey(6), (3,), jnp.float64)
+    ref = batched(x, w)  # references from the unsharded copy
+    gref = jax.grad(lambda w: batched(x, w).sum())(w)
+    if n % 4 == 0:  # a batch-sharded input, as users hold them
+        x = jax.device_put(x, NamedSharding(mesh, P("d")))
+    g = chunkx.batch_vmap(per_row, (0, None), batch_size=1, shard=True, mesh=mesh)
+    s = chunkx.batch_vmap(per_row, (0, None), batch_size=1, shard=True, mesh=mesh,
+                          reduction=jnp.add, chunk_reduction=jnp.sum)
+    np.testing.assert_allclose(jax.jit(g)(x, w), ref, rtol=1e-12)
+    np.testing.assert_allclose(jax.jit(s)(x, w), ref.sum(), rtol=1e-12)
+    gw = jax.jit(jax.grad(lambda w: s(x, w)))(w)
+    np.testing.assert_allclose(gw, gref, rtol=1e-12)
+    out = chunkx.chunk_map(batched, (0, None), chunk_size=1, use_scan=True, shard_batch=True,
+                           mesh=mesh)(x, w)
+    np.testing.assert_allclose(out, ref, rtol=1e-12)
+
+
+def test_concat_output_stays_sharded():
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(AxisType.Auto,))
+    x = jnp.arange(16.0)
+    out = jax.jit(chunkx.batch_vmap(jnp.sin, batch_size=2, shard=True, mesh=mesh))(x)
+    assert out.sharding.spec == P("d")
+
+
+class Model(eqx.Module):
+    """A user model with a chunked map as a field."""
+
+    w: jax.Array
+    head: chunkx.BatchVmap
+
+    def __init__(self, key):
+        self.w = jax.random.normal(key, (3, 2))
+        self.head = chunkx.batch_vmap(lambda x, w: jnp.tanh(x @ w), (0, None), batch_size=3)
+
+    def __call__(self, x):
+        return jnp.sum(self.head(x, self.w) ** 2)
+
+
+def test_chunked_map_as_field_of_equinox_model():
+    model = Model(jax.random.PRNGKey(0))
+    x = rand(jax.random.PRNGKey(1), (10, 3), jnp.float64)
+    ref = lambda m: jnp.sum(jnp.tanh(x @ m.w) ** 2)  # noqa: E731
+    val, grads = eqx.filter_jit(eqx.filter_value_and_grad(lambda m: m(x)))(model)
+    np.testing.assert_allclose(val, ref(model), rtol=1e-6)
+    np.testing.assert_allclose(grads.w, jax.grad(lambda w: ref(eqx.tree_at(
+        lambda m: m.w, model, w)))(model.w), rtol=1e-6)
+    # the combinators are pytrees: weights inside a pipeline are leaves, not constants
+    pipe = chunkx.Chunk(chunkx.Vmap(eqx.nn.Linear(3, 2, key=jax.random.PRNGKey(2))), 4)
+    assert len(jax.tree_util.tree_leaves(pipe)) == 2
+    np.testing.assert_allclose(eqx.filter_jit(pipe)(x), jax.vmap(pipe.fn.fn)(x), rtol=1e-6)
+
+
+def test_grad_memory_is_bounded_by_the_chunk():
+    """Reverse mode through a checkpointed Chunk keeps one chunk of residuals (compile only)."""
+
+    def g(y):
+        def step(c, _):
+            return jnp.sin(c) * 1.1 + 0.1 * c * c, None
+        return jax.lax.scan(step, y, None, length=32)[0]
+
+    y = jax.ShapeDtypeStruct((2**16,), jnp.float32)
+
+    def temp(fn):
+        return jax.jit(jax.grad(fn)).lower(y).compile().memory_analysis().temp_size_in_bytes
+
+    plain = temp(lambda y: jnp.sum(jax.vmap(g)(y)))
+    chunked = temp(lambda y: jnp.sum(chunkx.batch_vmap(g, batch_size=1024)(y)))
+    unbounded = temp(lambda y: jnp.sum(chunkx.batch_vmap(g, batch_size=1024, checkpoint=False)(y)))
+    assert chunked <= 0.1 * plain, (chunked, plain)
+    assert unbounded > 0.5 * plain  # without the checkpoint every chunk's residuals stay
