@@ -1,0 +1,313 @@
+"""batch_jacfwd / batch_jacrev / batch_vectorize against JAX (independent) and adv-jax-math 1.3."""
+
+import adv_jax_math as adv
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from chunkx._maps.jac import batch_jacfwd, batch_jacrev
+from chunkx._maps.vectorize import batch_vectorize
+
+# Cases run under jax.jit (op-by-op dispatch of small scans is slow); a few also run eagerly.
+SIZES = [None, 1, 3, 100]  # no chunking, one per step, remainder (n=7 % 3), one chunk > n
+
+
+def assert_same(out, ref, *, weak=True, rtol=1e-10):
+    """Same pytree structure, shapes, dtypes (and weak types) and values."""
+    assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(ref)
+    for a, r in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref)):
+        assert (a.shape, a.dtype) == (r.shape, r.dtype)
+        if weak:
+            assert jax.typeof(a).weak_type == jax.typeof(r).weak_type
+        np.testing.assert_allclose(np.asarray(a), np.asarray(r), rtol=rtol, atol=1e-12)
+
+
+def count_scans(fn, *args):
+    return str(jax.make_jaxpr(fn)(*args)).count("scan[")
+
+
+# ---------------------------------------------------------------- Jacobians
+
+
+def f_tree(x, y, scale=1.0):
+    """Dict in, dict out, mixed float32/float64 leaves; 7 input entries in x."""
+    return {
+        "a": jnp.sin(x["u"]) * y[:3] * scale,
+        "b": jnp.sum(x["v"] ** 2) * y,
+    }
+
+
+X = {"u": jnp.linspace(0.1, 1.0, 3), "v": jnp.arange(4, dtype=jnp.float32).reshape(2, 2)}
+Y = jnp.linspace(1.0, 2.0, 4)
+JACS = [(batch_jacfwd, jax.jacfwd, adv.batch_jacfwd), (batch_jacrev, jax.jacrev, adv.batch_jacrev)]
+
+
+@pytest.mark.parametrize("ours,ref,_", JACS)
+@pytest.mark.parametrize(
+    "argnums,size", [(0, None), (-2, 3), ((0, 1), 1), ((1,), 100), ([1, 0], 3)]
+)
+def test_jacobian_pytrees_match_jax(ours, ref, _, argnums, size):
+    out = jax.jit(ours(f_tree, argnums, batch_size=size))(X, Y, scale=2.0)
+    assert_same(out, jax.jit(ref(f_tree, argnums))(X, Y, scale=2.0), rtol=1e-6)
+
+
+def aux_fn(x):
+    y = jnp.tanh(x) * jnp.arange(1.0, x.size + 1)
+    return jnp.cumsum(y), {"norm": jnp.sum(y**2), "first": y[0]}
+
+
+@pytest.mark.parametrize("ours,ref,_", JACS)
+def test_jacobian_eager(ours, ref, _):
+    x = jnp.linspace(0.0, 1.0, 4)
+    assert_same(ours(aux_fn, batch_size=2, has_aux=True)(x), ref(aux_fn, has_aux=True)(x))
+
+
+@pytest.mark.parametrize("ours,ref,_", JACS)
+@pytest.mark.parametrize("size", [1, 3])
+def test_jacobian_has_aux_under_jit(ours, ref, _, size):
+    x = jnp.linspace(-1.0, 1.0, 7)
+    out = jax.jit(ours(aux_fn, has_aux=True, batch_size=size))(x)
+    assert_same(out, jax.jit(ref(aux_fn, has_aux=True))(x))
+    jaxpr = str(jax.make_jaxpr(ours(aux_fn, has_aux=True, batch_size=size))(x))
+    assert "scan[" in jaxpr  # the basis really is chunked
+
+
+def test_jacobian_unchunked_has_no_scan():
+    x = jnp.linspace(-1.0, 1.0, 7)
+    assert count_scans(batch_jacfwd(jnp.sin), x) == 0
+    assert count_scans(batch_jacfwd(jnp.sin, chunk_size=2), x) == 1  # the adv alias
+
+
+def holo(z, w):
+    return {"p": z**2 * w[0], "q": jnp.exp(z).sum() + w}
+
+
+@pytest.mark.parametrize("ours,ref,_", JACS)
+@pytest.mark.parametrize("size", [None, 4])
+def test_jacobian_holomorphic(ours, ref, _, size):
+    z = jnp.array([1 + 2j, 0.5 - 1j, -1j, 2.0])
+    w = jnp.array([0.3 + 0.1j, 1j], dtype=jnp.complex64)
+    out = jax.jit(ours(holo, (0, 1), holomorphic=True, batch_size=size))(z, w)
+    assert_same(out, jax.jit(ref(holo, (0, 1), holomorphic=True))(z, w), rtol=1e-5)
+
+
+def test_jacrev_complex_inputs_real_output_and_allow_int():
+    def g(z, k):
+        return jnp.abs(z) ** 2 * k
+
+    z, k = jnp.array([1 + 1j, 2 - 1j, 3j]), jnp.arange(3)
+    out = jax.jit(batch_jacrev(g, (0, 1), allow_int=True, batch_size=2))(z, k)
+    assert_same(out, jax.jacrev(g, (0, 1), allow_int=True)(z, k))
+
+
+def test_jacobian_python_scalars_keep_weak_types():
+    double = lambda x: 2 * x  # noqa: E731
+    assert_same(jax.jit(batch_jacfwd(double))(1.0), jax.jacfwd(double)(1.0))
+    h = lambda x: x * jnp.ones(3)  # noqa: E731
+    assert_same(jax.jit(batch_jacrev(h, batch_size=2))(2.0), jax.jit(jax.jacrev(h))(2.0))
+
+
+@pytest.mark.parametrize("ours,ref,_", JACS)
+def test_jacobian_empty_and_integer_outputs(ours, ref, _):
+    empty = jax.jit(ours(jnp.cumsum, batch_size=2))(jnp.ones(0))
+    assert_same(empty, ref(jnp.cumsum)(jnp.ones(0)))
+    as_int = lambda x: (jnp.round(x), (2 * x).astype(int))  # noqa: E731
+    if ours is batch_jacfwd:
+        out = jax.jit(ours(as_int, batch_size=2))(jnp.ones(3))
+        assert_same(out, ref(as_int)(jnp.ones(3)))
+
+
+def test_hessian_by_composition_and_grad_through():
+    f = lambda x: jnp.sum(jnp.sin(x) * x[::-1]) ** 2  # noqa: E731
+    x = jnp.linspace(0.0, 1.0, 5)
+    hess = jax.jit(batch_jacfwd(batch_jacrev(f, batch_size=2), batch_size=3))(x)
+    np.testing.assert_allclose(hess, jax.jit(jax.hessian(f))(x), rtol=1e-10)
+    loss = lambda x: jnp.sum(batch_jacrev(jnp.sin, batch_size=2)(x) ** 2)  # noqa: E731
+    np.testing.assert_allclose(
+        jax.jit(jax.grad(loss))(x),
+        jax.jit(jax.grad(lambda x: jnp.sum(jax.jacrev(jnp.sin)(x) ** 2)))(x),
+    )
+
+
+@pytest.mark.parametrize("ours,_,peer", JACS)
+def test_jacobian_conforms_to_adv(ours, _, peer):
+    for argnums in (0, (0, 1)):
+        out = jax.jit(ours(f_tree, argnums, batch_size=3))(X, Y, scale=2.0)
+        expect = jax.jit(peer(f_tree, argnums, batch_size=3))(X, Y, scale=2.0)
+        assert_same(out, expect, rtol=1e-6)
+    out = jax.jit(ours(aux_fn, has_aux=True, batch_size=2))(jnp.ones(5))
+    expect = jax.jit(peer(aux_fn, has_aux=True, batch_size=2))(jnp.ones(5))
+    assert_same(out, expect)
+
+
+@pytest.mark.parametrize("ours,_,peer", JACS)
+def test_jacobian_errors(ours, _, peer):
+    name = ours.__name__
+    with pytest.raises(TypeError, match="Expected a callable value, got 3"):
+        ours(3)
+    with pytest.raises(ValueError, match=rf"`{name}\(batch_size=0\)`: batch_size must be a pos"):
+        ours(jnp.sin, batch_size=0)
+    with pytest.raises(ValueError, match="Unexpected keyword argument.*batch_sze"):
+        ours(jnp.sin, batch_sze=2)
+    with pytest.raises(ValueError, match="Unexpected keyword argument.*batch_sze"):
+        peer(jnp.sin, batch_sze=2)
+    with pytest.raises(ValueError, match="must have value greater than or equal to -len"):
+        ours(jnp.sin, argnums=2)(jnp.ones(2))
+    holo_msg = f"{name[6:]} with holomorphic=True requires inputs with complex dtype"
+    for fn in (ours, peer):
+        with pytest.raises(TypeError, match=holo_msg):
+            fn(jnp.sin, holomorphic=True, batch_size=2)(jnp.ones(3))
+
+
+def test_jacrev_int_inputs_error_like_jax():
+    for fn in (batch_jacrev, adv.batch_jacrev, jax.jacrev):
+        with pytest.raises(TypeError, match="jacrev requires real- or complex-valued inputs"):
+            fn(lambda k: k * 1.0)(jnp.arange(3))
+    with pytest.raises(TypeError, match="jacfwd requires real-valued inputs"):
+        batch_jacfwd(lambda k: k * 1.0)(jnp.arange(3))
+
+
+# ---------------------------------------------------------------- vectorize
+
+
+def mul(a, b):
+    return a * b
+
+
+def matvec(m, v):
+    return m @ v
+
+
+def stats(v):
+    return jnp.sum(v), v - jnp.mean(v)
+
+
+def scaled(v, power, *, scale):
+    return scale * v**power
+
+
+CASES = [  # (pyfunc, kwargs for vectorize, args)
+    (mul, {}, (jnp.arange(5.0).reshape(5, 1), jnp.arange(7.0))),
+    (mul, {}, (jnp.arange(6.0).reshape(2, 1, 3), 2.0)),
+    (mul, {}, (jnp.float32(3), jnp.float32(2))),
+    (matvec, {"signature": "(m,n),(n)->(m)"}, (jnp.ones((7, 1, 3, 2)), jnp.ones((4, 2)) * 3)),
+    (stats, {"signature": "(n)->(),(n)"}, (jnp.arange(24.0).reshape(2, 3, 4),)),
+    (stats, {"signature": "(n)->(),(n)"}, (jnp.arange(4.0).reshape(1, 4),)),
+    (jnp.polyval, {"excluded": {0}}, (jnp.array([1.0, -2.0, 3.0]), jnp.linspace(0, 1, 7))),
+]
+
+
+@pytest.mark.parametrize(
+    "case,size", [(c, 3) for c in range(len(CASES))] + [(0, None), (3, None), (0, 1), (4, 1)]
+)
+def test_vectorize_matches_jnp(case, size):
+    pyfunc, kw, args = CASES[case]
+    ours = jax.jit(batch_vectorize(pyfunc, batch_size=size, **kw))
+    assert_same(ours(*args), jnp.vectorize(pyfunc, **kw)(*args))
+
+
+def test_vectorize_eager():
+    pyfunc, kw, args = CASES[3]
+    out = batch_vectorize(pyfunc, batch_size=100, **kw)(*args)
+    assert_same(out, jnp.vectorize(pyfunc, **kw)(*args))
+
+
+def test_vectorize_excluded_names_and_none_arguments():
+    v = jnp.linspace(0, 1, 5)
+    ours = jax.jit(batch_vectorize(scaled, excluded={1, "scale"}, batch_size=2), static_argnums=1)
+    ref = jnp.vectorize(scaled, excluded={1, "scale"})
+    assert_same(ours(v, 3, scale=2.0), ref(v, 3, scale=2.0))
+    add = lambda a, b, c: sum(x for x in (a, b, c) if x is not None)  # noqa: E731
+    args = (jnp.ones((3, 1)), None, jnp.arange(4.0))
+    assert_same(jax.jit(batch_vectorize(add, batch_size=2))(*args), jnp.vectorize(add)(*args))
+    args = (None, jnp.ones((3, 1)), jnp.arange(4.0))  # location 0: jnp does not handle it
+    out = jax.jit(batch_vectorize(add, batch_size=2))(*args)
+    assert_same(out, jax.jit(adv.batch_vectorize(add))(*args))
+
+
+def test_vectorize_nests_one_chunked_map_per_loop_dimension():
+    args = (jnp.ones((5, 1)), jnp.ones(7))
+    assert count_scans(batch_vectorize(mul, batch_size=2), *args) == 3  # as adv (spec §6)
+    assert count_scans(adv.batch_vectorize(mul, batch_size=2), *args) == 3
+    assert count_scans(batch_vectorize(mul), *args) == 0
+    calls = []
+
+    def spy(a, b):
+        calls.append(jnp.shape(a))
+        return a * b
+
+    jax.make_jaxpr(batch_vectorize(spy, batch_size=2))(*args)
+    assert calls and set(calls) == {()}  # pyfunc only ever sees single elements
+
+
+@pytest.mark.parametrize("case", [0, 3, 4, 6])
+def test_vectorize_conforms_to_adv(case):
+    pyfunc, kw, args = CASES[case]
+    out = jax.jit(batch_vectorize(pyfunc, batch_size=2, **kw))(*args)
+    assert_same(out, jax.jit(adv.batch_vectorize(pyfunc, batch_size=2, **kw))(*args))
+
+
+@settings(max_examples=5, deadline=None)
+@given(
+    st.lists(st.integers(1, 4), min_size=0, max_size=3),
+    st.lists(st.booleans(), min_size=3, max_size=3),
+    st.integers(1, 5),
+)
+def test_vectorize_random_broadcasts(shape, ones, size):
+    other = tuple(1 if one else n for n, one in zip(shape, ones))  # broadcastable against shape
+    a = jnp.arange(2.0 * np.prod(shape)).reshape(tuple(shape) + (2,))
+    b = jnp.arange(6.0 * np.prod(other)).reshape(other + (2, 3))
+    ours = jax.jit(batch_vectorize(matvec, signature="(n),(n,k)->(k)", batch_size=size))
+    assert_same(ours(a, b), jnp.vectorize(matvec, signature="(n),(n,k)->(k)")(a, b))
+
+
+def test_vectorize_rank_promotion():
+    args = (jnp.ones((2, 3)), jnp.ones(3))
+    msg = "require rank promotion for jnp.vectorize function with signature None"
+    with jax.numpy_rank_promotion("warn"):
+        with pytest.warns(UserWarning, match=msg):
+            batch_vectorize(mul, batch_size=2)(*args)
+    with jax.numpy_rank_promotion("raise"):
+        with pytest.raises(ValueError, match=msg):
+            batch_vectorize(mul, batch_size=2)(*args)
+        batch_vectorize(mul)(jnp.ones(3), 2.0)  # scalars are not promoted
+
+
+def test_vectorize_errors():
+    with pytest.raises(TypeError, match=r"can only exclude integer or string arguments, but exc"):
+        batch_vectorize(mul, excluded={1.5})
+    with pytest.raises(ValueError, match=r"excluded=\{-1\} contains negative numbers"):
+        batch_vectorize(mul, excluded={-1})
+    with pytest.raises(ValueError, match=r"not a valid gufunc signature: \(n\)->"):
+        batch_vectorize(mul, signature="(n)->")
+    with pytest.raises(ValueError, match=r"`batch_vectorize\(chunk_size=0\)`"):
+        batch_vectorize(mul, chunk_size=0)
+    vdot = batch_vectorize(jnp.vdot, signature="(n),(n)->()", batch_size=2)
+    with pytest.raises(ValueError, match=r"Cannot pass None at locations \{1\} with signature="):
+        vdot(jnp.ones(3), None)
+    with pytest.raises(ValueError, match="inconsistent size for core dimension 'n': 4 vs 3"):
+        vdot(jnp.ones(3), jnp.ones(4))
+    with pytest.raises(ValueError, match="does not have enough dimensions for all core dim"):
+        batch_vectorize(matvec, signature="(m,n),(n)->(m)")(jnp.ones(3), jnp.ones(3))
+    with pytest.raises(ValueError, match=r"output shape \(3,\) does not match core dimensions"):
+        batch_vectorize(mul, signature="(n),(n)->()")(jnp.ones(3), jnp.ones(3))
+    with pytest.raises(TypeError, match="wrong number of output arguments: expected 2, got 1"):
+        batch_vectorize(lambda v: (v,), signature="(n)->(),()")(jnp.ones(3))
+    with pytest.raises(TypeError, match="wrong number of positional arguments: expected 2"):
+        vdot(jnp.ones(3))
+    with pytest.raises(TypeError, match="keyword argument.*scale are not excluded"):
+        batch_vectorize(scaled, excluded={1})(jnp.ones(3), 2, scale=1.0)
+    with pytest.raises(TypeError, match="Expected|must be callable"):
+        batch_vectorize(3)
+
+
+def test_vectorize_matches_plain_loop():
+    """The docstring's loop: one pyfunc call per element of the broadcast loop shape."""
+    a, b = jnp.arange(6.0).reshape(2, 3, 1), jnp.arange(4.0)
+    out = jax.jit(batch_vectorize(jnp.power, batch_size=2))(a, b)
+    a, b = jnp.broadcast_arrays(a, b)
+    loop = np.array([jnp.power(a[idx], b[idx]) for idx in np.ndindex(a.shape)]).reshape(a.shape)
+    np.testing.assert_allclose(out, loop)
