@@ -2,6 +2,8 @@
 
 from ._dense import binomial_combine_tensor as binomial_combine_tensor
 from ._dense import dense_probe_derivatives as dense_probe_derivatives
+from ._estimate import estimate_chunk_size as estimate_chunk_size
+from ._estimate import max_chunk_size_within as max_chunk_size_within
 from ._format import TuckerTensorTrain as TuckerTensorTrain
 from ._forward import t3_probe_derivatives as t3_probe_derivatives
 from ._forward import tv_probe_derivatives as tv_probe_derivatives

@@ -102,6 +102,7 @@ def tv_probe_derivatives(
     BC = B + C
     dU, dG = (flat_stacks(v, B, C) for v in variation)
     frame_f = tuple(flat_lead(part, C) for part in frame)
-    rows = tangent_rows_fn(order, B != (), C != ())(probes_rows(ww, W), probes_rows(pp, W), dU, dG, frame_f)
+    fwd = tangent_rows_fn(order, B != (), C != ())
+    rows = fwd(probes_rows(ww, W), probes_rows(pp, W), dU, dG, frame_f)
     return rows_to_jets(tuple(r.reshape(r.shape[:1] + BC + r.shape[3:]) for r in rows), W)
 

@@ -1,4 +1,4 @@
-"""Public transposes: `tv_probe_derivatives_transpose`, `t3_probe_corewise_derivatives_transpose`."""
+"""Public transposes of the probe jets: tangent (`tv_*`) and corewise (`t3_*`)."""
 
 from collections.abc import Sequence
 

@@ -1,0 +1,88 @@
+"""Shared fixtures for the chunkx.t3 tests: reference cases from t3toolbox 2026.2.0 and random T3s.
+
+x64 is switched on globally by tests/conftest.py; float32 tests pass float32 arrays explicitly
+(which also checks that no float64 promotion happens).
+"""
+
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+DATA = pathlib.Path(__file__).parent.parent / "data"
+
+
+class RefCase:
+    """One reference case of `t3_reference.npz` with the arrays as jax float64 arrays."""
+
+    def __init__(self, npz, meta):
+        self.meta = meta
+        self.name, self.k, self.d, self.K = meta["name"], meta["id"], meta["d"], meta["K"]
+        self.W, self.C = tuple(meta["W"]), tuple(meta["C"])
+        self._npz = npz
+
+    def has(self, name):
+        return f"c{self.k}__{name}" in self._npz
+
+    def get(self, name):
+        return jnp.asarray(self._npz[f"c{self.k}__{name}"])
+
+    def seq(self, name):
+        return [self.get(f"{name}_{i}") for i in range(self.d)]
+
+    @property
+    def cores(self):
+        return self.seq("U"), self.seq("G")
+
+    @property
+    def frame(self):
+        return tuple(self.seq(f"frame_{p}") for p in "UOPQ")
+
+    @property
+    def variation(self):
+        return self.seq("var_dU"), self.seq("var_dG")
+
+
+def load_cases():
+    npz = np.load(DATA / "t3_reference.npz")
+    index = json.loads((DATA / "t3_reference_index.json").read_text())
+    return [RefCase(npz, meta) for meta in index["cases"]], index
+
+
+CASES, INDEX = load_cases()
+
+
+@pytest.fixture(params=CASES, ids=[c.name for c in CASES])
+def case(request):
+    return request.param
+
+
+def relerr(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    nb = np.linalg.norm(b)
+    return np.linalg.norm(a - b) / (nb if nb > 0 else 1.0)
+
+
+def max_relerr(got, want):
+    """Max relative error over matching (nested) sequences of arrays."""
+    gl, wl = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
+    assert len(gl) == len(wl)
+    for g, w in zip(gl, wl):
+        assert g.shape == w.shape, (g.shape, w.shape)
+    return max(relerr(g, w) for g, w in zip(gl, wl))
+
+
+def random_problem(key, N, n, r, K, W, C=(), dtype=jnp.float64):
+    """Random cores `C + core`, probes `W + (N_i,)`, residual jets `(K+1,) + W + C + (N_i,)`."""
+    d = len(N)
+    ks = iter(jax.random.split(key, 5 * d))
+    nrm = lambda s: jax.random.normal(next(ks), s, dtype)  # noqa: E731
+    U = [nrm(C + (n[i], N[i])) for i in range(d)]
+    G = [nrm(C + (r[i], n[i], r[i + 1])) for i in range(d)]
+    ww = [nrm(W + (N[i],)) for i in range(d)]
+    pp = [nrm(W + (N[i],)) for i in range(d)]
+    zt = [nrm((K + 1,) + W + C + (N[i],)) for i in range(d)]
+    return (U, G), ww, pp, zt
