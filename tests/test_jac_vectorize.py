@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from chunkx._maps.jac import batch_jacfwd, batch_jacrev
 from chunkx._maps.vectorize import batch_vectorize
 
-# Cases run under jax.jit (op-by-op dispatch of small scans is slow); a few also run eagerly.
-SIZES = [None, 1, 3, 100]  # no chunking, one per step, remainder (n=7 % 3), one chunk > n
+# Most cases run under jax.jit (op-by-op dispatch of small scans is slow); a few run eagerly.
+# Batch sizes cover None (no chunking), 1, a remainder (7 % 3) and one chunk larger than n.
 
 
 def assert_same(out, ref, *, weak=True, rtol=1e-10):
@@ -46,9 +46,7 @@ JACS = [(batch_jacfwd, jax.jacfwd, adv.batch_jacfwd), (batch_jacrev, jax.jacrev,
 
 
 @pytest.mark.parametrize("ours,ref,_", JACS)
-@pytest.mark.parametrize(
-    "argnums,size", [(0, None), (-2, 3), ((0, 1), 1), ((1,), 100), ([1, 0], 3)]
-)
+@pytest.mark.parametrize("argnums,size", [(0, None), (-2, 3), ((0, 1), 1), ([1, 0], 100)])
 def test_jacobian_pytrees_match_jax(ours, ref, _, argnums, size):
     out = jax.jit(ours(f_tree, argnums, batch_size=size))(X, Y, scale=2.0)
     assert_same(out, jax.jit(ref(f_tree, argnums))(X, Y, scale=2.0), rtol=1e-6)
@@ -59,10 +57,15 @@ def aux_fn(x):
     return jnp.cumsum(y), {"norm": jnp.sum(y**2), "first": y[0]}
 
 
-@pytest.mark.parametrize("ours,ref,_", JACS)
-def test_jacobian_eager(ours, ref, _):
-    x = jnp.linspace(0.0, 1.0, 4)
-    assert_same(ours(aux_fn, batch_size=2, has_aux=True)(x), ref(aux_fn, has_aux=True)(x))
+def test_jacobian_matches_plain_loops():
+    """The docstrings' loops (run eagerly): a JVP per input basis vector, a pullback per output."""
+    f = lambda x: jnp.cumsum(jnp.sin(x) * x[0])  # noqa: E731
+    x = jnp.linspace(0.2, 1.0, 4)
+    cols = [jax.jvp(f, (x,), (e,))[1] for e in jnp.eye(4)]
+    _, pullback = jax.vjp(f, x)
+    rows = [pullback(e)[0] for e in jnp.eye(4)]
+    np.testing.assert_allclose(batch_jacfwd(f, batch_size=3)(x), jnp.stack(cols, axis=-1))
+    np.testing.assert_allclose(batch_jacrev(f, batch_size=3)(x), jnp.stack(rows, axis=0))
 
 
 @pytest.mark.parametrize("ours,ref,_", JACS)
@@ -71,14 +74,9 @@ def test_jacobian_has_aux_under_jit(ours, ref, _, size):
     x = jnp.linspace(-1.0, 1.0, 7)
     out = jax.jit(ours(aux_fn, has_aux=True, batch_size=size))(x)
     assert_same(out, jax.jit(ref(aux_fn, has_aux=True))(x))
-    jaxpr = str(jax.make_jaxpr(ours(aux_fn, has_aux=True, batch_size=size))(x))
-    assert "scan[" in jaxpr  # the basis really is chunked
-
-
-def test_jacobian_unchunked_has_no_scan():
-    x = jnp.linspace(-1.0, 1.0, 7)
-    assert count_scans(batch_jacfwd(jnp.sin), x) == 0
-    assert count_scans(batch_jacfwd(jnp.sin, chunk_size=2), x) == 1  # the adv alias
+    assert count_scans(ours(aux_fn, has_aux=True, batch_size=size), x) >= 1  # chunked basis
+    assert count_scans(ours(aux_fn, has_aux=True, chunk_size=size), x) >= 1  # the adv alias
+    assert count_scans(ours(aux_fn, has_aux=True), x) == 0
 
 
 def holo(z, w):
@@ -103,17 +101,12 @@ def test_jacrev_complex_inputs_real_output_and_allow_int():
     assert_same(out, jax.jacrev(g, (0, 1), allow_int=True)(z, k))
 
 
-def test_jacobian_python_scalars_keep_weak_types():
-    double = lambda x: 2 * x  # noqa: E731
-    assert_same(jax.jit(batch_jacfwd(double))(1.0), jax.jacfwd(double)(1.0))
-    h = lambda x: x * jnp.ones(3)  # noqa: E731
-    assert_same(jax.jit(batch_jacrev(h, batch_size=2))(2.0), jax.jit(jax.jacrev(h))(2.0))
-
-
 @pytest.mark.parametrize("ours,ref,_", JACS)
-def test_jacobian_empty_and_integer_outputs(ours, ref, _):
+def test_jacobian_empty_integer_outputs_and_weak_types(ours, ref, _):
     empty = jax.jit(ours(jnp.cumsum, batch_size=2))(jnp.ones(0))
     assert_same(empty, ref(jnp.cumsum)(jnp.ones(0)))
+    h = lambda x: x * jnp.ones(3)  # noqa: E731  (a Python scalar input: weakly typed Jacobian)
+    assert_same(jax.jit(ours(h, batch_size=2))(2.0), jax.jit(ref(h))(2.0))
     as_int = lambda x: (jnp.round(x), (2 * x).astype(int))  # noqa: E731
     if ours is batch_jacfwd:
         out = jax.jit(ours(as_int, batch_size=2))(jnp.ones(3))
@@ -134,10 +127,9 @@ def test_hessian_by_composition_and_grad_through():
 
 @pytest.mark.parametrize("ours,_,peer", JACS)
 def test_jacobian_conforms_to_adv(ours, _, peer):
-    for argnums in (0, (0, 1)):
-        out = jax.jit(ours(f_tree, argnums, batch_size=3))(X, Y, scale=2.0)
-        expect = jax.jit(peer(f_tree, argnums, batch_size=3))(X, Y, scale=2.0)
-        assert_same(out, expect, rtol=1e-6)
+    out = jax.jit(ours(f_tree, (0, 1), batch_size=3))(X, Y, scale=2.0)
+    expect = jax.jit(peer(f_tree, (0, 1), batch_size=3))(X, Y, scale=2.0)
+    assert_same(out, expect, rtol=1e-6)
     out = jax.jit(ours(aux_fn, has_aux=True, batch_size=2))(jnp.ones(5))
     expect = jax.jit(peer(aux_fn, has_aux=True, batch_size=2))(jnp.ones(5))
     assert_same(out, expect)
@@ -157,17 +149,12 @@ def test_jacobian_errors(ours, _, peer):
     with pytest.raises(ValueError, match="must have value greater than or equal to -len"):
         ours(jnp.sin, argnums=2)(jnp.ones(2))
     holo_msg = f"{name[6:]} with holomorphic=True requires inputs with complex dtype"
+    int_msg = {"jacfwd": "jacfwd requires real-valued inputs", "jacrev": "jacrev requires real-"}
     for fn in (ours, peer):
         with pytest.raises(TypeError, match=holo_msg):
             fn(jnp.sin, holomorphic=True, batch_size=2)(jnp.ones(3))
-
-
-def test_jacrev_int_inputs_error_like_jax():
-    for fn in (batch_jacrev, adv.batch_jacrev, jax.jacrev):
-        with pytest.raises(TypeError, match="jacrev requires real- or complex-valued inputs"):
+        with pytest.raises(TypeError, match=int_msg[name[6:]]):
             fn(lambda k: k * 1.0)(jnp.arange(3))
-    with pytest.raises(TypeError, match="jacfwd requires real-valued inputs"):
-        batch_jacfwd(lambda k: k * 1.0)(jnp.arange(3))
 
 
 # ---------------------------------------------------------------- vectorize
@@ -207,12 +194,6 @@ def test_vectorize_matches_jnp(case, size):
     pyfunc, kw, args = CASES[case]
     ours = jax.jit(batch_vectorize(pyfunc, batch_size=size, **kw))
     assert_same(ours(*args), jnp.vectorize(pyfunc, **kw)(*args))
-
-
-def test_vectorize_eager():
-    pyfunc, kw, args = CASES[3]
-    out = batch_vectorize(pyfunc, batch_size=100, **kw)(*args)
-    assert_same(out, jnp.vectorize(pyfunc, **kw)(*args))
 
 
 def test_vectorize_excluded_names_and_none_arguments():
@@ -300,14 +281,14 @@ def test_vectorize_errors():
         vdot(jnp.ones(3))
     with pytest.raises(TypeError, match="keyword argument.*scale are not excluded"):
         batch_vectorize(scaled, excluded={1})(jnp.ones(3), 2, scale=1.0)
-    with pytest.raises(TypeError, match="Expected|must be callable"):
+    with pytest.raises(TypeError, match="pyfunc"):
         batch_vectorize(3)
 
 
 def test_vectorize_matches_plain_loop():
     """The docstring's loop: one pyfunc call per element of the broadcast loop shape."""
     a, b = jnp.arange(6.0).reshape(2, 3, 1), jnp.arange(4.0)
-    out = jax.jit(batch_vectorize(jnp.power, batch_size=2))(a, b)
+    out = batch_vectorize(jnp.power, batch_size=2)(a, b)  # eagerly
     a, b = jnp.broadcast_arrays(a, b)
     loop = np.array([jnp.power(a[idx], b[idx]) for idx in np.ndindex(a.shape)]).reshape(a.shape)
     np.testing.assert_allclose(out, loop)
