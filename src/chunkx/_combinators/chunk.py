@@ -135,11 +135,13 @@ class Chunk(eqx.Module):
 
         to_chunks = lambda x: self._chunks(x, length, k, s)  # noqa: E731
         xs = (jax.tree_util.tree_map(to_chunks, dyn_mapped), _tmap(to_chunks, valid))
+        tail = lambda x: self._tail(x, length, k * s)  # noqa: E731
+        rest_args = r and (jax.tree_util.tree_map(tail, dyn_mapped), dyn_fixed, _tmap(tail, valid))
+        if r and self.reducer.keeps_rows and self.loop == "scan":
+            return self._fill(piece, dyn_fixed, xs, rest_args, length, k, s, r)
         out = self._scan(piece, dyn_fixed, xs, k)
         if r:
-            tail = lambda x: self._tail(x, length, k * s)  # noqa: E731
-            rest = piece(jax.tree_util.tree_map(tail, dyn_mapped), dyn_fixed, _tmap(tail, valid))
-            out = self._join(out, rest, k, s, r)
+            out = self._join(out, piece(*rest_args), k, s, r)
         elif self.reducer.keeps_rows:
             out = jax.tree_util.tree_map(lambda y: self._unchunk(y, k, s), out)
         if self.reducer.keeps_rows and self.remainder == "pad":
@@ -182,6 +184,34 @@ class Chunk(eqx.Module):
         xs = (xs, jnp.arange(k))
         out, _ = scan(body, init, xs, k, unroll=self.unroll, progress=self.progress)
         return out
+
+    def _fill(self, piece, fixed, xs, rest_args, length, k, s, r):
+        """Rows with a remainder: every piece writes in place into one output buffer.
+
+        (Stacking the scan's outputs and concatenating the remainder would copy the output.)
+        """
+        g = self.groups
+        lead = (length,) if g == 1 else (g, length)  # a leading axis of 1 defeats in-place
+        struct = jax.eval_shape(lambda m, v: piece(m, fixed, v), *_first(xs))
+        buf = jax.tree_util.tree_map(lambda t: jnp.zeros(lead + t.shape[1:], t.dtype), struct)
+
+        def write(buf, rows, start, count):
+            return jax.tree_util.tree_map(
+                lambda b, y: jax.lax.dynamic_update_slice_in_dim(
+                    b, y.reshape(lead[:-1] + (count,) + y.shape[1:]), start, axis=len(lead) - 1
+                ),
+                buf,
+                rows,
+            )
+
+        def body(buf, x):
+            (mapped, v), i = x
+            return write(buf, piece(mapped, fixed, v), i * s, s), None
+
+        buf, _ = scan(body, buf, (xs, jnp.arange(k)), k, unroll=self.unroll,
+                      progress=self.progress)
+        buf = write(buf, piece(*rest_args), k * s, r)
+        return jax.tree_util.tree_map(lambda b: b.reshape((g * length,) + b.shape[len(lead):]), buf)
 
     # -- layout: (groups * length) rows <-> chunks ----------------------------------------------
 
