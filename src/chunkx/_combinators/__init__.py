@@ -1,0 +1,1 @@
+"""The combinators: one small equinox Module per file."""
