@@ -153,11 +153,12 @@ class BatchVectorize(eqx.Module):
         loop_shape = jnp.broadcast_shapes(*loop_shapes)
         if out_core is not None:
             fn = _CheckOutputs(fn, tuple(sizes.items()), tuple(out_core), context)
-        _check_rank_promotion(args, in_core, loop_shapes, signature)
+        _check_rank_promotion(args, loop_shapes, signature)
         return _vectorize(fn, args, loop_shapes, loop_shape, self.batch_size)
 
 
-def _check_rank_promotion(args, in_core, loop_shapes, signature):
+def _check_rank_promotion(args, loop_shapes, signature):
+    """jnp.vectorize's check: operands (not 0-d) with different numbers of loop dimensions."""
     mode = jax.config.jax_numpy_rank_promotion
     if mode == "allow":
         return
