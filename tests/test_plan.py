@@ -161,7 +161,7 @@ def test_default_budget_from_device_memory():
 # -- the search on synthetic memory profiles (no compilation) -----------------------------------
 
 
-def test_linear_profile_needs_five_measurements():
+def test_linear_profile_measurements():
     calls = []
 
     def measure(b):
@@ -172,8 +172,16 @@ def test_linear_profile_needs_five_measurements():
     assert isinstance(plan, MemoryPlan)
     assert plan.chunk_size == plan.predicted == (50_000 - 1000) // 37
     assert (plan.a, plan.b) == pytest.approx((1000, 37))
-    # the whole batch, two sizes for the line (with a remainder), the prediction, its neighbour
-    assert calls == [10_000, 3, 1251, plan.chunk_size, plan.chunk_size + 1]
+    # the whole batch, two sizes for the line (with a remainder), the prediction, its neighbour,
+    # then the larger divisors of n (2000, 2500, 5000) are bisected: 2500 and 2000 are over
+    assert calls == [10_000, 3, 1251, plan.chunk_size, plan.chunk_size + 1, 2500, 2000]
+
+
+def test_remainder_over_budget_uses_divisors():
+    """When any remainder chunk costs more than the budget, only divisors of n can fit."""
+    measure = lambda B: 1000 * B + (10**6 if 1000 % B else 0)  # noqa: E731
+    plan = fit_memory(measure, 1000, 300_000)
+    assert plan.chunk_size == 250 and len(plan.points) <= 8
 
 
 @settings(max_examples=60, deadline=None)

@@ -77,10 +77,11 @@ def fit_memory(
     each leaving a remainder chunk), fits `bytes ≈ a + b·B` through them and predicts the size
     at the budget. It then narrows the bracket `measure(lo) <= budget < measure(hi)` until
     `hi == lo + 1`, starting at the prediction: with a linear memory profile that is two more
-    compilations, the predicted size and its neighbour. Last, the largest divisor of `n` up to
-    the prediction is tried (no remainder chunk, often cheaper). At most about 12 sizes are
-    measured, and the answer is always a measured size that fits. If `p1` does not fit, the
-    sizes below it are tried one by one; if none fits, `ValueError`.
+    compilations, the predicted size and its neighbour. Last, the divisors of `n` above that
+    size are bisected (they run no remainder chunk, which has its own cost). At most 12 sizes are
+    measured, and the answer is always a measured size that fits. If `p1` does not fit (a
+    remainder chunk alone is over budget), the divisors of `n` are bisected instead; if none
+    fits, `ValueError`.
 
     **Arguments:**
 
@@ -110,25 +111,25 @@ def fit_memory(
         return plan(float(m(n)), 0.0, n, n)
     p1 = _with_remainder(n, 2)
     p2 = _with_remainder(n, max(p1 + 1, n // 8))
-    if p2 >= n or m(p1) > budget:  # tiny n, or the budget is near one row: try each size
-        for size in range(min(p1, n - 1), 0, -1):
-            if m(size) <= budget:
-                return plan(float(m(size)), 0.0, size, size)
-        raise ValueError(
-            f"`{who}({name}={budget})`: the budget is smaller than one row of {what}: "
-            f"batch_size=1 needs {m(1)} bytes of XLA temp memory. Raise {name} to at least "
-            f"{min(seen.values())}."
-        )
+    if p2 >= n or m(p1) > budget:  # tiny n, or a remainder chunk alone is over budget
+        sizes = range(n - 1, 0, -1) if p2 >= n else _divisors(n)
+        size = _largest_fitting(m, budget, list(sizes)[::-1])
+        if size is None:
+            raise ValueError(
+                f"`{who}({name}={budget})`: the budget is smaller than one row of {what}: "
+                f"batch_size=1 needs {m(1)} bytes of XLA temp memory. Raise {name} to at "
+                f"least {min(seen.values())}."
+            )
+        return plan(float(m(size)), 0.0, size, size)
     a, b = fit_line([(p1, m(p1)), (p2, m(p2))])
     predicted = n if b == 0 else int(min(n, max(1, (budget - a) // b)))
     lo, hi = (p2, n) if m(p2) <= budget else (p1, p2)
     lo = _search(m, budget, lo, hi, predicted)
-    for d in _divisors_between(n, lo, predicted):  # sizes without a remainder chunk cost less
-        if len(seen) >= _MAX_COMPILES:
-            break
-        if m(d) <= budget:
-            lo = d
-            break
+    # sizes that divide n run no remainder chunk, which has its own cost (copies of the mapped
+    # rows): the best of them may be larger than `lo`
+    larger = [d for d in _divisors(n)[::-1] if d > lo]
+    best = _largest_fitting(m, budget, larger, _MAX_COMPILES - len(seen))
+    lo = lo if best is None else best
     return plan(a, b, predicted, lo)
 
 
@@ -169,9 +170,21 @@ def _search(m: Callable[[int], int], budget: int, lo: int, hi: int, first: int) 
     return lo
 
 
-def _divisors_between(n: int, lo: int, hi: int) -> list[int]:
-    """Divisors `d` of `n` with `lo < d <= hi`, largest first."""
-    return [d for d in range(min(hi, n), lo, -1) if n % d == 0][:2]
+def _divisors(n: int) -> list[int]:
+    """Divisors of `n` below `n`, largest first (sizes that leave no remainder chunk)."""
+    return [d for d in range(n // 2, 0, -1) if n % d == 0]
+
+
+def _largest_fitting(
+    m: Callable[[int], int], budget: int, sizes: list[int], calls: int = 64
+) -> int | None:
+    """Bisect ascending `sizes` (at most `calls` steps), assuming memory grows along them."""
+    lo, hi = -1, len(sizes)
+    while hi - lo > 1 and calls > 0:
+        calls -= 1
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if m(sizes[mid]) <= budget else (lo, mid)
+    return None if lo < 0 else sizes[lo]
 
 
 # -- compiling a pipeline -----------------------------------------------------------------------
