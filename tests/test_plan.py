@@ -80,7 +80,7 @@ def test_budget_smaller_than_one_row():
     with pytest.raises(
         ValueError,
         match=r"`plan_chunk_size\(budget_bytes=100\)`: the budget is smaller than one row of "
-        r"batch_vmap\(mlp\).*batch_size=1 needs \d+ bytes",
+        r"batch_vmap\(mlp\): chunk size 1 needs \d+ bytes of XLA temp memory",
     ):
         plan_chunk_size(mlp, *args, in_axes=in_axes, budget_bytes=100)
 

@@ -117,7 +117,7 @@ def fit_memory(
         if size is None:
             raise ValueError(
                 f"`{who}({name}={budget})`: the budget is smaller than one row of {what}: "
-                f"batch_size=1 needs {m(1)} bytes of XLA temp memory. Raise {name} to at "
+                f"chunk size 1 needs {m(1)} bytes of XLA temp memory. Raise {name} to at "
                 f"least {min(seen.values())}."
             )
         return plan(float(m(size)), 0.0, size, size)
