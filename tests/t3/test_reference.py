@@ -1,65 +1,68 @@
-"""chunkx.t3 against the reference outputs of t3toolbox 2026.2.0 (float64, rtol 1e-12)."""
+"""chunkx.t3 against the reference outputs of t3toolbox 2026.2.0 (float64, rtol 1e-12).
+
+Each case compiles few programs (several checks share one `jit`) to keep the suite fast.
+"""
+
+import functools
 
 import jax
 import pytest
+from conftest import CASES, max_relerr
 
 import chunkx.t3 as t3
-from conftest import max_relerr
 
 RTOL = 1e-12
+TRANSPOSE_CASES = [c for c in CASES if c.name in (
+    "d2_K0_W1", "d3_K2_W5_ragged", "d4_K3_W4_n1", "d3_K2_W2x3_bdry", "d3_K2_W4_C2")]
 
 
-def test_forward(case):
-    U, G = case.cores
-    got = t3.t3_probe_derivatives(case.seq("ww"), case.seq("pp"), (U, G), case.K)
-    assert max_relerr(got, case.seq("z")) < RTOL
+@functools.partial(jax.jit, static_argnums=(4,))
+def _forwards(ww, pp, x, frame_var, order):
+    z = t3.t3_probe_derivatives(ww, pp, t3.TuckerTensorTrain(*x), order)
+    tv = None if frame_var is None else t3.tv_probe_derivatives(ww, pp, frame_var[1],
+                                                                 frame_var[0], order)
+    return z, tv, t3.TuckerTensorTrain(*x).to_dense()
 
 
-def test_forward_module_and_dense(case):
-    x = t3.TuckerTensorTrain(*case.cores)
-    assert max_relerr(x.to_dense(), case.get("dense_T")) < RTOL
-    got = jax.jit(t3.t3_probe_derivatives, static_argnums=3)(
-        case.seq("ww"), case.seq("pp"), x, case.K
-    )
-    assert max_relerr(got, case.seq("z")) < RTOL
+def test_forward_and_tangent_forward(case):
+    fv = (case.frame, case.variation) if case.has("frame_U_0") else None
+    z, tv, dense = _forwards(case.seq("ww"), case.seq("pp"), case.cores, fv, case.K)
+    assert max_relerr(z, case.seq("z")) < RTOL
+    assert max_relerr(dense, case.get("dense_T")) < RTOL
+    if fv is not None:
+        assert max_relerr(tv, case.seq("tv_z")) < RTOL
 
 
-def test_tangent_forward(case):
-    if not case.has("frame_U_0"):
-        pytest.skip("no tangent data for frame-stacked cases")
-    got = t3.tv_probe_derivatives(
-        case.seq("ww"), case.seq("pp"), case.variation, case.frame, case.K
-    )
-    assert max_relerr(got, case.seq("tv_z")) < RTOL
+@functools.partial(jax.jit, static_argnums=(4, 5, 6))
+def _corewise(zt, ww, pp, x, order, cs_sum, cs_kept):
+    f = t3.t3_probe_corewise_derivatives_transpose
+    return f(zt, ww, pp, x, order, True, cs_sum), f(zt, ww, pp, x, order, False, cs_kept)
 
 
-@pytest.mark.parametrize("chunk_size", [None, 1, 3])
-def test_corewise_transpose(case, chunk_size):
-    args = (case.seq("ztilde"), case.seq("ww"), case.seq("pp"), case.cores, case.K)
-    summed = t3.t3_probe_corewise_derivatives_transpose(*args, True, chunk_size)
-    kept = t3.t3_probe_corewise_derivatives_transpose(*args, False, chunk_size)
+@functools.partial(jax.jit, static_argnums=(4, 5, 6))
+def _tangent(zt, ww, pp, frame, order, cs_sum, cs_kept):
+    f = t3.tv_probe_derivatives_transpose
+    return f(zt, ww, pp, frame, order, True, cs_sum), f(zt, ww, pp, frame, order, False, cs_kept)
+
+
+@pytest.mark.parametrize("case", TRANSPOSE_CASES, ids=[c.name for c in TRANSPOSE_CASES])
+def test_transposes(case):
+    zt, ww, pp = case.seq("ztilde"), case.seq("ww"), case.seq("pp")
+    summed, kept = _corewise(zt, ww, pp, case.cores, case.K, 2, 3)
     assert max_relerr(summed, (case.seq("cw_sum_gU"), case.seq("cw_sum_gG"))) < RTOL
     assert max_relerr(kept, (case.seq("cw_kept_gU"), case.seq("cw_kept_gG"))) < RTOL
+    if case.name in ("d2_K0_W1", "d4_K3_W4_n1", "d3_K2_W2x3_bdry"):
+        summed, kept = _tangent(zt, ww, pp, case.frame, case.K, None, 2)
+        assert max_relerr(summed, (case.seq("tvT_sum_dU"), case.seq("tvT_sum_dG"))) < RTOL
+        assert max_relerr(kept, (case.seq("tvT_kept_dU"), case.seq("tvT_kept_dG"))) < RTOL
 
 
-@pytest.mark.parametrize("chunk_size", [None, 2])
-def test_tangent_transpose(case, chunk_size):
-    if not case.has("frame_U_0"):
-        pytest.skip("no tangent data for frame-stacked cases")
-    args = (case.seq("ztilde"), case.seq("ww"), case.seq("pp"), case.frame, case.K)
-    summed = t3.tv_probe_derivatives_transpose(*args, True, chunk_size)
-    kept = t3.tv_probe_derivatives_transpose(*args, False, chunk_size)
-    assert max_relerr(summed, (case.seq("tvT_sum_dU"), case.seq("tvT_sum_dG"))) < RTOL
-    assert max_relerr(kept, (case.seq("tvT_kept_dU"), case.seq("tvT_kept_dG"))) < RTOL
-
-
+@pytest.mark.parametrize("case", CASES[1:4], ids=[c.name for c in CASES[1:4]])
 def test_dense_oracle(case):
-    if case.W != (case.W[0],) or case.C:
-        pytest.skip("oracle is unstacked; single-axis W cases only")
-    T = case.get("dense_T")
+    oracle = jax.jit(t3.dense_probe_derivatives, static_argnums=3)
     ww, pp, z = case.seq("ww"), case.seq("pp"), case.seq("z")
-    for w in range(case.W[0]):
-        got = t3.dense_probe_derivatives([a[w] for a in ww], [a[w] for a in pp], T, case.K)
+    for w in (0, case.W[0] - 1):
+        got = oracle([a[w] for a in ww], [a[w] for a in pp], case.get("dense_T"), case.K)
         assert max_relerr(got, [a[:, w] for a in z]) < 1e-10
 
 

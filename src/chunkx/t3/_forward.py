@@ -24,14 +24,17 @@ from ._validate import (
 )
 
 Probes = Sequence[Float[Array, "*W _N"]]
-Frame = tuple[Sequence[Array], Sequence[Array], Sequence[Array], Sequence[Array]]
+# pp's shape is checked against ww by hand, for a message that names both.
+Directions = Sequence[Float[Array, "..."]]
+# (U, O, P, Q); its length and shapes are checked by hand.
+Frame = Sequence[Sequence[Float[Array, "..."]]]
 Variation = tuple[Sequence[Array], Sequence[Array]]
 Jets = tuple[Float[Array, "_T ..."], ...]
 
 
 @jaxtyped(typechecker=beartype)
 def t3_probe_derivatives(
-    ww: Probes, pp: Probes, x: TuckerTensorTrain | CorePair, order: int
+    ww: Probes, pp: Directions, x: TuckerTensorTrain | CorePair, order: int
 ) -> Jets:
     """Symmetric derivatives of probing a T3 along the rays `X + s P`.
 
@@ -73,7 +76,7 @@ def t3_probe_derivatives(
 
 @jaxtyped(typechecker=beartype)
 def tv_probe_derivatives(
-    ww: Probes, pp: Probes, variation: Variation, frame: Frame, order: int
+    ww: Probes, pp: Directions, variation: Variation, frame: Frame, order: int
 ) -> Jets:
     """Probe-derivative jets of a tangent vector given in the frame-variations format.
 

@@ -81,5 +81,22 @@ def tangent_pipeline(
     return _assemble(chunk_sum, per_probe, 2, sum_over_probes, chunk_size, mesh)
 
 
-def zeros_like_tree(tree):
-    return jax.tree_util.tree_map(jnp.zeros_like, tree)
+def run(pipe, mapped, fixed, chunk_size, mesh, sum_over_probes):
+    """Call `pipe(*mapped, *fixed)` with the probe rows zero-padded to whole chunks per device.
+
+    Padding keeps one compiled chunk body (no remainder program, no off-mesh tail): zero
+    residual rows contribute exactly zero to a summed gradient (the map is linear in them), and
+    kept rows past `n` are cut off. At most `chunk_size * devices - 1` rows are padded.
+    """
+    n = jax.tree_util.tree_leaves(mapped)[0].shape[0]
+    ndev = 1 if mesh is None else mesh.size
+    per_dev = -(-n // ndev)
+    size = per_dev if chunk_size is None or chunk_size >= per_dev else chunk_size
+    total = -(-per_dev // size) * size * ndev
+    if total != n:
+        pad = lambda a: jnp.pad(a, [(0, total - n)] + [(0, 0)] * (a.ndim - 1))  # noqa: E731
+        mapped = jax.tree_util.tree_map(pad, mapped)
+    out = pipe(*mapped, *fixed)
+    if total != n and not sum_over_probes:
+        out = jax.tree_util.tree_map(lambda a: a[:n], out)
+    return out

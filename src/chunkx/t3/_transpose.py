@@ -8,8 +8,8 @@ from jax.sharding import Mesh
 from jaxtyping import Array, Float, jaxtyped
 
 from ._format import CorePair, TuckerTensorTrain, as_core_pair, prod
-from ._forward import Frame, Probes
-from ._pipeline import corewise_pipeline, tangent_pipeline
+from ._forward import Directions, Frame, Probes
+from ._pipeline import corewise_pipeline, run, tangent_pipeline
 from ._stacks import flat_lead, jets_to_rows, probes_rows
 from ._validate import (
     check_chunk_size,
@@ -39,7 +39,7 @@ def _unflatten(grads, lead, stacks, sum_over_probes):
 def t3_probe_corewise_derivatives_transpose(
     ztildes: Residuals,
     ww: Probes,
-    pp: Probes,
+    pp: Directions,
     core_pair: TuckerTensorTrain | CorePair,
     order: int,
     sum_over_probes: bool = False,
@@ -93,13 +93,10 @@ def t3_probe_corewise_derivatives_transpose(
             f"got {tuple(ztildes[0].shape)} (extra axes {B})."
         )
     pipe = corewise_pipeline(order, sum_over_probes, chunk_size, C != (), mesh)
-    grads = pipe(
-        tuple(z.reshape((z.shape[0], prod(C)) + z.shape[-2:]) for z in jets_to_rows(ztildes, W)),
-        probes_rows(ww, W),
-        probes_rows(pp, W),
-        flat_lead(tucker, C),
-        flat_lead(tt, C),
-    )
+    zt = tuple(z.reshape((z.shape[0], prod(C)) + z.shape[-2:]) for z in jets_to_rows(ztildes, W))
+    mapped = (zt, probes_rows(ww, W), probes_rows(pp, W))
+    fixed = (flat_lead(tucker, C), flat_lead(tt, C))
+    grads = run(pipe, mapped, fixed, chunk_size, mesh, sum_over_probes)
     return _unflatten(grads, W, (C, (prod(C),)), sum_over_probes)
 
 
@@ -107,7 +104,7 @@ def t3_probe_corewise_derivatives_transpose(
 def tv_probe_derivatives_transpose(
     ztildes: Residuals,
     ww: Probes,
-    pp: Probes,
+    pp: Directions,
     frame: Frame,
     order: int,
     sum_over_probes: bool = False,
@@ -160,5 +157,6 @@ def tv_probe_derivatives_transpose(
     frame_f = tuple(flat_lead(part, C) for part in frame)
     zt = tuple(z.reshape((z.shape[0], prod(B), prod(C)) + z.shape[-2:])
                for z in jets_to_rows(ztildes, W))
-    grads = pipe(zt, probes_rows(ww, W), probes_rows(pp, W), frame_f, var_zero)
+    mapped = (zt, probes_rows(ww, W), probes_rows(pp, W))
+    grads = run(pipe, mapped, (frame_f, var_zero), chunk_size, mesh, sum_over_probes)
     return _unflatten(grads, W, (B + C, (prod(B), prod(C))), sum_over_probes)

@@ -120,7 +120,7 @@ def check_frame(fn: str, frame, d: int | None = None):
         o, p, q = _shape(Dn[i]), _shape(P[i]), _shape(Q[i])
         if len(o) != nc + 3 or o[:nc] != C or o[nc] != p[nc] or o[-1] != q[-1]:
             raise ValueError(
-                f"`{fn}(frame)`: down core Dn[{i}] must have shape C + (rL_{i}, nO_{i}, rR_{i + 1})"
+                f"`{fn}(frame)`: down core O[{i}] must have shape C + (rL_{i}, nO_{i}, rR_{i + 1})"
                 f" = {C} + ({p[nc]}, nO, {q[-1]}), got {o}."
             )
     return d, C

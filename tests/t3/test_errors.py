@@ -1,0 +1,114 @@
+"""Every input error of chunkx.t3 names the function, the argument / core index and the shapes."""
+
+import jax.numpy as jnp
+import pytest
+
+import chunkx.t3 as t3
+
+N, n, r = (3, 4), (2, 3), (1, 2, 1)
+
+
+def cores(n=n, r=r, N=N):
+    return ([jnp.ones((n[i], N[i])) for i in range(len(N))],
+            [jnp.ones((r[i], n[i], r[i + 1])) for i in range(len(N))])
+
+
+def probes(W=(5,), N=N):
+    return [jnp.ones(W + (Ni,)) for Ni in N]
+
+
+FWD = "t3_probe_derivatives"
+CW = "t3_probe_corewise_derivatives_transpose"
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((probes(), probes(), cores(), -1), rf"`{FWD}\(order=-1\)`: order must be a non-negative"),
+        ((probes() + probes(), probes() + probes(), cores(), 1),
+         rf"`{FWD}\(ww\)`: expected a sequence of d=2 arrays .* got 4"),
+        ((probes(), probes(), (cores()[0], cores()[1][:1]), 1),
+         rf"`{FWD}\(x tt cores\)`: expected a sequence of d=2"),
+        ((probes(), probes(), cores(r=(1, 2, 1)) and (cores()[0], [jnp.ones((1, 2, 2)),
+                                                                      jnp.ones((3, 3, 1))]), 1),
+         r"TT ranks do not chain between core 0 and core 1: core 0 has shape \(1, 2, 2\), "
+         r"core 1 has shape \(3, 3, 1\)"),
+        ((probes(), probes(), (cores()[0], [jnp.ones((1, 2, 2)), jnp.ones((2, 2, 1))]), 1),
+         r"TT core 1 middle dim must equal Tucker rank n_1=3 .* got TT core shape \(2, 2, 1\)"),
+        ((probes(N=(3, 5)), probes(N=(3, 5)), cores(), 1),
+         r"ww\[1\] has mode size N_1=5 but Tucker core 1 has shape \(3, 4\)"),
+        ((probes(), probes(W=(4,)), cores(), 1),
+         r"`t3_probe_derivatives\(pp\)`: pp\[0\] must have the shape of ww\[0\] \(5, 3\), "
+         r"got \(4, 3\)"),
+    ],
+)
+def test_forward_errors(args, match):
+    with pytest.raises(ValueError, match=match):
+        t3.t3_probe_derivatives(*args)
+
+
+def test_wrong_type_is_a_type_error():
+    with pytest.raises(TypeError, match=r"(?s)t3_probe_derivatives.*parameter 'x'"):
+        t3.t3_probe_derivatives(probes(), probes(), "nope", 1)
+
+
+def test_transpose_errors():
+    zt = [jnp.ones((3, 5, Ni)) for Ni in N]
+    with pytest.raises(ValueError, match=rf"`{CW}\(ztildes\)`: ztildes\[0\] must have "
+                                         r"order\+1=2 orders on axis 0, got shape \(3, 5, 3\)"):
+        t3.t3_probe_corewise_derivatives_transpose(zt, probes(), probes(), cores(), 1)
+    zt = [jnp.ones((2, 4, Ni)) for Ni in N]
+    with pytest.raises(ValueError, match=rf"`{CW}\(ztildes\)`: ztildes\[0\] must have shape "
+                                         r"\(order\+1,\) \+ W \+ B \+ C \+ \(N_0,\) with W=\(5,\)"):
+        t3.t3_probe_corewise_derivatives_transpose(zt, probes(), probes(), cores(), 1)
+    zt = [jnp.ones((2, 5, 2, Ni)) for Ni in N]
+    with pytest.raises(ValueError, match=rf"`{CW}\(ztildes\)`: .* \(extra axes \(2,\)\)"):
+        t3.t3_probe_corewise_derivatives_transpose(zt, probes(), probes(), cores(), 1)
+    zt = [jnp.ones((2, 5, Ni)) for Ni in N]
+    with pytest.raises(ValueError, match=rf"`{CW}\(chunk_size=0\)`: chunk_size must be a "
+                                         r"positive int or None, got 0"):
+        t3.t3_probe_corewise_derivatives_transpose(zt, probes(), probes(), cores(), 1, True, 0)
+    with pytest.raises(ValueError, match=rf"`{CW}\(order=-2\)`"):
+        t3.t3_probe_corewise_derivatives_transpose(zt, probes(), probes(), cores(), -2)
+
+
+def test_tangent_errors():
+    U, G = cores()
+    frame = (U, G, G, G)
+    with pytest.raises(ValueError, match=r"`tv_probe_derivatives\(frame\)`: expected a 4-tuple"):
+        t3.tv_probe_derivatives(probes(), probes(), (U, G), (U, G, G), 1)
+    bad_O = (U, [jnp.ones((1, 2, 3)), G[1]], G, G)
+    with pytest.raises(ValueError, match=r"down core O\[0\] must have shape C \+ "
+                                         r"\(rL_0, nO_0, rR_1\) = \(\) \+ \(1, nO, 2\), got "
+                                         r"\(1, 2, 3\)"):
+        t3.tv_probe_derivatives(probes(), probes(), (U, G), bad_O, 1)
+    var = (U, [G[0], jnp.ones((2, 3, 2))])
+    with pytest.raises(ValueError, match=r"`tv_probe_derivatives\(variation\)`: dG\[1\] must "
+                                         r"have shape .* = \(2, 3, 1\), got \(2, 3, 2\)"):
+        t3.tv_probe_derivatives(probes(), probes(), var, frame, 1)
+    zt = [jnp.ones((1, 5, Ni)) for Ni in N]
+    with pytest.raises(ValueError, match=r"`tv_probe_derivatives_transpose\(ztildes\)`: "
+                                         r"ztildes\[0\] must have order\+1=3"):
+        t3.tv_probe_derivatives_transpose(zt, probes(), probes(), frame, 2)
+
+
+def test_other_errors():
+    with pytest.raises(ValueError, match=r"`TuckerTensorTrain\(tucker_cores, tt_cores\)`: "
+                                         r"TT core 0 middle dim"):
+        t3.TuckerTensorTrain(cores()[0], [jnp.ones((1, 3, 2)), jnp.ones((2, 3, 1))])
+    with pytest.raises(ValueError, match=r"`dense_probe_derivatives\(ww, pp\)`: ww\[1\] and "
+                                         r"pp\[1\] must have shape \(4,\)"):
+        t3.dense_probe_derivatives([jnp.ones(3), jnp.ones(5)], [jnp.ones(3), jnp.ones(5)],
+                                   jnp.ones((3, 4)), 1)
+    with pytest.raises(ValueError, match=r"`binomial_combine_tensor\(order=-1\)`"):
+        t3.binomial_combine_tensor(-1)
+    with pytest.raises(ValueError, match=r"`estimate_chunk_size\(mode_shapes, tucker_ranks, "
+                                         r"tt_ranks\)`: expected d, d and d\+1 entries"):
+        t3.estimate_chunk_size((3, 4), (2, 3), (1, 2), 1, 10)
+    with pytest.raises(ValueError, match=r"`estimate_chunk_size\(n_shards=0\)`"):
+        t3.estimate_chunk_size((3, 4), (2, 3), (1, 2, 1), 1, 10, n_shards=0)
+    with pytest.raises(ValueError, match=r"`max_chunk_size_within\(target_bytes=0\)`"):
+        t3.max_chunk_size_within((3, 4), (2, 3), (1, 2, 1), 1, 10, 0)
+    with pytest.raises(ValueError, match=r"`TuckerTensorTrain.randn\(tucker_ranks, tt_ranks\)`"):
+        import jax
+        t3.TuckerTensorTrain.randn(jax.random.key(0), (3, 4), (2,), (1, 2, 1))
