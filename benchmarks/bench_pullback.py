@@ -1,0 +1,125 @@
+"""Gradient of sum(vmap(g)(y)) for a 32-step elementwise recurrence: sparse pullbacks vs peers.
+
+Side by side in one process, variants timed round-robin (interleaved), median of `--reps`.
+Reports the time ratio vs plain `jax.grad` and XLA's compiled temp bytes
+(`memory_analysis().temp_size_in_bytes`, deterministic). Writes a markdown table.
+
+    python benchmarks/bench_pullback.py [--n 1048576] [--b 16384] [--reps 7] [--out PATH]
+"""
+
+import argparse
+import os
+import platform
+import statistics
+import time
+
+import jax
+
+jax.config.update("jax_enable_x64", True)  # float64, as in adv-jax-math's measurement
+
+import adv_jax_math as adv  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import chunkx  # noqa: E402
+from chunkx._combinators.pullback import Pullback  # noqa: E402
+from chunkx._maps.sparse import sparse_pullback  # noqa: E402
+
+STEPS = 32
+
+
+def g(x):
+    """Scalar -> scalar through a 32-step nonlinear recurrence (elementwise overall)."""
+
+    def body(c, _):
+        return jnp.sin(c) * 0.9 + 0.1 * c * c, None
+
+    return jax.lax.scan(body, x, None, length=STEPS)[0]
+
+
+def variants(b):
+    vg = jax.vmap(g)
+    add, total = jnp.add, jnp.sum
+    return {
+        "plain grad(sum(vmap g))": lambda y: jnp.sum(vg(y)),
+        f"lax.map(g, batch_size={b})": lambda y: jnp.sum(jax.lax.map(g, y, batch_size=b)),
+        "adv sparse_pullback (unchunked)": lambda y: jnp.sum(adv.sparse_pullback(vg, y)),
+        f"adv sparse_pullback (B={b})": lambda y: jnp.sum(adv.sparse_pullback(vg, y, b)),
+        f"adv sparse_pullback (B={b}, reduction=add)": lambda y: adv.sparse_pullback(
+            vg, y, b, reduction=add, chunk_reduction=total
+        ),
+        "chunkx sparse_pullback (unchunked)": lambda y: jnp.sum(sparse_pullback(vg, y)),
+        f"chunkx sparse_pullback (B={b})": lambda y: jnp.sum(sparse_pullback(vg, y, b)),
+        f"chunkx sparse_pullback (B={b}, reduction=add)": lambda y: sparse_pullback(
+            vg, y, b, reduction=add, chunk_reduction=total
+        ),
+        f"chunkx Chunk(Pullback, {b}, reducer=Sum())": chunkx.Chunk(
+            Pullback(vg),
+            b,
+            reducer=chunkx.Sum(),
+            checkpoint=False,
+        ),
+        f"chunkx batch_vmap(g, B={b}, checkpoint=True)": lambda y: jnp.sum(
+            chunkx.batch_vmap(g, batch_size=b)(y)
+        ),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=2**20)
+    ap.add_argument("--b", type=int, default=16384)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument(
+        "--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "_bench_pullback.md")
+    )
+    args = ap.parse_args()
+    y = jnp.linspace(-1.0, 1.0, args.n)
+    ref = None
+    rows = {}
+    for name, loss in variants(args.b).items():
+        f = jax.jit(jax.grad(loss))
+        t0 = time.perf_counter()
+        comp = f.lower(y).compile()
+        compile_s = time.perf_counter() - t0
+        temp = comp.memory_analysis().temp_size_in_bytes
+        out = jax.block_until_ready(comp(y))
+        if ref is None:
+            ref = out
+        ok = bool(np.allclose(out, ref, rtol=1e-10, atol=1e-12))
+        rows[name] = dict(f=comp, temp=temp, compile=compile_s, ok=ok, times=[])
+        print(f"compiled {name}: temp {temp / 2**20:.1f} MiB, {compile_s:.2f} s, match={ok}")
+    for _ in range(args.reps):  # interleaved: one call of every variant per round
+        for r in rows.values():
+            t0 = time.perf_counter()
+            jax.block_until_ready(r["f"](y))
+            r["times"].append(time.perf_counter() - t0)
+    base = rows[next(iter(rows))]
+    base_t, base_m = statistics.median(base["times"]), base["temp"]
+    adv_name = next(k for k in rows if k.startswith("adv") and "B=" in k and "reduction" not in k)
+    adv_t = statistics.median(rows[adv_name]["times"])
+    lines = [
+        f"Gradient of `sum(vmap(g)(y))`, g = {STEPS}-step elementwise recurrence, "
+        f"N = {args.n}, B = {args.b}, float64, {jax.device_count()} {jax.default_backend()} "
+        f"device(s), {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
+        f"jax {jax.__version__}. Median of {args.reps} interleaved rounds; plain grad median "
+        f"{base_t:.3f} s. Temp = XLA `temp_size_in_bytes` (deterministic).",
+        "",
+        "| variant | time / plain | time / adv chunked | temp MiB | temp / plain | compile s "
+        "| grad matches |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, r in rows.items():
+        t = statistics.median(r["times"])
+        lines.append(
+            f"| {name} | {t / base_t:.2f} | {t / adv_t:.2f} | {r['temp'] / 2**20:.1f} "
+            f"| {r['temp'] / base_m:.4f} | {r['compile']:.2f} | {'yes' if r['ok'] else 'NO'} |"
+        )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    with open(args.out, "w") as fh:
+        fh.write(text)
+
+
+if __name__ == "__main__":
+    main()
