@@ -54,3 +54,12 @@ def test_chunk_map_non_array_leaves_pass_through():
     x = jnp.arange(8.0)
     out = chunkx.chunk_map(f, chunk_size=1, use_scan=True)({"x": x, "name": "rows"})
     np.testing.assert_allclose(out, x * 2)
+
+
+def test_chunk_map_auto_equals_explicit_size():
+    x = jnp.linspace(0.1, 2.0, 64 * 8).reshape(64, 8)
+    f = jax.vmap(lambda r: jnp.outer(jnp.tanh(r), r).sum(0))
+    auto = chunkx.chunk_map(f, chunk_size="auto", use_scan=True, memory_budget=40_000)
+    np.testing.assert_allclose(jax.jit(auto)(x), f(x), rtol=1e-12)
+    with pytest.raises(ValueError, match=r"`chunk_map\(chunk_size='auto'\)`: memory_budget"):
+        chunkx.chunk_map(f, chunk_size="auto")(x)

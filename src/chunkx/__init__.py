@@ -16,5 +16,11 @@ from ._maps.jac import BatchJacfwd as BatchJacfwd, BatchJacrev as BatchJacrev
 from ._maps.jac import batch_jacfwd as batch_jacfwd, batch_jacrev as batch_jacrev
 from ._maps.quantax import ChunkMap as ChunkMap, chunk_map as chunk_map
 from ._maps.quantax import jit_chunk_vmap as jit_chunk_vmap
+from ._memory import (
+    MemoryPlan as MemoryPlan,
+    compiled_temp_bytes as compiled_temp_bytes,
+    fit_memory as fit_memory,
+)
+from ._plan import plan_chunk_size as plan_chunk_size, plan_memory as plan_memory
 
 __version__ = "0.1.0"

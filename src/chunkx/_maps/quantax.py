@@ -1,7 +1,7 @@
 """`chunk_map` and `jit_chunk_vmap`: quantax 0.4.0 semantics, composed from the combinators."""
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import equinox as eqx
 import jax
@@ -14,6 +14,7 @@ from .._combinators._rows import array_leaves, mapped_length
 from .._combinators.chunk import Chunk
 from .._combinators.pad import Pad
 from .._combinators.shard import Shard
+from .._plan import resolve_auto
 from .._types import InAxes
 from ._axes import MovedAxes, map_outputs, move_axis, normalize_axis
 
@@ -24,11 +25,13 @@ class ChunkMap(eqx.Module):
     f: Callable[..., Any]
     in_axes: InAxes = eqx.field(static=True)
     out_axes: int | tuple[int, ...] = eqx.field(static=True)
-    chunk_size: int | None = eqx.field(static=True)
+    chunk_size: int | Literal["auto"] | None = eqx.field(static=True)
     use_scan: bool = eqx.field(static=True)
     shard_batch: bool = eqx.field(static=True)
     atleast_1chunk: bool = eqx.field(static=True)
     mesh: Mesh | None = eqx.field(static=True)
+    memory_budget: int | None = eqx.field(static=True, default=None)
+    progress: bool = eqx.field(static=True, default=False)
 
     def __call__(self, *args: Any) -> Any:
         who = "chunk_map"
@@ -43,28 +46,35 @@ class ChunkMap(eqx.Module):
         n = mapped_length(moved, zero, who)
         per_device = -(-n // ndev)
         c = self.chunk_size
+        inner = MovedAxes(self.f, axes, self.out_axes)
+        if c == "auto":  # planned with a scan: an unrolled loop's memory is not bounded anyway
+            build = lambda s: self._pipeline(inner, s, zero, n, ndev, "scan")  # noqa: E731
+            key = (self.f, axes, self.out_axes, self.shard_batch, mesh, "chunk_map")
+            c = resolve_auto(
+                who, build, moved, per_device, self.memory_budget, arg="chunk_size", cache_on=key
+            )
         if c is None or per_device == c or (per_device < c and not self.atleast_1chunk):
             size = None  # quantax's fast path: f sees the whole (local) batch
         else:
             size = c
-        inner = MovedAxes(self.f, axes, self.out_axes)
+        loop = "scan" if self.use_scan else "python"
+        out = self._pipeline(inner, size, zero, n, ndev, loop)(*moved)
+        return map_outputs(out, self.out_axes, lambda o, ax: move_axis(o, 0, ax))
+
+    def _pipeline(self, inner, size, zero, n, ndev, loop):
         # quantax needs n % D == 0. chunkx: Shard evaluates the n % D leftover rows outside the
         # shard_map; the grouped layout pads them with copies of real rows.
         if self.shard_batch:
-            piece = Shard(self._chunk(inner, size, zero, 1), mesh, in_axes=zero)
-        else:
-            piece = self._chunk(inner, size, zero, ndev)
-            if n % ndev:
-                piece = Pad(piece, ndev, in_axes=zero)
-        out = piece(*moved)
-        return map_outputs(out, self.out_axes, lambda o, ax: move_axis(o, 0, ax))
+            return Shard(self._chunk(inner, size, zero, 1, loop), self.mesh, in_axes=zero)
+        piece = self._chunk(inner, size, zero, ndev, loop)
+        return Pad(piece, ndev, in_axes=zero) if n % ndev else piece
 
-    def _chunk(self, inner, size, zero, groups):
+    def _chunk(self, inner, size, zero, groups, loop):
         if size is None:
             return inner
         return Chunk(
-            inner, size, in_axes=zero, remainder="pad", groups=groups,
-            loop="scan" if self.use_scan else "python",
+            inner, size, in_axes=zero, remainder="pad", groups=groups, loop=loop,
+            progress=self.progress,
         )
 
 
@@ -106,11 +116,14 @@ def chunk_map(
     f: Callable[..., Any],
     in_axes: InAxes = 0,
     out_axes: int | tuple[int, ...] | None = 0,
-    chunk_size: int | None = None,
+    chunk_size: int | Literal["auto"] | None = None,
     use_scan: bool = False,
     shard_batch: bool = False,
     atleast_1chunk: bool = False,
     mesh: Mesh | None = None,
+    *,
+    memory_budget: int | None = None,
+    progress: bool = False,
 ) -> Callable[..., Any]:
     """Evaluate an already-batched `f` in chunks of `chunk_size` rows per device (quantax 0.4.0).
 
@@ -137,6 +150,10 @@ def chunk_map(
     - `shard_batch`: run the loop inside `jax.shard_map`, so `f` sees device-local rows.
     - `atleast_1chunk`: pad a batch smaller than one chunk up to `chunk_size` rows per device.
     - `mesh`: the device mesh (any number of axes; the mapped axis is split over all of them).
+    - `memory_budget`: with `chunk_size="auto"`, bytes of XLA temp memory per device; the
+      size is planned at trace time (see [`chunkx.plan_chunk_size`][]); `None`: half the
+      device's memory where the backend reports it.
+    - `progress`: show a progress bar over the chunks (see [`chunkx.Chunk`][]).
 
     **Returns:**
 
@@ -144,7 +161,10 @@ def chunk_map(
     """
     who = "chunk_map"
     check_callable(who, "f", f)
-    check_positive(who, "chunk_size", chunk_size)
+    if chunk_size != "auto":
+        check_positive(who, "chunk_size", chunk_size)
+    if memory_budget is not None:
+        check_positive(who, "memory_budget", memory_budget)
     axes_all_none = in_axes is None or (isinstance(in_axes, tuple | list) and all(
         a is None for a in in_axes))
     if isinstance(in_axes, list):
@@ -158,7 +178,7 @@ def chunk_map(
         )
     return ChunkMap(
         _CheckedOutAxes(f, out_axes), in_axes, out_axes, chunk_size, use_scan, shard_batch,
-        atleast_1chunk, mesh,
+        atleast_1chunk, mesh, memory_budget, progress,
     )
 
 
