@@ -7,9 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import max_relerr, random_problem
 
 import chunkx.t3 as t3
+from conftest import max_relerr, random_problem
 
 N, n, r, K, W = (3, 4, 2), (2, 3, 2), (1, 2, 3, 1), 2, 7
 
@@ -88,7 +88,7 @@ def _tangent_problem(key, B=(), dtype=jnp.float64):
 
 
 def _dense_tangent(frame, var):
-    U, O, P, Q = frame
+    U, Od, P, Q = frame
     dU, dG = var
     d = len(U)
     total = 0
@@ -96,7 +96,7 @@ def _dense_tangent(frame, var):
         tt = list(P[:i]) + [dG[i]] + list(Q[i + 1 :])
         total = total + t3.TuckerTensorTrain(U, tt).to_dense()
         tk = list(U[:i]) + [dU[i]] + list(U[i + 1 :])
-        tt = list(P[:i]) + [O[i]] + list(Q[i + 1 :])
+        tt = list(P[:i]) + [Od[i]] + list(Q[i + 1 :])
         total = total + t3.TuckerTensorTrain(tk, tt).to_dense()
     return total
 

@@ -7,9 +7,9 @@ import functools
 
 import jax
 import pytest
-from conftest import CASES, max_relerr
 
 import chunkx.t3 as t3
+from conftest import CASES, max_relerr
 
 RTOL = 1e-12
 TRANSPOSE_CASES = [c for c in CASES if c.name in (

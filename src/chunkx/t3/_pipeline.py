@@ -25,7 +25,10 @@ def _assemble(chunk_fn, per_probe_fn, n_fixed, sum_over_probes, chunk_size, mesh
         inner, reducer = chunk_fn, SumPartials()
     else:
         inner, reducer = Vmap(per_probe_fn, in_axes=in_axes), Concat()
-    pipe = Chunk(inner, chunk_size, reducer=reducer, in_axes=in_axes)
+    # Kept rows: Chunk pads the last chunk with copies of real rows and cuts them off again, so
+    # one chunk body is compiled. Summed rows are zero-padded by `run` instead (see there).
+    remainder = "call" if sum_over_probes else "pad"
+    pipe = Chunk(inner, chunk_size, reducer=reducer, in_axes=in_axes, remainder=remainder)
     if mesh is not None:
         pipe = Shard(pipe, mesh, reducer=reducer, in_axes=in_axes)
     return pipe
@@ -82,12 +85,14 @@ def tangent_pipeline(
 
 
 def run(pipe, mapped, fixed, chunk_size, mesh, sum_over_probes):
-    """Call `pipe(*mapped, *fixed)` with the probe rows zero-padded to whole chunks per device.
+    """Call `pipe(*mapped, *fixed)`; summed: probe rows zero-padded to whole chunks per device.
 
-    Padding keeps one compiled chunk body (no remainder program, no off-mesh tail): zero
-    residual rows contribute exactly zero to a summed gradient (the map is linear in them), and
-    kept rows past `n` are cut off. At most `chunk_size * devices - 1` rows are padded.
+    Zero residual rows contribute exactly zero to a summed gradient (the map is linear in
+    them), so padding keeps one compiled chunk body (no remainder program, no off-mesh tail).
+    At most `chunk_size * devices - 1` rows are padded.
     """
+    if not sum_over_probes:
+        return pipe(*mapped, *fixed)
     n = jax.tree_util.tree_leaves(mapped)[0].shape[0]
     ndev = 1 if mesh is None else mesh.size
     per_dev = -(-n // ndev)
@@ -96,7 +101,4 @@ def run(pipe, mapped, fixed, chunk_size, mesh, sum_over_probes):
     if total != n:
         pad = lambda a: jnp.pad(a, [(0, total - n)] + [(0, 0)] * (a.ndim - 1))  # noqa: E731
         mapped = jax.tree_util.tree_map(pad, mapped)
-    out = pipe(*mapped, *fixed)
-    if total != n and not sum_over_probes:
-        out = jax.tree_util.tree_map(lambda a: a[:n], out)
-    return out
+    return pipe(*mapped, *fixed)
