@@ -1,7 +1,7 @@
 """`Chunk` and `Reduce`: evaluate a batched function over the mapped axis piece by piece."""
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import equinox as eqx
 import jax
@@ -133,13 +133,30 @@ class Chunk(eqx.Module):
         if self.checkpoint:
             piece = jax.checkpoint(piece, prevent_cse=False)
 
-        to_chunks = lambda x: self._chunks(x, length, k, s)  # noqa: E731
-        xs = (jax.tree_util.tree_map(to_chunks, dyn_mapped), _tmap(to_chunks, valid))
+        source = (dyn_mapped, valid)
+        if g == 1 and r:  # x[: k * s] would copy the input: slice each chunk inside the loop
+            xs = None
+
+            def fetch(_, i):
+                return jax.tree_util.tree_map(
+                    lambda x: jax.lax.dynamic_slice_in_dim(x, i * s, s), source
+                )
+        else:
+            xs = jax.tree_util.tree_map(lambda x: self._chunks(x, length, k, s), source)
+
+            def fetch(x_i, _):
+                return x_i
+
+        struct = jax.tree_util.tree_map(
+            lambda x: jax.ShapeDtypeStruct((g * s,) + x.shape[1:], x.dtype), source
+        )
+        part_struct = jax.eval_shape(lambda c: piece(c[0], dyn_fixed, c[1]), struct)
+        loop = _Loop(piece, dyn_fixed, xs, fetch, k, part_struct)
         tail = lambda x: self._tail(x, length, k * s)  # noqa: E731
         rest_args = r and (jax.tree_util.tree_map(tail, dyn_mapped), dyn_fixed, _tmap(tail, valid))
         if r and self.reducer.keeps_rows and self.loop == "scan":
-            return self._fill(piece, dyn_fixed, xs, rest_args, length, k, s, r)
-        out = self._scan(piece, dyn_fixed, xs, k)
+            return self._fill(loop, rest_args, length, s, r)
+        out = self._scan(loop)
         if r:
             out = self._join(out, piece(*rest_args), k, s, r)
         elif self.reducer.keeps_rows:
@@ -151,13 +168,14 @@ class Chunk(eqx.Module):
 
     # -- scanning ------------------------------------------------------------------------------
 
-    def _scan(self, piece, fixed, xs, k):
-        reducer = self.reducer
+    def _scan(self, loop):
+        reducer, k = self.reducer, loop.k
         if self.loop == "python":  # unrolled: one call per chunk, joined in order
             tick = ticker(k, chained=True) if self.progress else None
             parts = []
             for i in range(k):
-                parts.append(piece(*_at(xs, i, fixed)))
+                x_i = None if loop.xs is None else jax.tree_util.tree_map(lambda x: x[i], loop.xs)
+                parts.append(loop.part(x_i, i))
                 if tick is not None:
                     tick(i)
             if reducer.keeps_rows:
@@ -167,33 +185,34 @@ class Chunk(eqx.Module):
                 out = reducer.combine(out, p)
             return out
         if reducer.keeps_rows:
-            step = lambda c, x: (c, piece(x[0], fixed, x[1]))  # noqa: E731
-            return scan(step, None, xs, k, unroll=self.unroll, progress=self.progress)[1]
-        first = jax.eval_shape(lambda m, v: piece(m, fixed, v), *_first(xs))
-        init = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), first)
+            step = lambda c, x: (c, loop.part(*x))  # noqa: E731
+            return self._run(step, None, loop)[1]
+        init = jax.tree_util.tree_map(lambda t: jnp.zeros(t.shape, t.dtype), loop.part_struct)
         seeded = reducer.identity_like(init) is None
 
         def body(carry, x):
-            (mapped, v), i = x
-            part = piece(mapped, fixed, v)
+            part = loop.part(*x)
             if not seeded:
                 return reducer.combine(carry, part), None
             take_first = lambda c, p: p  # noqa: E731
-            return jax.lax.cond(i == 0, take_first, reducer.combine, carry, part), None
+            return jax.lax.cond(x[1] == 0, take_first, reducer.combine, carry, part), None
 
-        xs = (xs, jnp.arange(k))
-        out, _ = scan(body, init, xs, k, unroll=self.unroll, progress=self.progress)
-        return out
+        return self._run(body, init, loop)[0]
 
-    def _fill(self, piece, fixed, xs, rest_args, length, k, s, r):
+    def _run(self, body, init, loop):
+        xs = (loop.xs, jnp.arange(loop.k))
+        return scan(body, init, xs, loop.k, unroll=self.unroll, progress=self.progress)
+
+    def _fill(self, loop, rest_args, length, s, r):
         """Rows with a remainder: every piece writes in place into one output buffer.
 
         (Stacking the scan's outputs and concatenating the remainder would copy the output.)
         """
         g = self.groups
         lead = (length,) if g == 1 else (g, length)  # a leading axis of 1 defeats in-place
-        struct = jax.eval_shape(lambda m, v: piece(m, fixed, v), *_first(xs))
-        buf = jax.tree_util.tree_map(lambda t: jnp.zeros(lead + t.shape[1:], t.dtype), struct)
+        buf = jax.tree_util.tree_map(
+            lambda t: jnp.zeros(lead + t.shape[1:], t.dtype), loop.part_struct
+        )
 
         def write(buf, rows, start, count):
             return jax.tree_util.tree_map(
@@ -205,12 +224,10 @@ class Chunk(eqx.Module):
             )
 
         def body(buf, x):
-            (mapped, v), i = x
-            return write(buf, piece(mapped, fixed, v), i * s, s), None
+            return write(buf, loop.part(*x), x[1] * s, s), None
 
-        buf, _ = scan(body, buf, (xs, jnp.arange(k)), k, unroll=self.unroll,
-                      progress=self.progress)
-        buf = write(buf, piece(*rest_args), k * s, r)
+        buf, _ = self._run(body, buf, loop)
+        buf = write(buf, loop.piece(*rest_args), loop.k * s, r)
         return jax.tree_util.tree_map(lambda b: b.reshape((g * length,) + b.shape[len(lead):]), buf)
 
     # -- layout: (groups * length) rows <-> chunks ----------------------------------------------
@@ -256,19 +273,24 @@ class Chunk(eqx.Module):
         return self._grouped(y, length)[:, :n_real].reshape((-1,) + y.shape[1:])
 
 
+class _Loop(NamedTuple):
+    """What the chunk loop needs: the piece, its unmapped inputs, and how to get chunk i."""
+
+    piece: Callable
+    fixed: Any
+    xs: Any  # stacked chunks (scanned over), or None when chunks are sliced from the input
+    fetch: Callable  # (x_i, i) -> (mapped rows, valid rows) of chunk i
+    k: int
+    part_struct: Any
+
+    def part(self, x_i, i):
+        mapped, valid = self.fetch(x_i, i)
+        return self.piece(mapped, self.fixed, valid)
+
+
 def _nones(tree):
     return jax.tree_util.tree_map(lambda _: None, tree)
 
 
-def _at(xs, i, fixed):
-    mapped, v = jax.tree_util.tree_map(lambda x: x[i], xs)
-    return mapped, fixed, v
-
-
 def _tmap(fn, tree):
     return None if tree is None else jax.tree_util.tree_map(fn, tree)
-
-
-def _first(xs):
-    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), xs)
-
