@@ -103,6 +103,30 @@ def second_order(y, b):
     return out
 
 
+def hessian_cost(n=512):
+    """XLA flops and temp of the full `jax.hessian(sum(f))` at small n (deterministic)."""
+    y = jnp.linspace(-1.0, 1.0, n)
+    vg = jax.vmap(g)
+    out = [
+        f"Full `jax.hessian(lambda y: jnp.sum(f(y)))` at n = {n} (XLA cost analysis):",
+        "",
+        "| f | flops | temp MiB |",
+        "|---|---|---|",
+    ]
+    for name, f in {
+        "plain vmap(g)": vg,
+        "chunkx Pullback(vmap g)": Pullback(vg),
+        "chunkx Pullback(vmap g, higher_order=True)": Pullback(vg, higher_order=True),
+    }.items():
+        c = jax.jit(jax.hessian(lambda y, f=f: jnp.sum(f(y)))).lower(y).compile()
+        flops = c.cost_analysis().get("flops", float("nan"))
+        out.append(
+            f"| {name} | {flops:.3g} | {c.memory_analysis().temp_size_in_bytes / 2**20:.2f} |"
+        )
+        print(out[-1])
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=2**20)
@@ -153,7 +177,7 @@ def main():
             f"| {name} | {t / base_t:.2f} | {t / adv_t:.2f} | {r['temp'] / 2**20:.1f} "
             f"| {r['temp'] / base_m:.4f} | {r['compile']:.2f} | {'yes' if r['ok'] else 'NO'} |"
         )
-    lines += ["", *second_order(y, args.b)]
+    lines += ["", *second_order(y, args.b), "", *hessian_cost()]
     text = "\n".join(lines) + "\n"
     print(text)
     with open(args.out, "w") as fh:

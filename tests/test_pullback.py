@@ -306,3 +306,16 @@ def test_chunk_size_alias_chunks():
     seen.clear()
     jax.eval_shape(lambda y: sparse_pullback(fn, y, 5, chunk_size=4), y)  # batch_size wins
     assert set(seen) == {5, 3}
+
+
+def test_higher_order_makes_the_full_hessian_linear_cost():
+    y = jnp.linspace(-1.0, 1.0, 256)
+
+    def cost(f):
+        h = jax.jit(jax.hessian(lambda y: jnp.sum(f(y)))).lower(y).compile()
+        return h.cost_analysis()["flops"], h
+
+    dense, _ = cost(Pullback(recur))
+    sparse, h = cost(Pullback(recur, higher_order=True))
+    assert sparse * 10 < dense, (sparse, dense)  # n HVPs (O(n^2)) vs one block pass (O(n))
+    close(h(y), jax.hessian(lambda y: jnp.sum(recur(y)))(y))

@@ -176,8 +176,10 @@ class Pullback(eqx.Module):
 
     - `fn`: a natively batched function of the positional arguments, returning one array.
     - `higher_order`: compute the primal output and the blocks `p` inside the rule through the
-      same sparse rule, so a second derivative keeps only second-order blocks (one more
-      evaluation of `fn` in the forward pass). Either way higher derivatives are exact.
+      same sparse rule, so differentiating the rule again also reads its blocks off one VJP:
+      a full `jax.hessian` then costs O(n) instead of O(n^2) (one more evaluation of `fn` per
+      level; `prod(T)` VJPs for leaves with trailing axes `T`). Either way every derivative
+      is exact.
     """
 
     fn: Callable[..., Any]
