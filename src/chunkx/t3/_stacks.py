@@ -23,10 +23,6 @@ def flat_stacks(arrays, B, C):
     return tuple(a.reshape((prod(B), prod(C)) + tuple(a.shape[n:])) for a in arrays)
 
 
-def unflat_lead(arrays, lead):
-    return tuple(a.reshape(tuple(lead) + tuple(a.shape[1:])) for a in arrays)
-
-
 def probes_rows(ww, W):
     return flat_lead(ww, W)
 
