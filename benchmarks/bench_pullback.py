@@ -47,17 +47,14 @@ def variants(b):
         ),
         "chunkx sparse_pullback (unchunked)": lambda y: jnp.sum(sparse_pullback(vg, y)),
         f"chunkx sparse_pullback (B={b})": lambda y: jnp.sum(sparse_pullback(vg, y, b)),
+        f"chunkx sparse_pullback (B={b}, checkpoint=True)": lambda y: jnp.sum(
+            sparse_pullback(vg, y, b, checkpoint=True)
+        ),
         f"chunkx sparse_pullback (B={b}, reduction=add)": lambda y: sparse_pullback(
             vg, y, b, reduction=add, chunk_reduction=total
         ),
-        f"chunkx Chunk(Pullback, {b}, reducer=Sum())": chunkx.Chunk(
-            Pullback(vg),
-            b,
-            reducer=chunkx.Sum(),
-            checkpoint=False,
-        ),
-        f"chunkx Chunk(Pullback, {b}, checkpoint=True)": lambda y: jnp.sum(
-            chunkx.Chunk(Pullback(vg), b, checkpoint=True)(y)
+        f"chunkx Chunk(Pullback, {b}, reducer=Sum(), checkpoint=False)": chunkx.Chunk(
+            Pullback(vg), b, reducer=chunkx.Sum(), checkpoint=False
         ),
         f"chunkx batch_vmap(g, B={b}, checkpoint=True)": lambda y: jnp.sum(
             chunkx.batch_vmap(g, batch_size=b)(y)
@@ -82,7 +79,9 @@ def second_order(y, b):
         f"chunkx sparse_pullback (B={b}, higher_order=True)": lambda y: sparse_pullback(
             vg, y, b, higher_order=True
         ),
-        f"chunkx Chunk(Pullback, {b}, checkpoint=True)": chunkx.Chunk(Pullback(vg), b),
+        f"chunkx sparse_pullback (B={b}, checkpoint=True)": lambda y: sparse_pullback(
+            vg, y, b, checkpoint=True
+        ),
     }
     out = [
         "Second derivatives, compiled temp MiB (memory only):",

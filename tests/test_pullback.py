@@ -44,6 +44,7 @@ CASES = [
     ("recur", dict()),
     ("recur", dict(batch_size=4)),  # 13 rows: 3 chunks + remainder 1
     ("recur", dict(batch_size=13)),  # n == B: one call
+    ("recur", dict(batch_size=4, checkpoint=True)),
     ("recur", dict(chunk_size=5)),
     ("recur", dict(batch_size=3, shard=True)),  # 4 devices: 3 rows each in chunks of 3, + 1 row
     ("recur", dict(shard=True)),

@@ -165,8 +165,9 @@ class Pullback(eqx.Module):
     so a full Jacobian, `jax.jacrev`, or a gradient through a composite costs one VJP of `fn`,
     and reverse mode keeps only `p` (the size of `y`) instead of `fn`'s intermediates. If the
     contract is broken the derivatives are silently wrong (column sums replace the diagonal);
-    check with [`chunkx.check_block_diagonal`][]. Nest `Pullback` inside [`chunkx.Chunk`][]
-    (with `checkpoint=False`) to bound memory: the forward VJP then runs one chunk at a time.
+    check with [`chunkx.check_block_diagonal`][]. Nest `Pullback` inside [`chunkx.Chunk`][] to
+    bound memory: the VJP then runs one chunk at a time (unchunked, it runs on all rows at once
+    and its intermediates are briefly alive).
 
     Arrays closed over by `fn` (or held by an `fn` Module) are lifted to explicit inputs with
     `eqx.filter_closure_convert`; derivatives with respect to them are correct but dense

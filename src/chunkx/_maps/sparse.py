@@ -103,6 +103,7 @@ def sparse_pullback(
     shard: bool = False,
     mesh: Mesh | None = None,
     higher_order: bool = False,
+    checkpoint: bool = False,
     check_block_diagonal: bool = False,
     **kwargs: Any,
 ) -> Any:
@@ -133,6 +134,10 @@ def sparse_pullback(
     - `reduction`, `chunk_reduction`, `shard`, `mesh`: as in [`chunkx.batch_map`][].
     - `strip_dim0`: with `batch_size=1`, `fn` receives single rows without the leading axis.
     - `higher_order`: see [`chunkx.Pullback`][]; second derivatives are exact either way.
+    - `checkpoint`: `False` (default, adv-jax-math's cost model): `fn` runs once per chunk and
+      one block per row is kept for the backward pass. `True`: only the chunk inputs are kept
+      and each chunk's `fn` and VJP are recomputed in the backward pass (less memory, bounded
+      memory for `grad` of `grad`, one more `fn` per chunk). Forward mode is unaffected.
     - `check_block_diagonal`: compare the sparse rule with a dense VJP (random cotangent) on
       the first chunk and raise if they differ (see [`chunkx.check_block_diagonal`][]).
 
@@ -167,7 +172,7 @@ def sparse_pullback(
                 )
             chunk_reduction = _first_row
     reducer, post = reducer_for(who, reduction, chunk_reduction)
-    out = compose(inner, (0,), batch_size, reducer, shard, mesh, checkpoint=False)(y)
+    out = compose(inner, (0,), batch_size, reducer, shard, mesh, checkpoint)(y)
     out = out if post is None else post(out)
     if check_block_diagonal and n:
         _, err, scale = _mismatch(fn, _head(y, rows, strip_dim0), jax.random.key(0))
