@@ -105,11 +105,11 @@ def test_jacobians(case):
 
 
 def second_order(f, y):
+    """grad of grad (reverse over reverse) and the Hessian diagonal (forward over reverse)."""
     ggrad = jax.grad(lambda y: jnp.sum(jax.tree_util.tree_leaves(jax.grad(loss_of(f))(y))[0]))
-    hdiag = jax.jvp(
-        jax.grad(lambda y: jnp.sum(f(y))), (y,), (jax.tree_util.tree_map(jnp.ones_like, y),)
-    )
-    return ggrad(y), jax.hessian(loss_of(f))(y), hdiag
+    ones = jax.tree_util.tree_map(jnp.ones_like, y)
+    hdiag = jax.jvp(jax.grad(lambda y: jnp.sum(f(y))), (y,), (ones,))
+    return ggrad(y), hdiag
 
 
 @pytest.mark.parametrize("higher_order", [False, True])
@@ -122,8 +122,8 @@ def test_second_order(name, higher_order):
 
 
 def test_check_grads_orders_1_and_2():
-    fn, y = make("rowmap", 7)
-    sp = jax.jit(lambda y: sparse_pullback(fn, y, 3))
+    fn, y = make("rowmap", 5)
+    sp = jax.jit(lambda y: sparse_pullback(fn, y, 2))
     check_grads(sp, (y,), order=2, modes=("fwd", "rev"))  # checks orders 1 and 2
 
 
@@ -151,7 +151,7 @@ def test_closed_over_arrays_get_correct_derivatives(kw):
 
 
 def test_module_fn_parameters_are_differentiable():
-    mlp = eqx.nn.MLP(3, "scalar", 8, 2, key=jax.random.key(1))
+    mlp = eqx.nn.MLP(3, "scalar", 4, 1, key=jax.random.key(1))
     _, y = make("rowmap", 10)
 
     @eqx.filter_jit
@@ -309,14 +309,16 @@ def test_chunk_size_alias_chunks():
     assert set(seen) == {5, 3}
 
 
-def test_higher_order_makes_the_full_hessian_linear_cost():
+def test_full_hessian_and_higher_order_linear_cost():
     y = jnp.linspace(-1.0, 1.0, 256)
 
     def cost(f):
-        h = jax.jit(jax.hessian(lambda y: jnp.sum(f(y)))).lower(y).compile()
-        return h.cost_analysis()["flops"], h
+        h = jax.jit(jax.hessian(lambda y: jnp.sum(jnp.cos(f(y))))).lower(y).compile()
+        return h.cost_analysis()["flops"], h(y)
 
-    dense, _ = cost(Pullback(recur))
-    sparse, h = cost(Pullback(recur, higher_order=True))
-    assert sparse * 10 < dense, (sparse, dense)  # n HVPs (O(n^2)) vs one block pass (O(n))
-    close(h(y), jax.hessian(lambda y: jnp.sum(recur(y)))(y))
+    ref = jax.hessian(lambda y: jnp.sum(jnp.cos(recur(y))))(y)
+    dense, h_dense = cost(Pullback(recur))
+    sparse, h_sparse = cost(Pullback(recur, higher_order=True))
+    close(h_dense, ref)
+    close(h_sparse, ref)
+    assert sparse * 5 < dense, (sparse, dense)  # n HVPs (O(n^2)) vs one block pass (O(n))

@@ -26,9 +26,7 @@ def close(a, b):
 CASES = [
     dict(),
     dict(batch_size=4),
-    dict(batch_size=13),
     dict(chunk_size=5),
-    dict(batch_size=4, reduction=jnp.add, chunk_reduction=jnp.sum),
     dict(batch_size=3, reduction=jnp.maximum, chunk_reduction=jnp.max),
     dict(batch_size=3, shard=True),
     dict(shard=True, reduction=jnp.add, chunk_reduction=jnp.sum),
