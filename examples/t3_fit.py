@@ -13,23 +13,23 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import chunkx.t3 as t3
 
 SHAPE, TUCKER, TT, ORDER, PROBES = (8, 9, 7), (3, 3, 3), (1, 3, 3, 1), 2, 1000
 
 
-def make_data(key, noise=1e-3):
-    k_true, k_w, k_p, k_n, k_init = jax.random.split(key, 5)
-    truth = t3.TuckerTensorTrain.randn(k_true, SHAPE, TUCKER, TT)
-    ww = [jax.random.normal(k, (PROBES, N)) for k, N in zip(jax.random.split(k_w, 3), SHAPE)]
-    pp = [jax.random.normal(k, (PROBES, N)) for k, N in zip(jax.random.split(k_p, 3), SHAPE)]
-    clean = t3.t3_probe_derivatives(ww, pp, truth, ORDER)
-    data = [z + noise * jax.random.normal(k, z.shape)
-            for z, k in zip(clean, jax.random.split(k_n, 3))]
-    start = jax.tree_util.tree_map(
-        lambda c, e: c + 0.3 * e, truth,
-        t3.TuckerTensorTrain.randn(k_init, SHAPE, TUCKER, TT))
+def make_data(seed=0, noise=1e-3):
+    rng = np.random.default_rng(seed)
+    truth = t3.TuckerTensorTrain.randn(jax.random.key(seed), SHAPE, TUCKER, TT)
+    ww = [jnp.asarray(rng.standard_normal((PROBES, N))) for N in SHAPE]
+    pp = [jnp.asarray(rng.standard_normal((PROBES, N))) for N in SHAPE]
+    clean = jax.jit(t3.t3_probe_derivatives, static_argnums=3)(ww, pp, truth, ORDER)
+    data = [z + noise * rng.standard_normal(z.shape) for z in clean]
+    start = t3.TuckerTensorTrain(
+        [U + 0.3 * rng.standard_normal(U.shape) for U in truth.tucker_cores],
+        [G + 0.3 * rng.standard_normal(G.shape) for G in truth.tt_cores])
     return ww, pp, data, start
 
 
@@ -51,7 +51,7 @@ def step(x, opt, ww, pp, data, chunk_size, lr=1e-2):
 
 
 def main(steps=300, report=50):
-    ww, pp, data, x = make_data(jax.random.key(0))
+    ww, pp, data, x = make_data()
     cs = t3.estimate_chunk_size(SHAPE, TUCKER, TT, ORDER, PROBES)
     print(f"estimate_chunk_size -> chunk_size={cs} of {PROBES} probes")
     zeros = jax.tree_util.tree_map(jnp.zeros_like, x)

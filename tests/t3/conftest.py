@@ -75,11 +75,17 @@ def max_relerr(got, want):
     return max(relerr(g, w) for g, w in zip(gl, wl))
 
 
+def normal_sampler(key, dtype):
+    """`shape -> N(0,1) array` from a NumPy generator seeded by `key` (no PRNG compiles)."""
+    seed = int(jax.random.randint(key, (), 0, 2**30)) if not isinstance(key, int) else key
+    rng = np.random.default_rng(seed)
+    return lambda shape: jnp.asarray(rng.standard_normal(shape), dtype)
+
+
 def random_problem(key, N, n, r, K, W, C=(), dtype=jnp.float64):
     """Random cores `C + core`, probes `W + (N_i,)`, residual jets `(K+1,) + W + C + (N_i,)`."""
     d = len(N)
-    ks = iter(jax.random.split(key, 5 * d))
-    nrm = lambda s: jax.random.normal(next(ks), s, dtype)  # noqa: E731
+    nrm = normal_sampler(key, dtype)
     U = [nrm(C + (n[i], N[i])) for i in range(d)]
     G = [nrm(C + (r[i], n[i], r[i + 1])) for i in range(d)]
     ww = [nrm(W + (N[i],)) for i in range(d)]

@@ -31,18 +31,20 @@ def _run(zt, ww, pp, x, K, cs):
     return z, t3.TuckerTensorTrain(*x).to_dense(), g, vjp(tuple(zt))[0]
 
 
-@settings(max_examples=4, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=3, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(shapes())
 def test_forward_oracle_and_transpose_vjp(s):
     N, n, r, K, W, cs = s
-    x, ww, pp, zt = random_problem(jax.random.key(sum(N) + 7 * K), N, n, r, K, W)
+    x, ww, pp, zt = random_problem(sum(N) + 7 * K, N, n, r, K, W)
     z, dense, g, g_ref = _run(zt, ww, pp, x, K, cs)
     assert max_relerr(g, g_ref) < 1e-12
     first = (lambda a: a) if W == () else (lambda a: a[-1])
     want = jax.jit(t3.dense_probe_derivatives, static_argnums=3)(
-        [first(a) for a in ww], [first(a) for a in pp], dense, K)
+        [first(a) for a in ww], [first(a) for a in pp], dense, K
+    )
     got = [zi if W == () else zi[:, -1] for zi in z]
     assert max_relerr(got, want) < 1e-10
     if K >= len(N):
-        assert max(float(abs(zi[len(N):]).max()) for zi in z) < 1e-12
+        assert max(float(abs(zi[len(N) :]).max()) for zi in z) < 1e-12

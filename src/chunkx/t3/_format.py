@@ -114,14 +114,14 @@ class TuckerTensorTrain(eqx.Module):
                 f"{tuple(tt_ranks)}."
             )
         C, r = tuple(stack_shape), tuple(tt_ranks)
-        keys = jax.random.split(key, 2 * d)
-        tucker = [
-            jax.random.normal(keys[i], C + (tucker_ranks[i], shape[i]), dtype) for i in range(d)
-        ]
-        tt = [
-            jax.random.normal(keys[d + i], C + (r[i], tucker_ranks[i], r[i + 1]), dtype)
-            for i in range(d)
-        ]
+        shapes = [C + (tucker_ranks[i], shape[i]) for i in range(d)]
+        shapes += [C + (r[i], tucker_ranks[i], r[i + 1]) for i in range(d)]
+        sizes = [prod(s) for s in shapes]
+        # One draw for all cores (one PRNG program to compile), then split.
+        flat = jax.random.normal(key, (sum(sizes),), dtype)
+        offsets = [sum(sizes[:j]) for j in range(2 * d)]
+        cores = [flat[o : o + k].reshape(s) for o, k, s in zip(offsets, sizes, shapes)]
+        tucker, tt = cores[:d], cores[d:]
         return TuckerTensorTrain(tucker, tt)
 
 
