@@ -156,7 +156,7 @@ class Pullback(eqx.Module):
     every floating leaf of `y` has shape `S + T`. **Contract: `out[s]` depends only on the
     rows `y[s, ...]` of the leaves** (no mixing across `S`; a per-sample map). Then
 
-    ```python
+    ```
     p = jax.vjp(fn, *y)[1](jnp.ones_like(out))      # once: every diagonal block
     jvp(ydot)   = sum(p * ydot, over T axes)         # forward mode
     vjp(g)      = p * g[..., None, ...]              # reverse mode (the transpose)
@@ -181,6 +181,16 @@ class Pullback(eqx.Module):
       a full `jax.hessian` then costs O(n) instead of O(n^2) (one more evaluation of `fn` per
       level; `prod(T)` VJPs for leaves with trailing axes `T`). Either way every derivative
       is exact.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        vg = jax.vmap(lambda x: jnp.sin(x) ** 3)
+        pipe = chunkx.Chunk(chunkx.Pullback(vg), 256, checkpoint=False)
+        y = jnp.linspace(0.0, 1.0, 1000)
+        tangent_out = jax.jvp(pipe, (y,), (jnp.ones_like(y),))[1]   # forward mode works
+        ```
     """
 
     fn: Callable[..., Any]

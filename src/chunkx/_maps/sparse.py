@@ -144,6 +144,16 @@ def sparse_pullback(
     **Returns:**
 
     `chunk_reduction(fn(y))`, or the folded chunk results with a `reduction`.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        fn = lambda y: jnp.sum(jnp.tanh(y) ** 2, axis=-1)       # (n, 3) -> (n,), per row
+        y = jnp.ones((1000, 3))
+        grad = jax.grad(lambda y: jnp.sum(chunkx.sparse_pullback(fn, y, 128)))(y)
+        jac_diag = jax.jacrev(lambda y: chunkx.sparse_pullback(fn, y, 128))(y[:8])
+        ```
     """
     who = "sparse_pullback"
     check_callable(who, "fn", fn)
