@@ -25,12 +25,10 @@ def close(a, b):
 
 CASES = [
     dict(),
-    dict(batch_size=4),
     dict(chunk_size=5),
     dict(batch_size=3, reduction=jnp.maximum, chunk_reduction=jnp.max),
     dict(batch_size=3, shard=True),
     dict(shard=True, reduction=jnp.add, chunk_reduction=jnp.sum),
-    dict(batch_size=1, strip_dim0=True),
     dict(batch_size=1, strip_dim0=True, reduction=jnp.add),
 ]
 
