@@ -10,10 +10,16 @@ from ._combinators.vmap import Vmap as Vmap
 from ._combinators.chunk import Chunk as Chunk, Reduce as Reduce
 from ._combinators.pad import Pad as Pad
 from ._combinators.shard import Shard as Shard
+from ._combinators.pullback import Pullback as Pullback
 from ._maps.adv import BatchVmap as BatchVmap, batch_map as batch_map, batch_vmap as batch_vmap
 from ._maps.vectorize import BatchVectorize as BatchVectorize, batch_vectorize as batch_vectorize
 from ._maps.jac import BatchJacfwd as BatchJacfwd, BatchJacrev as BatchJacrev
 from ._maps.jac import batch_jacfwd as batch_jacfwd, batch_jacrev as batch_jacrev
+from ._maps.sparse import (
+    check_block_diagonal as check_block_diagonal,
+    sparse_pullback as sparse_pullback,
+    sparse_pullback_map as sparse_pullback_map,
+)
 from ._maps.quantax import ChunkMap as ChunkMap, chunk_map as chunk_map
 from ._maps.quantax import jit_chunk_vmap as jit_chunk_vmap
 from ._memory import (
