@@ -19,8 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import chunkx
-from chunkx._combinators.pullback import Pullback
-from chunkx._maps.sparse import sparse_pullback
+from chunkx import Pullback, sparse_pullback
 
 STEPS = 32
 

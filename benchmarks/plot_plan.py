@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import chunkx  # noqa: E402
-from chunkx._plan import plan_memory  # noqa: E402
+from chunkx import plan_memory  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 S, f32 = jax.ShapeDtypeStruct, jnp.float32

@@ -4,9 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_tree_close, rand
 
 import chunkx
+from helpers import assert_tree_close, rand
 
 adv = pytest.importorskip("adv_jax_math")
 qx_utils = pytest.importorskip("quantax.utils")

@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chunkx._maps.jac import batch_jacfwd, batch_jacrev
-from chunkx._maps.vectorize import batch_vectorize
+from chunkx import batch_jacfwd, batch_jacrev, batch_vectorize
 
 # Most cases run under jax.jit (op-by-op dispatch of small scans is slow); a few run eagerly.
 # Batch sizes cover None (no chunking), 1, a remainder (7 % 3) and one chunk larger than n.

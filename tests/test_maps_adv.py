@@ -5,9 +5,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import SIZES, assert_tree_close, cases, make_args, per_example, rand, tol
 
 import chunkx
+from helpers import SIZES, assert_tree_close, cases, make_args, per_example, rand, tol
 
 AXES = (0, None, 0)
 

@@ -7,9 +7,15 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from chunkx import Chunk, Shard, Sum
-from chunkx._combinators.pullback import Pullback
-from chunkx._maps.sparse import check_block_diagonal, sparse_pullback, sparse_pullback_map
+from chunkx import (
+    Chunk,
+    Pullback,
+    Shard,
+    Sum,
+    check_block_diagonal,
+    sparse_pullback,
+    sparse_pullback_map,
+)
 
 W = jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from chunkx._maps.sparse import sparse_pullback, sparse_pullback_map
+from chunkx import sparse_pullback, sparse_pullback_map
 
 W = jnp.linspace(-1.0, 1.0, 6).reshape(3, 2)
 

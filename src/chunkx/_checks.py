@@ -6,7 +6,7 @@ from jax.sharding import Mesh
 
 
 def resolve_batch_size(who: str, batch_size: Any, kwargs: dict, name: str = "batch_size"):
-    """adv-jax-math's `**kwargs` rule: only `chunk_size`, an alias used when `batch_size` is None."""
+    """adv-jax-math's `**kwargs` rule: only `chunk_size`, an alias used when batch_size is None."""
     bad = sorted(set(kwargs) - {"chunk_size"})
     if bad:
         raise ValueError(f"`{who}(**kwargs)`: Unexpected keyword argument(s): " + ", ".join(bad))
@@ -37,4 +37,5 @@ def check_mesh_1d(who: str, mesh: Mesh | None) -> None:
 
 def check_callable(who: str, name: str, value: Any) -> None:
     if not callable(value):
-        raise TypeError(f"`{who}({name}=...)`: {name} must be callable, got {type(value).__name__}.")
+        got = type(value).__name__
+        raise TypeError(f"`{who}({name}=...)`: {name} must be callable, got {got}.")

@@ -90,7 +90,9 @@ def pad_rows(x, m: int):
 
 def struct_of(tree):
     """Shape/dtype structs of the array leaves of `tree` (tracers included)."""
-    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), tree)
+    return jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), tree
+    )
 
 
 def round_up(n: int, m: int) -> int:

@@ -37,7 +37,8 @@ class Pad(eqx.Module):
     in_axes: InAxes = eqx.field(static=True, default=0)
 
     def __check_init__(self):
-        if isinstance(self.multiple, bool) or not isinstance(self.multiple, int) or self.multiple < 1:
+        m = self.multiple
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise ValueError(
                 f"`Pad(multiple={self.multiple!r})`: multiple must be a positive int, "
                 f"got {self.multiple!r}."

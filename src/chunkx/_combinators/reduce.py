@@ -23,7 +23,7 @@ def identity(x: Any) -> Any:
 
 
 class AbstractReducer(eqx.Module):
-    """How partial results join. Subclass it to define a new reducer; concrete reducers are final."""
+    """How partial results join. Subclass it for a new reducer; concrete reducers are final."""
 
     @abc.abstractmethod
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:

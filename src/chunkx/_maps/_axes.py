@@ -13,7 +13,9 @@ from .._combinators._rows import array_leaves
 def move_axis(tree: Any, src: int, dst: int) -> Any:
     if src == dst:
         return tree
-    return jax.tree_util.tree_map(lambda x: jnp.moveaxis(x, src, dst) if eqx.is_array(x) else x, tree)
+    return jax.tree_util.tree_map(
+        lambda x: jnp.moveaxis(x, src, dst) if eqx.is_array(x) else x, tree
+    )
 
 
 def normalize_axis(who: str, name: str, arg_index: int, tree: Any, axis: int) -> int:
