@@ -331,3 +331,13 @@ def test_full_hessian_and_higher_order_linear_cost():
     close(h_dense, ref)
     close(h_sparse, ref)
     assert sparse * 5 < dense, (sparse, dense)  # n HVPs (O(n^2)) vs one block pass (O(n))
+
+
+def test_sparse_pullback_auto_equals_explicit_size():
+    y = jnp.linspace(0.1, 2.0, 256 * 4).reshape(256, 4)
+    fn = lambda y: jnp.sum(jnp.sin(y) ** 2, axis=-1)  # noqa: E731
+    loss = lambda y, **kw: jnp.sum(sparse_pullback(fn, y, **kw) ** 2)  # noqa: E731
+    auto = jax.jit(jax.grad(lambda y: loss(y, batch_size="auto", memory_budget=20_000)))(y)
+    np.testing.assert_allclose(auto, jax.grad(lambda y: jnp.sum(fn(y) ** 2))(y), rtol=1e-10)
+    with pytest.raises(ValueError, match=r"memory_budget"):
+        sparse_pullback(fn, y, "auto")

@@ -1,7 +1,7 @@
 """`sparse_pullback`, `sparse_pullback_map`, `check_block_diagonal` (adv-jax-math 1.3 API)."""
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import equinox as eqx
 import jax
@@ -10,11 +10,12 @@ from beartype import beartype
 from jax.sharding import Mesh
 from jaxtyping import PRNGKeyArray, PyTree, jaxtyped
 
-from .._checks import check_callable, check_mesh_1d, resolve_batch_size
+from .._checks import check_callable, check_mesh_1d
 from .._combinators._rows import mapped_length
 from .._combinators.pullback import Pullback, check_contract
 from .._combinators.reduce import identity
-from .adv import _first_row, _Strip, compose, reducer_for
+from .._plan import per_device_rows, resolve_auto
+from .adv import _first_row, _resolve_size, _Strip, compose, reducer_for
 
 
 def _mismatch(fn: Callable, y: Any, key: Any) -> tuple[Any, Any, Any]:
@@ -95,7 +96,7 @@ def sparse_pullback(
     fn: Callable[[Any], Any],
     y: PyTree,
     /,
-    batch_size: int | None = None,
+    batch_size: int | Literal["auto"] | None = None,
     *,
     reduction: Callable[[Any, Any], Any] | None = None,
     chunk_reduction: Callable[[Any], Any] = identity,
@@ -105,6 +106,8 @@ def sparse_pullback(
     higher_order: bool = False,
     checkpoint: bool = False,
     check_block_diagonal: bool = False,
+    memory_budget: int | None = None,
+    progress: bool = False,
     **kwargs: Any,
 ) -> Any:
     """`chunk_reduction(fn(y))` in chunks, differentiated through the diagonal blocks of `fn`.
@@ -140,6 +143,8 @@ def sparse_pullback(
       memory for `grad` of `grad`, one more `fn` per chunk). Forward mode is unaffected.
     - `check_block_diagonal`: compare the sparse rule with a dense VJP (random cotangent) on
       the first chunk and raise if they differ (see [`chunkx.check_block_diagonal`][]).
+    - `memory_budget`, `progress`: as in [`chunkx.batch_map`][] (`batch_size="auto"` plans the
+      forward pass within `memory_budget` bytes of XLA temp memory per device).
 
     **Returns:**
 
@@ -157,7 +162,7 @@ def sparse_pullback(
     """
     who = "sparse_pullback"
     check_callable(who, "fn", fn)
-    batch_size = resolve_batch_size(who, batch_size, kwargs)
+    batch_size = _resolve_size(who, batch_size, kwargs, memory_budget)
     if shard:
         check_mesh_1d(who, mesh)
     if strip_dim0 and batch_size != 1:
@@ -167,7 +172,7 @@ def sparse_pullback(
         )
     n = mapped_length((y,), (0,), who)
     if n:
-        rows = n if batch_size is None else min(n, batch_size)
+        rows = n if batch_size in (None, "auto") else min(n, batch_size)
         check_contract(
             who, _head(y, rows, strip_dim0), jax.eval_shape(fn, _head(y, rows, strip_dim0))
         )
@@ -186,7 +191,15 @@ def sparse_pullback(
                 )
             chunk_reduction = _first_row
     reducer, post = reducer_for(who, reduction, chunk_reduction)
-    out = compose(inner, (0,), batch_size, reducer, shard, mesh, checkpoint)(y)
+
+    def build(size):
+        return compose(inner, (0,), size, reducer, shard, mesh, checkpoint, progress)
+
+    if batch_size == "auto":
+        key = (fn, higher_order, strip_dim0, reducer, shard, mesh, checkpoint, who)
+        n_dev = per_device_rows(n, shard, mesh)
+        batch_size = resolve_auto(who, build, (y,), n_dev, memory_budget, cache_on=key)
+    out = build(batch_size)(y)
     out = out if post is None else post(out)
     if check_block_diagonal and n:  # under jit: an equinox.error_if on the output
         out = _raise_if_mixed(where, out, err, scale, 1e-4, 1e-6)
