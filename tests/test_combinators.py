@@ -150,3 +150,16 @@ def test_grad_memory_is_bounded_by_the_chunk():
     unbounded = temp(lambda y: jnp.sum(chunkx.batch_vmap(g, batch_size=1024, checkpoint=False)(y)))
     assert chunked <= 0.1 * plain, (chunked, plain)
     assert unbounded > 0.5 * plain  # without the checkpoint every chunk's residuals stay
+
+
+@pytest.mark.parametrize("n", [9, 12])
+def test_presummed_sum_chunks_and_devices(n):
+    """A batched function that returns the sum of its own rows (one matrix product)."""
+    x = rand(jax.random.PRNGKey(7), (n, 3), jnp.float64)
+    r = rand(jax.random.PRNGKey(8), (n, 2), jnp.float64)
+    gram = lambda x, r: x.T @ r  # noqa: E731  sum over rows of outer(x_i, r_i)
+    red = chunkx.Sum(presummed=True)
+    pipe = chunkx.Shard(chunkx.Chunk(gram, 2, reducer=red), reducer=red)
+    np.testing.assert_allclose(jax.jit(pipe)(x, r), x.T @ r, rtol=1e-12)
+    with pytest.raises(ValueError, match=r"`Sum\(presummed=True\)`: a pre-summed partial cannot"):
+        chunkx.Chunk(gram, 2, reducer=red, remainder="pad")(x[:9], r[:9])

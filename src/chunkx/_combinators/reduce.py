@@ -92,9 +92,26 @@ class Sum(AbstractReducer):
     """Sum over the mapped axis, with zero as identity (so padded rows are masked to zero).
 
     Under [`chunkx.Shard`][] the per-device sums are joined with `jax.lax.psum`.
+
+    **Arguments:**
+
+    - `presummed`: the batched function already returns the sum of its rows (no mapped axis),
+      e.g. a gradient whose contraction over rows is one matrix product: chunks and devices
+      are added without materialising per-row results. Padded rows cannot be masked then; pad
+      with rows that contribute zero, or use `remainder="call"`.
     """
 
+    presummed: bool = eqx.field(static=True, default=False)
+
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
+        if self.presummed:
+            if valid is not None:
+                raise ValueError(
+                    "`Sum(presummed=True)`: a pre-summed partial cannot mask padded rows; use "
+                    "remainder='call' or pad with rows that contribute zero."
+                )
+            return rows
+
         def leaf_sum(x):
             if valid is not None:
                 mask = valid.reshape(valid.shape + (1,) * (x.ndim - 1))

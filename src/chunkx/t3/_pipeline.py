@@ -8,9 +8,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from chunkx import Chunk, Concat, Shard, Vmap
+from chunkx import Chunk, Concat, Shard, Sum, Vmap
 
-from ._reduce import SumPartials
 from ._stacks import corewise_rows_fn, tangent_rows_fn
 
 
@@ -22,7 +21,7 @@ def _assemble(chunk_fn, per_probe_fn, n_fixed, sum_over_probes, chunk_size, mesh
     """`Chunk` over the probe axis (then `Shard`), summing or concatenating."""
     in_axes = (0, 0, 0) + (None,) * n_fixed
     if sum_over_probes:
-        inner, reducer = chunk_fn, SumPartials()
+        inner, reducer = chunk_fn, Sum(presummed=True)
     else:
         inner, reducer = Vmap(per_probe_fn, in_axes=in_axes), Concat()
     # Kept rows: Chunk pads the last chunk with copies of real rows and cuts them off again, so
