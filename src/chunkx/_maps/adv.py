@@ -273,18 +273,37 @@ def batch_map(
     batch_size = _resolve_size(who, batch_size, kwargs, memory_budget)
     if shard:
         check_mesh_1d(who, mesh)
+    check_strip(who, strip_dim0, batch_size)
+    n = _length(who, fun_input)
+    return run_one_input(
+        who, fun, fun_input, n, batch_size, reduction, chunk_reduction, strip_dim0, shard, mesh,
+        checkpoint, progress, memory_budget, key=(fun, who), arg="fun_input",
+    )
+
+
+def check_strip(who: str, strip_dim0: bool, batch_size: Any) -> None:
+    if strip_dim0 and batch_size != 1:
+        raise ValueError(
+            f"`{who}(strip_dim0=True, batch_size={batch_size!r})`: strip_dim0 needs "
+            "batch_size=1 (the function then receives single rows without their leading axis)."
+        )
+
+
+def run_one_input(
+    who, fun, x, n, batch_size, reduction, chunk_reduction, strip_dim0, shard, mesh,
+    checkpoint, progress, memory_budget, key, arg,
+):
+    """The tail shared by `batch_map` and `sparse_pullback`: one chunked input pytree `x`.
+
+    `strip_dim0` calls `fun` per row; with a `reduction` those rows are folded (seeded from
+    row 0, so 0 rows is an error). `batch_size="auto"` is planned here.
+    """
     if strip_dim0:
-        if batch_size != 1:
-            raise ValueError(
-                f"`{who}(strip_dim0=True, batch_size={batch_size!r})`: strip_dim0 needs "
-                "batch_size=1 (fun then receives single elements)."
-            )
         fun = _Strip(fun)
         if reduction is not None:
-            n = _length(who, fun_input)
             if n == 0:
                 raise ValueError(
-                    f"`{who}(strip_dim0=True, reduction=...)`: fun_input has 0 rows and the "
+                    f"`{who}(strip_dim0=True, reduction=...)`: {arg} has 0 rows and the "
                     "reduction has no identity element to return."
                 )
             chunk_reduction = _first_row
@@ -294,10 +313,10 @@ def batch_map(
         return compose(fun, (0,), size, reducer, shard, mesh, checkpoint, progress)
 
     if batch_size == "auto":
-        n = per_device_rows(_length(who, fun_input), shard, mesh)
-        key = (fun, reducer, shard, mesh, checkpoint, who)
-        batch_size = resolve_auto(who, build, (fun_input,), n, memory_budget, cache_on=key)
-    out = build(batch_size)(fun_input)
+        key = key + (strip_dim0, reducer, shard, mesh, checkpoint)
+        rows = per_device_rows(n, shard, mesh)
+        batch_size = resolve_auto(who, build, (x,), rows, memory_budget, cache_on=key)
+    out = build(batch_size)(x)
     return out if post is None else post(out)
 
 

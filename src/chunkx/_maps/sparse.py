@@ -14,8 +14,7 @@ from .._checks import check_callable, check_mesh_1d
 from .._combinators._rows import mapped_length
 from .._combinators.pullback import Pullback, check_contract
 from .._combinators.reduce import identity
-from .._plan import per_device_rows, resolve_auto
-from .adv import _first_row, _resolve_size, _Strip, compose, reducer_for
+from .adv import _resolve_size, check_strip, run_one_input
 
 
 def _mismatch(fn: Callable, y: Any, key: Any) -> tuple[Any, Any, Any]:
@@ -165,11 +164,7 @@ def sparse_pullback(
     batch_size = _resolve_size(who, batch_size, kwargs, memory_budget)
     if shard:
         check_mesh_1d(who, mesh)
-    if strip_dim0 and batch_size != 1:
-        raise ValueError(
-            f"`{who}(strip_dim0=True, batch_size={batch_size!r})`: strip_dim0 needs "
-            "batch_size=1 (fn then receives single rows without their leading axis)."
-        )
+    check_strip(who, strip_dim0, batch_size)
     n = mapped_length((y,), (0,), who)
     if n:
         rows = n if batch_size in (None, "auto") else min(n, batch_size)
@@ -180,27 +175,11 @@ def sparse_pullback(
         _, err, scale = _mismatch(fn, _head(y, rows, strip_dim0), jax.random.key(0))
         where = f"{who}(check_block_diagonal=True)"
         _raise_if_mixed(where, err, err, scale, 1e-4, 1e-6)
-    inner = Pullback(fn, higher_order)
-    if strip_dim0:
-        inner = _Strip(inner)
-        if reduction is not None:
-            if n == 0:
-                raise ValueError(
-                    f"`{who}(strip_dim0=True, reduction=...)`: y has 0 rows and the "
-                    "reduction has no identity element to return."
-                )
-            chunk_reduction = _first_row
-    reducer, post = reducer_for(who, reduction, chunk_reduction)
-
-    def build(size):
-        return compose(inner, (0,), size, reducer, shard, mesh, checkpoint, progress)
-
-    if batch_size == "auto":
-        key = (fn, higher_order, strip_dim0, reducer, shard, mesh, checkpoint, who)
-        n_dev = per_device_rows(n, shard, mesh)
-        batch_size = resolve_auto(who, build, (y,), n_dev, memory_budget, cache_on=key)
-    out = build(batch_size)(y)
-    out = out if post is None else post(out)
+    out = run_one_input(
+        who, Pullback(fn, higher_order), y, n, batch_size, reduction, chunk_reduction,
+        strip_dim0, shard, mesh, checkpoint, progress, memory_budget,
+        key=(fn, higher_order, who), arg="y",
+    )
     if check_block_diagonal and n:  # under jit: an equinox.error_if on the output
         out = _raise_if_mixed(where, out, err, scale, 1e-4, 1e-6)
     return out
