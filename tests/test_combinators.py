@@ -163,3 +163,20 @@ def test_presummed_sum_chunks_and_devices(n):
     np.testing.assert_allclose(jax.jit(pipe)(x, r), x.T @ r, rtol=1e-12)
     with pytest.raises(ValueError, match=r"`Sum\(presummed=True\)`: a pre-summed partial cannot"):
         chunkx.Chunk(gram, 2, reducer=red, remainder="pad")(x[:9], r[:9])
+
+
+@pytest.mark.parametrize("n", [7, 10, 11])
+def test_padded_concat_shifts_last_chunk_and_differentiates(n):
+    """remainder='pad' with Concat: one body, the last chunk overlaps real rows (no fake rows)."""
+    x = rand(jax.random.PRNGKey(9), (n, 3), jnp.float64)
+    seen = []
+
+    def f(rows):
+        seen.append(rows.shape[0])
+        return jnp.log(rows) * rows  # a fake zero row would give NaN gradients
+
+    pipe = chunkx.Chunk(f, 4, remainder="pad")
+    np.testing.assert_allclose(jax.jit(pipe)(x), f(x), rtol=1e-12)
+    assert set(seen[:-1]) == {4}
+    g = jax.grad(lambda x: jnp.sum(jnp.sin(pipe(x))))(x)
+    np.testing.assert_allclose(g, jax.grad(lambda x: jnp.sum(jnp.sin(f(x))))(x), rtol=1e-12)

@@ -57,7 +57,9 @@ class Chunk(eqx.Module):
     Full chunks run in one `jax.lax.scan` (compile time does not grow with the number of chunks);
     the `n % size` remaining rows are one more call (`remainder="call"`, `fn` never sees fake
     rows) or are padded with copies of a real row and masked (`remainder="pad"`, one compiled
-    shape). With `checkpoint=True` every chunk is wrapped in `jax.checkpoint`, so reverse mode
+    shape; when rows are concatenated in one group, the last chunk is instead shifted back to
+    end at row `n`, so it re-computes a few real rows and no fake row is evaluated). With
+    `checkpoint=True` every chunk is wrapped in `jax.checkpoint`, so reverse mode
     stores the chunk inputs only and recomputes one chunk at a time: the memory bound survives
     `jax.grad`. Without differentiation the checkpoint costs nothing.
 
@@ -113,7 +115,13 @@ class Chunk(eqx.Module):
         if s is None or n == 0 or (length <= s and self.remainder == "call"):
             return _evaluate(self.fn, self.reducer, args, valid, "Chunk")
 
-        if self.remainder == "pad":
+        # Rows into one buffer, one compiled body, no fake rows: the last chunk is shifted back
+        # to end at the last row (dynamic slices clamp), re-computing a few real rows.
+        overlap = (
+            self.remainder == "pad" and self.reducer.keeps_rows and g == 1
+            and self.loop == "scan" and length > s and length % s
+        )
+        if self.remainder == "pad" and not overlap:
             padded = max(round_up(length, s), s)
             if padded != length:
                 base = jnp.ones((n,), bool) if valid is None else valid
@@ -121,7 +129,7 @@ class Chunk(eqx.Module):
                 valid = jnp.pad(grouped, ((0, 0), (0, padded - length))).reshape(-1)
                 args = map_mapped(lambda x: self._pad_groups(x, length, padded), args, axes)
                 length = padded
-        k, r = divmod(length, s)
+        k, r = (-(-length // s), 0) if overlap else divmod(length, s)
         dyn, static = eqx.partition(args, eqx.is_array)
         dyn_mapped = tuple(d if a is not None else _nones(d) for d, a in zip(dyn, axes))
         dyn_fixed = tuple(d if a is None else _nones(d) for d, a in zip(dyn, axes))
@@ -134,7 +142,7 @@ class Chunk(eqx.Module):
             piece = jax.checkpoint(piece, prevent_cse=False)
 
         source = (dyn_mapped, valid)
-        if g == 1 and r:  # x[: k * s] would copy the input: slice each chunk inside the loop
+        if g == 1 and (r or overlap):  # x[: k * s] would copy: slice chunks inside the loop
             xs = None
 
             def fetch(_, i):
@@ -154,7 +162,7 @@ class Chunk(eqx.Module):
         loop = _Loop(piece, dyn_fixed, xs, fetch, k, part_struct)
         tail = lambda x: self._tail(x, length, k * s)  # noqa: E731
         rest_args = r and (jax.tree_util.tree_map(tail, dyn_mapped), dyn_fixed, _tmap(tail, valid))
-        if r and self.reducer.keeps_rows and self.loop == "scan":
+        if (r or overlap) and self.reducer.keeps_rows and self.loop == "scan":
             return self._fill(loop, rest_args, length, s, r)
         out = self._scan(loop)
         if r:
@@ -227,7 +235,8 @@ class Chunk(eqx.Module):
             return write(buf, loop.part(*x), x[1] * s, s), None
 
         buf, _ = self._run(body, buf, loop)
-        buf = write(buf, loop.piece(*rest_args), loop.k * s, r)
+        if r:
+            buf = write(buf, loop.piece(*rest_args), loop.k * s, r)
         return jax.tree_util.tree_map(lambda b: b.reshape((g * length,) + b.shape[len(lead):]), buf)
 
     # -- layout: (groups * length) rows <-> chunks ----------------------------------------------
