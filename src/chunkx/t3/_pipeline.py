@@ -24,8 +24,8 @@ def _assemble(chunk_fn, per_probe_fn, n_fixed, sum_over_probes, chunk_size, mesh
         inner, reducer = chunk_fn, Sum(presummed=True)
     else:
         inner, reducer = Vmap(per_probe_fn, in_axes=in_axes), Concat()
-    # Kept rows: Chunk pads the last chunk with copies of real rows and cuts them off again, so
-    # one chunk body is compiled. Summed rows are zero-padded by `run` instead (see there).
+    # Kept rows: Chunk shifts the last chunk back onto real rows (remainder='pad' with Concat),
+    # so one chunk body is compiled. Summed rows are zero-padded by `run` instead (see there).
     remainder = "call" if sum_over_probes else "pad"
     pipe = Chunk(inner, chunk_size, reducer=reducer, in_axes=in_axes, remainder=remainder)
     if mesh is not None:
