@@ -321,6 +321,4 @@ def run_one_input(
 
 
 def _length(who, tree):
-    from .._combinators._rows import mapped_length
-
     return mapped_length((tree,), (0,), who)
