@@ -202,7 +202,7 @@ def test_pullback_composes_with_chunk_and_shard():
     fn, y = make("rowmap", 22)
     pipes = [
         Chunk(Pullback(fn), 5, checkpoint=False),
-        Chunk(Pullback(fn, higher_order=True), 5, remainder="pad"),
+        Chunk(Pullback(fn, higher_order=True), 5, remainder="shift"),
         Shard(Chunk(Pullback(fn), 2, checkpoint=False)),
     ]
     summed = Shard(Chunk(Pullback(fn), 2, reducer=Sum()), reducer=Sum())

@@ -10,11 +10,10 @@ from beartype import beartype
 from jax.sharding import Mesh
 from jaxtyping import PRNGKeyArray, PyTree, jaxtyped
 
-from .._checks import check_callable, check_mesh_1d
 from .._combinators._rows import mapped_length
 from .._combinators.pullback import Pullback, check_contract
 from .._combinators.reduce import identity
-from .adv import _resolve_size, check_strip, run_one_input
+from .adv import check_options, check_strip, run_one_input
 
 
 def _mismatch(fn: Callable, y: Any, key: Any) -> tuple[Any, Any, Any]:
@@ -79,7 +78,6 @@ def check_block_diagonal(
     `fn(y)`.
     """
     who = "check_block_diagonal"
-    check_callable(who, "fn", fn)
     check_contract(who, y, jax.eval_shape(fn, y))
     key = jax.random.key(0) if key is None else key
     out, err, scale = _mismatch(fn, y, key)
@@ -160,10 +158,7 @@ def sparse_pullback(
         ```
     """
     who = "sparse_pullback"
-    check_callable(who, "fn", fn)
-    batch_size = _resolve_size(who, batch_size, kwargs, memory_budget)
-    if shard:
-        check_mesh_1d(who, mesh)
+    batch_size = check_options(who, batch_size, kwargs, memory_budget, shard, mesh)
     check_strip(who, strip_dim0, batch_size)
     n = mapped_length((y,), (0,), who)
     if n:
@@ -206,6 +201,5 @@ def sparse_pullback_map(
     A [`chunkx.Pullback`][] Module.
     """
     who = "sparse_pullback_map"
-    check_callable(who, "fn", fn)
     check_contract(who, y, jax.eval_shape(fn, y))
     return Pullback(eqx.filter_closure_convert(fn, y), higher_order)

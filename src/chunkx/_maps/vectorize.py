@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import jaxtyped
 
-from .._checks import check_callable, resolve_batch_size
+from .._checks import resolve_batch_size
 from .adv import batch_vmap
 
 _WHO = "batch_vectorize"
@@ -247,7 +247,6 @@ def batch_vectorize(
         y = mv(jnp.ones((10, 3, 2)), jnp.ones(2))   # (10, 3)
         ```
     """
-    check_callable(_WHO, "pyfunc", pyfunc)
     batch_size = resolve_batch_size(_WHO, batch_size, kwargs)
     if any(not isinstance(e, int | str) for e in excluded):
         raise TypeError(
