@@ -81,5 +81,10 @@ def assert_tree_close(actual, expected, *, rtol=None, atol=None, weak_type=False
             )
 
 
+def temp_bytes(f, *args):
+    """XLA temp memory of `jax.jit(f)(*args)`, straight from JAX (independent of the planner)."""
+    return jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
 def cases():
     return list(itertools.product(SIZES, DTYPES))

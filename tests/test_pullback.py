@@ -16,7 +16,7 @@ from chunkx import (
     sparse_pullback,
     sparse_pullback_map,
 )
-from helpers import assert_tree_close
+from helpers import assert_tree_close, temp_bytes
 
 W = jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)
 
@@ -332,11 +332,19 @@ def test_full_hessian_and_higher_order_linear_cost():
     assert sparse * 5 < dense, (sparse, dense)  # n HVPs (O(n^2)) vs one block pass (O(n))
 
 
-def test_sparse_pullback_auto_equals_explicit_size():
+def test_sparse_pullback_auto_chunks_within_budget():
     y = jnp.linspace(0.1, 2.0, 256 * 4).reshape(256, 4)
-    fn = lambda y: jnp.sum(jnp.sin(y) ** 2, axis=-1)  # noqa: E731
-    loss = lambda y, **kw: jnp.sum(sparse_pullback(fn, y, **kw) ** 2)  # noqa: E731
-    auto = jax.jit(jax.grad(lambda y: loss(y, batch_size="auto", memory_budget=20_000)))(y)
-    np.testing.assert_allclose(auto, jax.grad(lambda y: jnp.sum(fn(y) ** 2))(y), rtol=1e-10)
+    W1, W2 = jnp.linspace(-1, 1, 4 * 64).reshape(4, 64), jnp.linspace(-1, 1, 64 * 8).reshape(64, 8)
+    fn = lambda y: jnp.sum(jnp.tanh(jnp.tanh(y @ W1) @ W2), axis=-1)  # noqa: E731
+    budget = 40_000
+    auto = lambda y: sparse_pullback(fn, y, batch_size="auto", memory_budget=budget)  # noqa: E731
+    loss = lambda f: lambda y: jnp.sum(f(y) ** 2)  # noqa: E731
+    value_and_grad = lambda f: jax.jit(lambda y: (f(y), jax.grad(loss(f))(y)))  # noqa: E731
+    assert_tree_close(value_and_grad(auto)(y), value_and_grad(fn)(y))
+    # "auto" really chunks: unchunked (batch_size=None, what a size of n runs) is over the
+    # budget, and the compiled auto map is within it.
+    whole = temp_bytes(lambda y: sparse_pullback(fn, y), y)
+    assert whole > budget >= temp_bytes(auto, y), (whole, budget, temp_bytes(auto, y))
+    assert temp_bytes(jax.grad(loss(auto)), y) < temp_bytes(jax.grad(loss(fn)), y)
     with pytest.raises(ValueError, match=r"memory_budget"):
         sparse_pullback(fn, y, "auto")
