@@ -31,6 +31,17 @@ class MemoryPlan(eqx.Module):
     - `predicted`: the chunk size the model alone gives, `floor((budget - a) / b)` in `[1, n]`.
     - `chunk_size`: the verified answer: its measured temp is within the budget, and the next
       size up was measured over it (unless `chunk_size == n`).
+
+    !!! Example
+
+        ```python
+        import math, chunkx
+        plan = chunkx.fit_memory(lambda B: 1_000 + 100 * B, n=64, budget_bytes=5_000)
+        assert isinstance(plan, chunkx.MemoryPlan)
+        assert math.isclose(plan.a, 1_000) and math.isclose(plan.b, 100)
+        assert plan.chunk_size == 40 and plan.bytes_at(40) == 5_000 < plan.bytes_at(41)
+        assert plan.bytes_at(64) == 7_400                   # the whole batch, measured first
+        ```
     """
 
     n: int = eqx.field(static=True)
@@ -87,6 +98,16 @@ def fit_memory(
     **Returns:**
 
     A [`chunkx.MemoryPlan`][].
+
+    !!! Example
+
+        ```python
+        import chunkx
+        measure = lambda B: 4_096 + 512 * B + (B > 50) * 10_000    # a jump above 50 rows
+        plan = chunkx.fit_memory(measure, n=100, budget_bytes=40_000)
+        best = max(B for B in range(1, 101) if measure(B) <= 40_000)   # brute force
+        assert plan.chunk_size == best == 50 and len(plan.points) <= 12
+        ```
     """
     budget = check_positive(who, name, budget_bytes, allow_none=False)
     if n < 1:
@@ -215,6 +236,17 @@ def compiled_temp_bytes(
     arrays or tracers) become `jax.ShapeDtypeStruct`s and are only compiled for. Other leaves
     are closed over as constants, and non-array leaves of the output (e.g. the functions of an
     equinox Module that `fn` returns) are dropped, as `eqx.filter_jit` does.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        f = lambda x: jnp.sum(jnp.sort(x @ x.T, axis=1)[:, -1])   # materialises x @ x.T
+        x = jax.ShapeDtypeStruct((512, 8), jnp.float32)             # nothing is allocated
+        temp = chunkx.compiled_temp_bytes(f, x)
+        assert temp == jax.jit(f).lower(x).compile().memory_analysis().temp_size_in_bytes
+        assert temp >= 512 * 512 * 4                                # at least x @ x.T
+        ```
     """
     dyn, static = eqx.partition((fn, args), _is_leaf_array)
     dyn = jax.tree_util.tree_map(_struct, dyn)

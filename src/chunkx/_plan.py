@@ -35,6 +35,19 @@ def plan_memory(
     Like [`chunkx.plan_chunk_size`][], but returns the whole [`chunkx.MemoryPlan`][]: the
     measured `(batch_size, temp bytes)` points, the fitted line `a + b·B`, the model's
     prediction and the verified chunk size.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        f = jax.jacrev(lambda x, w: jnp.tanh(x @ w))
+        xs = jax.ShapeDtypeStruct((256, 16), jnp.float32)
+        w = jax.ShapeDtypeStruct((16, 32), jnp.float32)
+        plan = chunkx.plan_memory(f, xs, w, in_axes=(0, None), budget_bytes=100_000)
+        print(plan.points)                            # (size, bytes) in the order compiled
+        assert plan.chunk_size < plan.n == 256        # the whole batch is over budget
+        assert plan.bytes_at(plan.chunk_size) <= 100_000 < plan.bytes_at(256)
+        ```
     """
     check_positive("plan_chunk_size", "budget_bytes", budget_bytes, allow_none=False)
     name = getattr(f, "__name__", type(f).__name__)
@@ -103,10 +116,12 @@ def plan_chunk_size(
 
         ```python
         import jax, jax.numpy as jnp, chunkx
-        f = jax.jacrev(lambda x, w: jnp.tanh(x @ w))
-        xs = jax.ShapeDtypeStruct((10_000, 16), jnp.float32)
-        w = jax.ShapeDtypeStruct((16, 64), jnp.float32)
-        B = chunkx.plan_chunk_size(f, xs, w, in_axes=(0, None), budget_bytes=2**20)
+        f = jax.jacrev(lambda x, w: jnp.tanh(x @ w))     # per row: a (32, 16) Jacobian
+        xs = jax.ShapeDtypeStruct((256, 16), jnp.float32)
+        w = jax.ShapeDtypeStruct((16, 32), jnp.float32)
+        B = chunkx.plan_chunk_size(f, xs, w, in_axes=(0, None), budget_bytes=2**16)
+        g = chunkx.batch_vmap(f, (0, None), batch_size=B)
+        assert 1 <= B < 256 and chunkx.compiled_temp_bytes(g, xs, w) <= 2**16
         ```
     """
     return plan_memory(

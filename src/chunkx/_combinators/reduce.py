@@ -32,6 +32,16 @@ class AbstractReducer(eqx.Module):
 
     A *partial result* is what a piece of rows contributes: the rows themselves for
     [`chunkx.Concat`][], a reduced value otherwise.
+
+    !!! Example
+
+        ```python
+        import jax.numpy as jnp, chunkx
+        r: chunkx.AbstractReducer = chunkx.Sum()
+        a = r.reduce_rows(jnp.arange(3.0), None)                   # one piece: 0 + 1 + 2
+        b = r.reduce_rows(jnp.arange(3.0, 5.0), jnp.array([True, False]))   # 3 (4 masked)
+        assert r.combine(a, b) == 6.0
+        ```
     """
 
     @abc.abstractmethod

@@ -69,6 +69,15 @@ class BatchVmap(eqx.Module):
     !!! Example
 
         ```python
+        import equinox as eqx, jax, jax.numpy as jnp, chunkx
+        g = chunkx.batch_vmap(lambda x, w: jnp.sin(x) * w, (0, None), batch_size=4)
+        assert isinstance(g, chunkx.BatchVmap)
+        x, w = jnp.linspace(0.0, 1.0, 10), 2.0
+        y = eqx.filter_jit(g)(x, w)     # a Module: store it in a model, pass it through jit
+        assert jnp.allclose(y, jax.vmap(lambda x: jnp.sin(x) * w)(x))
+        ```
+
+        ```python
         import jax, jax.numpy as jnp, chunkx
         g = chunkx.batch_vmap(jnp.sin, batch_size="auto", memory_budget=2**20)
         x = jnp.ones((4096, 64))
@@ -211,9 +220,15 @@ def batch_vmap(
     !!! Example
 
         ```python
-        import jax.numpy as jnp, chunkx
-        g = chunkx.batch_vmap(lambda x, w: jnp.tanh(x @ w), (0, None), batch_size=128)
-        y = g(jnp.ones((1000, 8)), jnp.ones((8, 4)))   # (1000, 4)
+        import jax, jax.numpy as jnp, chunkx
+        f = lambda x, w: jnp.tanh(x @ w)
+        g = chunkx.batch_vmap(f, (0, None), batch_size=128)
+        x, w = jnp.linspace(-1.0, 1.0, 8000).reshape(1000, 8), jnp.ones((8, 4))
+        y = g(x, w)   # (1000, 4): 7 chunks of 128 rows and one of 104
+        assert jnp.allclose(y, jax.vmap(f, (0, None))(x, w))
+        total = chunkx.batch_vmap(f, (0, None), batch_size=128, reduction=jnp.add,
+                                  chunk_reduction=lambda out: out.sum(0))(x, w)   # (4,)
+        assert jnp.allclose(total, y.sum(0))
         ```
     """
     who = "batch_vmap"
@@ -275,6 +290,19 @@ def batch_map(
     **Returns:**
 
     The (reduced) output.
+
+    !!! Example
+
+        ```python
+        import jax.numpy as jnp, chunkx
+        x = {"a": jnp.arange(10.0), "b": jnp.ones((10, 2))}
+        fun = lambda t: t["a"] ** 2 + t["b"].sum(-1)      # vectorised over the rows
+        y = chunkx.batch_map(fun, x, 4)                   # fun sees 4, 4, then 2 rows
+        assert jnp.allclose(y, fun(x))
+        total = chunkx.batch_map(fun, x, 4, reduction=jnp.add,
+                                 chunk_reduction=lambda out: out.sum(0))
+        assert jnp.allclose(total, fun(x).sum())
+        ```
     """
     who = "batch_map"
     batch_size = check_options(who, batch_size, kwargs, memory_budget, shard, mesh)

@@ -22,7 +22,19 @@ from ._axes import MovedAxes, map_outputs, move_axis, normalize_axis
 
 
 class ChunkMap(eqx.Module):
-    """The callable returned by [`chunkx.chunk_map`][]; an equinox Module (a pytree)."""
+    """The callable returned by [`chunkx.chunk_map`][]; an equinox Module (a pytree).
+
+    !!! Example
+
+        ```python
+        import equinox as eqx, jax, jax.numpy as jnp, chunkx
+        f = jax.vmap(lambda x: jnp.sin(x) ** 2)
+        cm = chunkx.chunk_map(f, chunk_size=2, use_scan=True)
+        assert isinstance(cm, chunkx.ChunkMap)
+        x = jnp.linspace(0.0, 1.0, 12)
+        assert jnp.allclose(eqx.filter_jit(cm)(x), f(x))
+        ```
+    """
 
     f: Callable[..., Any]
     in_axes: InAxes = eqx.field(static=True, converter=as_in_axes)
@@ -164,6 +176,17 @@ def chunk_map(
     **Returns:**
 
     A [`chunkx.ChunkMap`][] Module, or `f` itself when there is nothing to chunk.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        f = jax.vmap(lambda x, w: jnp.tanh(x @ w), (0, None))   # already batched
+        x, w = jnp.linspace(-1.0, 1.0, 40).reshape(10, 4), jnp.ones((4, 2))
+        g = chunkx.chunk_map(f, in_axes=(0, None), chunk_size=2, use_scan=True)
+        assert jnp.allclose(jax.jit(g)(x, w), f(x, w))   # each device's rows in chunks of 2
+        assert chunkx.chunk_map(f, chunk_size=None) is f  # nothing to chunk
+        ```
     """
     who = "chunk_map"
     if chunk_size != "auto":
@@ -201,6 +224,16 @@ def jit_chunk_vmap(
     **Arguments:** as in [`chunkx.chunk_map`][]; `f` is a per-example function.
 
     **Returns:** a jitted callable.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        g = lambda x, w: jnp.dot(x, w) ** 2                  # per example
+        x, w = jnp.linspace(-1.0, 1.0, 24).reshape(8, 3), jnp.arange(3.0)
+        out = chunkx.jit_chunk_vmap(g, in_axes=(0, None), chunk_size=1)(x, w)
+        assert jnp.allclose(out, jax.vmap(g, (0, None))(x, w))
+        ```
     """
     vmapped = eqx.filter_vmap(f, in_axes=in_axes, out_axes=out_axes)
     return eqx.filter_jit(

@@ -76,6 +76,21 @@ def check_block_diagonal(
     **Returns:**
 
     `fn(y)`.
+
+    !!! Example
+
+        ```python
+        import jax.numpy as jnp, chunkx
+        y = jnp.linspace(0.1, 1.0, 12).reshape(4, 3)
+        per_row = lambda y: jnp.sum(jnp.sin(y), axis=-1)       # row i depends on y[i] only
+        assert jnp.allclose(chunkx.check_block_diagonal(per_row, y), per_row(y))
+        mixing = lambda y: jnp.cumsum(jnp.sum(y, axis=-1))     # row i depends on rows <= i
+        try:
+            chunkx.check_block_diagonal(mixing, y)
+            raise AssertionError("a mixing fn must be rejected")
+        except ValueError as err:
+            assert "not block-diagonal" in str(err)
+        ```
     """
     who = "check_block_diagonal"
     check_contract(who, y, jax.eval_shape(fn, y))
@@ -152,9 +167,12 @@ def sparse_pullback(
         ```python
         import jax, jax.numpy as jnp, chunkx
         fn = lambda y: jnp.sum(jnp.tanh(y) ** 2, axis=-1)       # (n, 3) -> (n,), per row
-        y = jnp.ones((1000, 3))
-        grad = jax.grad(lambda y: jnp.sum(chunkx.sparse_pullback(fn, y, 128)))(y)
-        jac_diag = jax.jacrev(lambda y: chunkx.sparse_pullback(fn, y, 128))(y[:8])
+        y = jnp.linspace(-1.0, 1.0, 30).reshape(10, 3)
+        loss = lambda y: jnp.sum(chunkx.sparse_pullback(fn, y, 4) ** 2)
+        grad = jax.jit(jax.grad(loss))(y)                       # chunks of 4, 4 and 2 rows
+        assert jnp.allclose(grad, jax.grad(lambda y: jnp.sum(fn(y) ** 2))(y))
+        jac = jax.jit(jax.jacrev(lambda y: chunkx.sparse_pullback(fn, y, 4)))(y)   # (10, 10, 3)
+        assert jnp.allclose(jac, jax.jacrev(fn)(y))
         ```
     """
     who = "sparse_pullback"
@@ -199,6 +217,18 @@ def sparse_pullback_map(
     **Returns:**
 
     A [`chunkx.Pullback`][] Module.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        fn = lambda y: jnp.sum(jnp.tanh(y) ** 2, axis=-1)       # (n, 3) -> (n,), per row
+        y = jnp.linspace(-1.0, 1.0, 15).reshape(5, 3)
+        sp = chunkx.sparse_pullback_map(fn, y)
+        assert jnp.allclose(sp(y), fn(y))
+        loss = lambda f: lambda y: jnp.sum(jnp.cos(f(y)))
+        assert jnp.allclose(jax.grad(loss(sp))(y), jax.grad(loss(fn))(y))
+        ```
     """
     who = "sparse_pullback_map"
     check_contract(who, y, jax.eval_shape(fn, y))
