@@ -106,11 +106,14 @@ class Shard(eqx.Module):
             part = _call(self.fn, eqx.combine(dyn_args, static), v)
             return reducer.shard_local(part, axis)
 
-        # check_vma=False: the chunk loop inside `fn` starts its accumulator from constants
-        # (zeros, invariant across devices) and `lax.scan` would reject a carry that becomes
-        # device-varying. What the check guards, that a `P()` output really is replicated, the
-        # reducers guarantee: only `Sum` declares `P()`, and it returns a `psum`
-        # (tests/test_combinators.py::test_shard_sum_is_replicated checks every device's value).
+        # check_vma=False: `fn` is the user's code, and with the check on JAX types every value
+        # inside `shard_map` as device-varying or invariant. Ordinary per-example code that
+        # mixes a constant with device-varying rows in a typed slot then fails: a `jax.vjp`
+        # pulled back with `jnp.ones(...)`, a `lax.scan`/`fori_loop` carry started from zeros
+        # (chunkx's own chunk loop and `Pullback` do both). What the check guards -- that an
+        # output declared replicated (`P()`) really is -- the reducers guarantee: only `Sum`
+        # declares `P()`, and it returns a `psum`. tests/test_combinators.py::
+        # test_shard_sum_replicated_and_user_constants checks both sides.
         gathered = jax.shard_map(
             local, mesh=mesh, in_specs=(specs, v_spec), out_specs=reducer.shard_spec(axis),
             check_vma=False,
