@@ -175,6 +175,21 @@ def test_vjp_chunked_has_aux_and_pytree_rows():
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-11), g, ref)
 
 
+def test_has_aux_with_two_differentiated_primals():
+    """netket 3.23 fails here (`Tuple arity mismatch`); chunkx returns `(grads, aux)`."""
+
+    def f(w, x):
+        return x @ w, 2 * x[:, 0]
+
+    w, x, c = jnp.arange(3.0), jnp.linspace(0.0, 1.0, 30).reshape(10, 3), jnp.arange(10.0)
+    (g_w, g_x), aux = jax.jit(lambda c: chunkx.vjp_chunked(
+        f, w, x, chunk_argnums=1, chunk_size=4, has_aux=True, axis_0_is_sharded=False)(c))(c)
+    ref_w, ref_x = jax.vjp(lambda w, x: f(w, x)[0], w, x)[1](c)
+    np.testing.assert_allclose(g_w, ref_w, rtol=1e-13)
+    np.testing.assert_allclose(g_x, ref_x, rtol=1e-13)
+    np.testing.assert_allclose(aux, 2 * x[:, 0])
+
+
 def _recording(sizes):
     def f(p, s):
         sizes.append(s.shape[0])  # trace-time record of the rows each call sees
@@ -225,6 +240,11 @@ def test_vmap_and_apply_chunked_match_jax_vmap(cs, shard):
     for out in (eqx.filter_jit(g)(P_REAL, S), eqx.filter_jit(h)(P_REAL, S)):
         jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-13), out, ref)
     assert isinstance(g, eqx.Module)
+    loss = lambda m: lambda p: jnp.sum(jnp.abs(m(p, S)["y"]) ** 2)  # noqa: E731
+    grad = jax.jit(jax.grad(loss(g)))(P_REAL)
+    ref_grad = jax.jit(jax.grad(loss(jax.vmap(f, in_axes=(None, 0)))))(P_REAL)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-12), grad,
+                           ref_grad)
 
 
 def test_vmap_chunked_int_in_axes_maps_every_argument():
