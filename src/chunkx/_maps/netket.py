@@ -380,25 +380,30 @@ def vjp_chunked(
     """The pullback of a row-wise `fun` at `primals`, computed in chunks (netket 3.23 API).
 
     `fun` maps rows of the primals in `chunk_argnums` to rows of its output; the others pass
-    whole. With `jvp(c)` netket's product `J^T c` at the rows of the chunk (complex whenever
-    the output or the cotangent is, also for real primals; conjugated with `conjugate=True`),
-    the pullback is the loop
+    whole. With `pull_i(c)` netket's product `J_i^T c` for the Jacobian `J_i` of the chunk's
+    rows (complex whenever the output or the cotangent is, also for real primals, unlike
+    `jax.vjp`, which keeps the real part; conjugated with `conjugate=True`), the pullback is
 
     ```python
     def pullback(ct):
-        ys, grads = [], zeros for the unchunked primals
+        ys, rows, sums = [], [], 0
         for i in range(0, n, chunk_size):
-            y_i, pull_i = jax.vjp(fun, *rows(i, i + chunk_size))   # one forward pass per chunk
-            g_i = pull_i(ct[i : i + chunk_size])
+            args = [p[i : i + chunk_size] if k in chunk_argnums else p
+                    for k, p in enumerate(primals)]
+            y_i, pull_i = vjp(fun, *args)          # one forward pass per chunk
+            g_i = pull_i(ct[i : i + chunk_size])   # {k: cotangent} for k not in nondiff_argnums
             ys.append(y_i)
-            grads += g_i of the unchunked primals     # Sum
-            rows_i = g_i of the chunked primals       # Concat
-        return (concat(ys), grads) if return_forward else grads
+            rows.append({k: g for k, g in g_i.items() if k in chunk_argnums})        # Concat
+            sums = sums + {k: g for k, g in g_i.items() if k not in chunk_argnums}   # Sum
+        grads = tuple((concatenate(rows) | sums)[k] for k in sorted(g_i))
+        return (concatenate(ys), grads) if return_forward else grads
     ```
 
-    without the primals in `nondiff_argnums` (which get no cotangent). Each chunk's forward
-    pass runs once: its output and its cotangents come from the same `jax.vjp`. Full chunks run
-    in one `jax.lax.scan` (a [`chunkx.Chunk`][]), the rest in one more call.
+    Each chunk's forward pass runs once: its output and its cotangents come from the same
+    `jax.vjp`. Full chunks run in one `jax.lax.scan` (a [`chunkx.Chunk`][]), the rest in one
+    more call. Where both row outputs and sums are returned (e.g. `return_forward=True` with
+    parameters' cotangents), one `Sum` reducer carries an `n`-row buffer into which every
+    chunk adds its rows at their offset (XLA updates the chunk's rows in place).
 
     **Arguments:**
 
