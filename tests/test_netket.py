@@ -247,6 +247,17 @@ def test_vmap_and_apply_chunked_match_jax_vmap(cs, shard):
                            ref_grad)
 
 
+def test_sharded_under_a_context_mesh():
+    """netket sets a global mesh (axis "S") when imported; the default sharding uses it."""
+    x = jnp.linspace(0.0, 1.0, 22)
+    with jax.set_mesh(jax.make_mesh((4,), ("S",))):
+        y = chunkx.vmap_chunked(jnp.sin, chunk_size=3)(x)
+        (g,) = chunkx.vjp_chunked(jax.vmap(jnp.multiply, (None, 0)), 2.0, x, chunk_argnums=1,
+                                  chunk_size=2, nondiff_argnums=1)(x)
+    np.testing.assert_allclose(y, jnp.sin(x), rtol=1e-14)
+    np.testing.assert_allclose(g, jnp.sum(x * x), rtol=1e-13)
+
+
 def test_vmap_chunked_int_in_axes_maps_every_argument():
     """netket turns `in_axes=0` into a 1-tuple (fails for two arguments); chunkx broadcasts."""
     x, w = jnp.ones((10, 3)), jnp.arange(30.0).reshape(10, 3)

@@ -59,10 +59,18 @@ def _sharded(axis_0_is_sharded: bool | None) -> bool:
     return axis_0_is_sharded
 
 
+def _context_mesh():
+    """The mesh set with `jax.set_mesh` (netket sets one when imported), else `None`."""
+    mesh = jax.sharding.get_mesh()
+    return None if mesh.empty else mesh
+
+
 def _pipeline(fn, size, reducer, in_axes, shard):
     """[Shard ∘] Chunk ∘ fn: full chunks in one scan, the `n % size` rest in one more call."""
     piece = Chunk(fn, size, reducer=reducer, in_axes=in_axes, remainder="call")
-    return Shard(piece, None, reducer=reducer, in_axes=in_axes) if shard else piece
+    if not shard:
+        return piece
+    return Shard(piece, _context_mesh(), reducer=reducer, in_axes=in_axes)
 
 
 # -- vmap_chunked / apply_chunked ---------------------------------------------------------------
@@ -109,7 +117,8 @@ def apply_chunked(
     - `f`: a batched function: `f(x)` equals `f` applied row by row and concatenated.
     - `in_axes`: `0`, `None`, or one `0`/`None` per positional argument.
     - `chunk_size`: rows per chunk (per device when sharded); `None`: `f` itself.
-    - `axis_0_is_sharded`: chunk each device's rows inside a [`chunkx.Shard`][] over all
+    - `axis_0_is_sharded`: chunk each device's rows inside a [`chunkx.Shard`][] over the
+      mesh set with `jax.set_mesh` when the map is built (netket sets one), else over all
       devices. `None` (netket's default, `netket_sharding=True`): when there is more than one
       device.
     - `pvary_argnums`: accepted for netket compatibility; no effect (chunkx's `shard_map` runs
@@ -419,9 +428,10 @@ def vjp_chunked(
       `return_forward=True` and a different size, the forward output comes from its own
       [`chunkx.Chunk`][] of `chunk_size` rows (one more forward pass, in large chunks).
     - `axis_0_is_sharded` (chunkx's extension; netket reads its `netket_sharding` flag):
-      split the chunked rows over all devices with a [`chunkx.Shard`][], chunking each
-      device's rows, and `psum` the cotangents of the unchunked primals. `None`: when there
-      is more than one device.
+      split the chunked rows over the devices with a [`chunkx.Shard`][] (the mesh set with
+      `jax.set_mesh` when the pullback is called, else all devices), chunking each device's
+      rows, and `psum` the cotangents of the unchunked primals. `None`: when there is more
+      than one device.
 
     **Returns:**
 
