@@ -4,7 +4,12 @@ RBM log-amplitude (L sites, alpha=1, real float64 parameters), transverse-field 
 mean local energy over N configurations; value and gradient from one `vjp_chunked(...,
 return_forward=True)` call with the cotangent 1/N. Variants side by side in one process, timed
 round-robin (interleaved), median of `--reps`; ratios vs netket; XLA temp bytes of each compiled
-program (`memory_analysis().temp_size_in_bytes`, deterministic).
+program (`memory_analysis().temp_size_in_bytes`) and its XLA flop count (both deterministic;
+a scan's body is counted once).
+
+The last pair is the VMC force of a complex log-amplitude of real parameters (a complex
+cotangent, `conjugate=True`): netket's rule runs two forward passes and four pullbacks per
+chunk, chunkx's one forward pass and two pullbacks (same values).
 
     python benchmarks/bench_netket.py [--L 32] [--n 4096] [--reps 9]
 """
@@ -42,6 +47,11 @@ def e_loc(p, s):
     return -J * jnp.sum(s * jnp.roll(s, 1)) - H_FIELD * jnp.sum(ratios)
 
 
+def log_psi_phase(p, s):
+    """A complex log-amplitude of real parameters (modulus and phase)."""
+    return log_psi(p, s) + 1j * jnp.sin(p["a"] @ s)
+
+
 def variants(n, cs, fwd, bwd):
     f = jax.vmap(e_loc, in_axes=(None, 0))
     ct = jnp.full((n,), 1.0 / n)
@@ -64,6 +74,16 @@ def variants(n, cs, fwd, bwd):
         (g,) = nk.jax.vjp_chunked(f, p, s, chunk_size=bwd, **kw)(ct)
         return jnp.mean(y), g
 
+    def force(vjp_chunked, **extra):  # VMC force: <O* (E_loc - E)>, complex cotangent
+        fc = jax.vmap(log_psi_phase, in_axes=(None, 0))
+        w = jnp.exp(1j * jnp.linspace(0.0, 3.0, n)) / n
+
+        def run(p, s):
+            return vjp_chunked(fc, p, s, chunk_size=cs, return_forward=True, conjugate=True,
+                               **kw, **extra)(w)
+
+        return run
+
     def plain(p, s):
         return jax.value_and_grad(lambda p: jnp.mean(f(p, s)))(p)
 
@@ -75,7 +95,16 @@ def variants(n, cs, fwd, bwd):
         f"chunkx vjp_chunked(chunk_size={fwd}, chunk_size_bwd={bwd})": cx(
             chunk_size=fwd, chunk_size_bwd=bwd
         ),
+        f"netket complex log-amplitude force (chunk {cs})": force(nk.jax.vjp_chunked),
+        f"chunkx complex log-amplitude force (chunk {cs})": force(
+            chunkx.vjp_chunked, axis_0_is_sharded=False
+        ),
     }
+
+
+def _mflop(v):
+    """XLA's flop count of the compiled program (deterministic, unlike a shared machine's time)."""
+    return v.compiled.cost_analysis().get("flops", float("nan")) / 1e6
 
 
 def main():
@@ -97,16 +126,18 @@ def main():
     print(f"# L={L}, N={args.n}, chunk {args.cs}; forward {args.fwd} / backward {args.bwd}")
     vs = [Variant(name, fn, (p, s)) for name, fn in
           variants(args.n, args.cs, args.fwd, args.bwd).items()]
-    prepare(vs, check=True)
+    prepare(vs[:5], check=True)
+    prepare(vs[5:], check=True)
     med = time_interleaved(vs, args.reps)
     best = {v.name: min(v.times) for v in vs}  # robust on a shared machine
-    print("\n| variant | median ms | vs netket | min ms | vs netket (min) | spread | temp MiB |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| variant | median ms | vs netket | min ms | vs netket (min) | spread | temp MiB "
+          "| XLA Mflop |")
+    print("|---|---|---|---|---|---|---|---|")
     for i, v in enumerate(vs):
-        ref = vs[3] if i >= 3 else vs[1]
+        ref = vs[5] if i >= 5 else vs[3] if i >= 3 else vs[1]
         print(f"| {v.name} | {med[v.name] * 1e3:.2f} | {med[v.name] / med[ref.name]:.3f}x | "
               f"{best[v.name] * 1e3:.2f} | {best[v.name] / best[ref.name]:.3f}x | "
-              f"{spread(v):.2f} | {v.temp_bytes / MiB:.2f} |")
+              f"{spread(v):.2f} | {v.temp_bytes / MiB:.2f} | {_mflop(v):.1f} |")
 
 
 if __name__ == "__main__":
