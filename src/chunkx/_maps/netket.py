@@ -60,9 +60,15 @@ def _sharded(axis_0_is_sharded: bool | None) -> bool:
 
 
 def _context_mesh():
-    """The mesh set with `jax.set_mesh` (netket sets one when imported), else `None`."""
-    mesh = jax.sharding.get_mesh()
-    return None if mesh.empty else mesh
+    """A mesh like the one set with `jax.set_mesh` (netket sets one when imported), or `None`.
+
+    Rebuilt from its abstract form (axis names, sizes, types): the concrete mesh cannot be
+    read under `jax.jit`, and `shard_map` requires the context's axes.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return None
+    return jax.make_mesh(mesh.axis_sizes, mesh.axis_names, axis_types=mesh.axis_types)
 
 
 def _pipeline(fn, size, reducer, in_axes, shard):
