@@ -242,6 +242,8 @@ def test_vmap_and_apply_chunked_match_jax_vmap(cs, shard):
     for out in (eqx.filter_jit(g)(P_REAL, S), eqx.filter_jit(h)(P_REAL, S)):
         jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-13), out, ref)
     assert isinstance(g, eqx.Module)
+    if cs != 4:
+        return
     loss = lambda m: lambda p: jnp.sum(jnp.abs(m(p, S)["y"]) ** 2)  # noqa: E731
     grad = jax.jit(jax.grad(loss(g)))(P_REAL)
     ref_grad = jax.jit(jax.grad(loss(jax.vmap(f, in_axes=(None, 0)))))(P_REAL)
