@@ -308,7 +308,7 @@ def test_argnums_validated():
         chunkx.vjp_chunked(F, P_REAL, S, chunk_argnums=2, chunk_size=2)
     with pytest.raises(ValueError, match=r"`vjp_chunked\(nondiff_argnums=\(0, -1\)\)`: nondiff_argnums must index the 2 primals \(0 <= i < 2\), got -1\."):
         chunkx.vjp_chunked(F, P_REAL, S, chunk_argnums=1, nondiff_argnums=(0, -1))
-    with pytest.raises(ValueError, match=r"`vmap_chunked\(pvary_argnums=-1\)`: pvary_argnums must index"):
+    with pytest.raises(ValueError, match=r"`vmap_chunked\(pvary_argnums=-1\)`: pvary_argnums must be non-negative argument indices, got -1\."):
         chunkx.vmap_chunked(W.rbm, chunk_size=2, pvary_argnums=-1)
 
 

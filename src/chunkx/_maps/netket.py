@@ -33,12 +33,13 @@ def _callable(who: str, name: str, value: Any) -> None:
                         f"got {type(value).__name__}.")
 
 
-def _argnums(who: str, name: str, value: Argnums, nargs: int) -> tuple[int, ...]:
+def _argnums(who: str, name: str, value: Argnums, nargs: int | None) -> tuple[int, ...]:
     nums = (value,) if isinstance(value, int) else tuple(value)
     for i in nums:
-        if isinstance(i, bool) or not 0 <= i < nargs:
-            raise ValueError(f"`{who}({name}={value!r})`: {name} must index the {nargs} primals "
-                             f"(0 <= i < {nargs}), got {i!r}.")
+        if isinstance(i, bool) or i < 0 or (nargs is not None and i >= nargs):
+            expected = ("be non-negative argument indices" if nargs is None else
+                        f"index the {nargs} primals (0 <= i < {nargs})")
+            raise ValueError(f"`{who}({name}={value!r})`: {name} must {expected}, got {i!r}.")
     return nums
 
 
@@ -87,7 +88,7 @@ def _apply(who, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums, lift):
     in_axes = _chunk_in_axes(who, in_axes)
     _positive(who, "chunk_size", chunk_size)
     if pvary_argnums is not None:
-        _argnums(who, "pvary_argnums", pvary_argnums, 1 << 30)
+        _argnums(who, "pvary_argnums", pvary_argnums, None)
     fn = Vmap(f, in_axes) if lift else f
     if chunk_size is None:
         return fn
