@@ -329,7 +329,7 @@ class ChunkedVjp(eqx.Module):
         split = self.return_forward and fwd != bwd  # the forward pass gets its own Chunk
         direct = not self.chunk_argnums or (fwd is None and bwd is None and not self.shard)
         n = None if direct else _check_rows(self.primals, self.chunk_argnums, cotangents)
-        args = (cotangents, None if direct else jnp.arange(n)) + tuple(self.primals)
+        args = (cotangents, None) + tuple(self.primals)  # None: the row indices, if needed
         axes = (0, 0) + tuple(0 if i in self.chunk_argnums else None for i in range(len(args) - 2))
         rows, sums = self._backward(split, direct, args, axes, bwd, n)
         if split:
@@ -350,6 +350,8 @@ class ChunkedVjp(eqx.Module):
         if direct:
             return piece(*args)
         reducer = Sum(presummed=True) if has_sums else Concat()
+        if scatter is not None:
+            args = (args[0], jnp.arange(n, dtype=jnp.int32)) + args[2:]
         return self._run(piece, size, reducer, args, axes)
 
     def _run(self, fn, size, reducer: AbstractReducer, args, axes):
