@@ -27,12 +27,6 @@ def _positive(who: str, name: str, value: Any) -> None:
                          f"got {value!r}.")
 
 
-def _callable(who: str, name: str, value: Any) -> None:
-    if not callable(value):
-        raise TypeError(f"`{who}({name}=...)`: {name} must be callable, "
-                        f"got {type(value).__name__}.")
-
-
 def _argnums(who: str, name: str, value: Argnums, nargs: int | None) -> tuple[int, ...]:
     nums = (value,) if isinstance(value, int) else tuple(value)
     for i in nums:
@@ -84,7 +78,6 @@ def _pipeline(fn, size, reducer, in_axes, shard):
 
 
 def _apply(who, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums, lift):
-    _callable(who, "f", f)
     in_axes = _chunk_in_axes(who, in_axes)
     _positive(who, "chunk_size", chunk_size)
     if pvary_argnums is not None:
@@ -459,7 +452,6 @@ def vjp_chunked(
         ```
     """
     who = "vjp_chunked"
-    _callable(who, "fun", fun)
     _positive(who, "chunk_size", chunk_size)
     _positive(who, "chunk_size_bwd", chunk_size_bwd)
     chunk_argnums = _argnums(who, "chunk_argnums", chunk_argnums, len(primals))
