@@ -192,6 +192,20 @@ def test_has_aux_with_two_differentiated_primals():
     np.testing.assert_allclose(aux, 2 * x[:, 0])
 
 
+@pytest.mark.parametrize("shard", [False, True])
+def test_no_chunk_size_is_plain_vjp(shard):
+    """chunk_size=None: one jax.vjp, also for an output without rows (as in netket)."""
+    f = lambda w, x: jnp.sum(jnp.sin(x @ w))  # noqa: E731
+    w, x = jnp.arange(3.0), jnp.linspace(0.0, 1.0, 30).reshape(10, 3)
+    y, (g_w, g_x) = chunkx.vjp_chunked(f, w, x, chunk_argnums=1, return_forward=True,
+                                       axis_0_is_sharded=shard)(2.0)
+    ref_y, pull = jax.vjp(f, w, x)
+    ref_w, ref_x = pull(2.0)
+    np.testing.assert_allclose(y, ref_y, rtol=1e-14)
+    np.testing.assert_allclose(g_w, ref_w, rtol=1e-14)
+    np.testing.assert_allclose(g_x, ref_x, rtol=1e-14)
+
+
 def _recording(sizes):
     def f(p, s):
         sizes.append(s.shape[0])  # trace-time record of the rows each call sees

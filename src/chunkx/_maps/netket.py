@@ -320,7 +320,8 @@ class ChunkedVjp(eqx.Module):
         fwd = self.chunk_size
         bwd = fwd if self.chunk_size_bwd is None else self.chunk_size_bwd
         split = self.return_forward and fwd != bwd  # the forward pass gets its own Chunk
-        direct = not self.chunk_argnums or (fwd is None and bwd is None and not self.shard)
+        # netket: no chunk size, no chunking and no sharding (the cotangents need no rows)
+        direct = not self.chunk_argnums or (fwd is None and bwd is None)
         n = None if direct else _check_rows(self.primals, self.chunk_argnums, cotangents)
         args = (cotangents, None) + tuple(self.primals)  # None: the row indices, if needed
         axes = (0, 0) + tuple(0 if i in self.chunk_argnums else None for i in range(len(args) - 2))
