@@ -14,7 +14,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .._types import RowMask, Tree
@@ -71,11 +71,11 @@ class AbstractReducer(eqx.Module):
         """What one device returns from inside `shard_map`."""
 
     @abc.abstractmethod
-    def shard_collect(self, gathered: Tree, mesh: Mesh) -> Tree:
+    def shard_collect(self, gathered: Tree, mesh: Mesh | AbstractMesh) -> Tree:
         """Join what the devices returned into one partial result."""
 
 
-def _fold_devices(reducer: AbstractReducer, gathered: Tree, mesh: Mesh) -> Tree:
+def _fold_devices(reducer: AbstractReducer, gathered: Tree, mesh: Mesh | AbstractMesh) -> Tree:
     """Fold per-device partials (stacked along a leading axis) in mesh order."""
     if is_explicit(mesh):  # an Explicit leading axis is sharded: replicate before indexing
         gathered = jax.tree_util.tree_map(lambda x: place(x, mesh, P()), gathered)
@@ -157,7 +157,7 @@ class Concat(AbstractReducer):
     def shard_local(self, partial: Tree, axis: Any) -> Tree:
         return partial
 
-    def shard_collect(self, gathered: Tree, mesh: Mesh) -> Tree:
+    def shard_collect(self, gathered: Tree, mesh: Mesh | AbstractMesh) -> Tree:
         return gathered
 
 
@@ -227,7 +227,7 @@ class Sum(AbstractReducer):
     def shard_local(self, partial: Tree, axis: Any) -> Tree:
         return jax.lax.psum(partial, axis)
 
-    def shard_collect(self, gathered: Tree, mesh: Mesh) -> Tree:
+    def shard_collect(self, gathered: Tree, mesh: Mesh | AbstractMesh) -> Tree:
         return gathered
 
 
@@ -312,7 +312,7 @@ class Monoid(AbstractReducer):
     def shard_local(self, partial: Tree, axis: Any) -> Tree:
         return jax.tree_util.tree_map(lambda x: x[None], partial)
 
-    def shard_collect(self, gathered: Tree, mesh: Mesh) -> Tree:
+    def shard_collect(self, gathered: Tree, mesh: Mesh | AbstractMesh) -> Tree:
         return _fold_devices(self, gathered, mesh)
 
 
