@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -57,3 +58,74 @@ def test_shard_takes_the_inputs_mesh():
         out = chunkx.Shard(chunkx.Vmap(jnp.sin))(jnp.arange(7.0))
     assert out.sharding.mesh == mesh
     assert_tree_close(out, jnp.sin(jnp.arange(7.0)))
+
+
+# -- 2. NumPy inputs and array-likes ------------------------------------------------------------
+
+
+def test_numpy_row_mask_and_key():
+    x = np.linspace(0.5, 1.5, 6)
+    valid = np.arange(6) < 4  # a NumPy mask passes the shape-checked annotation
+    for f in (chunkx.Chunk(chunkx.Vmap(jnp.sin), 4, reducer=chunkx.Sum()),
+              chunkx.Reduce(chunkx.Vmap(jnp.sin), chunkx.Sum())):
+        assert_tree_close(f(x, valid=valid), jnp.sum(jnp.sin(x[:4])))
+    with pytest.raises(Exception, match="valid"):  # the shape check is still on
+        chunkx.Reduce(chunkx.Vmap(jnp.sin), chunkx.Sum())(x, valid=np.ones((2, 3), bool))
+    key = np.asarray(jax.random.key_data(jax.random.PRNGKey(1)))  # a NumPy uint32[2] key
+    y = np.ones((4, 3))
+    assert_tree_close(chunkx.check_block_diagonal(jnp.sin, y, key=key), jnp.sin(y))
+
+
+# -- 3. in_axes as a list -------------------------------------------------------------------------
+
+
+def test_list_in_axes_under_jit():
+    x, w = jnp.arange(5.0), jnp.array(2.0)
+    want = jax.vmap(lambda x, w: x * w, (0, None))(x, w)
+    f = chunkx.Vmap(lambda x, w: x * w, [0, None])
+    maps = [
+        chunkx.batch_vmap(lambda x, w: x * w, [0, None], batch_size=2), f,
+        chunkx.Chunk(f, 2, in_axes=[0, None]), chunkx.Pad(f, 2, in_axes=[0, None]),
+        chunkx.Shard(f, in_axes=[0, None]),
+    ]
+    for g in maps:
+        assert g.in_axes == (0, None)  # stored hashable: the Module can be jitted
+        assert_tree_close(jax.jit(g)(x, w), want)
+    assert_tree_close(chunkx.jit_chunk_vmap(lambda x, w: x * w, [0, None], chunk_size=2)(x, w), want)
+
+
+# -- 4. batch_size wins over its alias chunk_size ---------------------------------------------
+
+
+def _rows_seen(seen):
+    def fun(x):
+        seen.append(x.shape[0])
+        return jnp.sin(x)
+
+    return fun
+
+
+def test_batch_size_wins_over_chunk_size():
+    x = jnp.arange(10.0)
+    g = chunkx.batch_vmap(jnp.sin, batch_size=4, chunk_size="auto")
+    assert g.batch_size == 4
+    assert_tree_close(g(x), jnp.sin(x))
+    seen = []
+    assert_tree_close(chunkx.batch_map(_rows_seen(seen), x, 4, chunk_size="auto"), jnp.sin(x))
+    assert max(seen) == 4  # chunks of 4, not all 10 rows at once
+    with pytest.raises(ValueError, match=r"`batch_map\(memory_budget=1000\)`: memory_budget is "
+                       r"only used with batch_size='auto', got batch_size=4 \(batch_size wins "
+                       r"over its alias chunk_size='auto'\)"):
+        chunkx.batch_map(jnp.sin, x, 4, chunk_size="auto", memory_budget=1000)
+
+
+# -- 9. chunk_map's memory_budget only with "auto" --------------------------------------------
+
+
+def test_chunk_map_budget_needs_auto():
+    with pytest.raises(ValueError, match=r"`chunk_map\(memory_budget=1\)`: memory_budget is only "
+                       r"used with chunk_size='auto', got chunk_size=4"):
+        chunkx.chunk_map(jax.vmap(jnp.sin), chunk_size=4, memory_budget=1)
+    x = jnp.arange(6.0)  # with "auto" the budget is used
+    g = chunkx.chunk_map(jax.vmap(jnp.sin), chunk_size="auto", memory_budget=2**20)
+    assert_tree_close(g(x), jnp.sin(x))

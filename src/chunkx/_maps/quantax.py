@@ -9,7 +9,7 @@ from beartype import beartype
 from jax.sharding import Mesh
 from jaxtyping import jaxtyped
 
-from .._checks import as_in_axes, check_positive, in_axes_tuple
+from .._checks import as_in_axes, in_axes_tuple, resolve_batch_size
 from .._combinators._rows import array_leaves, mapped_length
 from .._combinators.chunk import Chunk
 from .._combinators.groups import Flatten, Groups
@@ -166,10 +166,7 @@ def chunk_map(
     A [`chunkx.ChunkMap`][] Module, or `f` itself when there is nothing to chunk.
     """
     who = "chunk_map"
-    if chunk_size != "auto":
-        check_positive(who, "chunk_size", chunk_size)
-    if memory_budget is not None:
-        check_positive(who, "memory_budget", memory_budget)
+    resolve_batch_size(who, chunk_size, {}, memory_budget, name="chunk_size")
     axes_all_none = in_axes is None or (isinstance(in_axes, tuple | list) and all(
         a is None for a in in_axes))
     if isinstance(in_axes, list):
@@ -202,6 +199,7 @@ def jit_chunk_vmap(
 
     **Returns:** a jitted callable.
     """
+    in_axes = as_in_axes(in_axes)  # a list works like a tuple (filter_vmap needs the tuple)
     vmapped = eqx.filter_vmap(f, in_axes=in_axes, out_axes=out_axes)
     return eqx.filter_jit(
         chunk_map(vmapped, in_axes, out_axes, chunk_size, True, shard_batch, False, mesh)
