@@ -129,3 +129,101 @@ def test_chunk_map_budget_needs_auto():
     x = jnp.arange(6.0)  # with "auto" the budget is used
     g = chunkx.chunk_map(jax.vmap(jnp.sin), chunk_size="auto", memory_budget=2**20)
     assert_tree_close(g(x), jnp.sin(x))
+
+
+# -- 8. errors name the public map ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options", [{}, {"batch_size": 2}, {"batch_size": 2, "shard": True}])
+def test_batch_vmap_errors_name_batch_vmap(options):
+    with pytest.raises(ValueError, match=r"`batch_vmap`: mapped arguments must share the length "
+                       r"of their leading axis, got argument 0 shape \(3,\), argument 1 shape "
+                       r"\(4,\)"):
+        chunkx.batch_vmap(jnp.add, **options)(jnp.ones(3), jnp.ones(4))
+    with pytest.raises(ValueError, match=r"`batch_vmap`: no mapped array to chunk: in_axes maps "
+                       r"argument\(s\) \[0\], which hold no array leaves"):
+        chunkx.batch_vmap(lambda a, b: b, (0, None), **options)({}, jnp.ones(3))
+
+
+def test_batch_map_error_names_the_leaves():
+    with pytest.raises(ValueError, match=r"`batch_map`: mapped arguments must share the length of "
+                       r"their leading axis, got argument 0 leaf \[0\] shape \(3,\), argument 0 "
+                       r"leaf \['b'\] shape \(4,\)"):
+        chunkx.batch_map(lambda t: t, [jnp.ones(3), {"b": jnp.ones(4)}], 2)
+
+
+# -- 10. chunkx reducers in the adv-style maps --------------------------------------------------
+
+
+def test_reducer_objects_in_batch_vmap_and_batch_map():
+    x = jnp.linspace(0.0, 1.0, 7)
+    per_row = lambda v: {"a": jnp.sin(v), "b": (v**2, jnp.stack([v, 1.0]))}  # noqa: E731
+    want = jax.tree_util.tree_map(lambda y: jnp.sum(y, 0), jax.vmap(per_row)(x))
+    got = chunkx.batch_vmap(per_row, batch_size=3, reducer=chunkx.Sum())(x)
+    assert_tree_close(got, want)
+    grads = chunkx.batch_vmap(jax.grad(lambda w, v: jnp.sum(jnp.sin(w * v))), (None, 0),
+                              batch_size=2, reducer=chunkx.Sum())(jnp.ones(2), x[:, None])
+    assert_tree_close(grads, jax.grad(lambda w: jnp.sum(jnp.sin(w * x[:, None])))(jnp.ones(2)))
+    got = chunkx.batch_map(jax.vmap(per_row), x, 3, reducer=chunkx.Sum())
+    assert_tree_close(got, want)
+    r = chunkx.Monoid(jnp.maximum, lambda rows: jnp.max(rows, axis=0))
+    assert_tree_close(chunkx.batch_vmap(jnp.cos, batch_size=3, reducer=r)(x), jnp.max(jnp.cos(x)))
+    assert_tree_close(chunkx.batch_map(jnp.cos, x, 2, reducer=r), jnp.max(jnp.cos(x)))
+
+
+def test_reducer_and_reduction_pair_exclude_each_other():
+    msg = r"`batch_vmap\(reducer=Sum\(.*\)\)`: give either a reducer or the \(reduction, "
+    with pytest.raises(ValueError, match=msg + r"chunk_reduction\) pair, not both"):
+        chunkx.batch_vmap(jnp.sin, reducer=chunkx.Sum(), reduction=jnp.add, chunk_reduction=jnp.sum)
+    with pytest.raises(ValueError, match=r"`batch_map\(reducer=Sum\(.*\)\)`: give either"):
+        chunkx.batch_map(jnp.sin, jnp.ones(3), 2, reducer=chunkx.Sum(), chunk_reduction=jnp.sum)
+
+
+# -- 11. progress bars, the planner's docstring, sparse_pullback's error ------------------------
+
+
+class _Bar:
+    made: list = []
+
+    def __init__(self, total, desc):
+        self.total, self.n, self.closed = total, 0, False
+        _Bar.made.append(self)
+
+    def update(self, k):
+        self.n += k
+
+    def close(self):
+        self.closed = True
+
+
+def test_progress_bars_leave_no_line_per_call(monkeypatch, capfd):
+    from chunkx import _progress
+
+    assert _progress.LEAVE_FINISHED_BARS is False  # a finished bar is cleared (tqdm leave=False)
+    g = jax.jit(chunkx.chunk_map(jax.vmap(jnp.sin), chunk_size=3, use_scan=True, progress=True))
+    x = jnp.arange(24.0)  # 4 devices: 6 rows each, 2 chunks
+    monkeypatch.setattr(_progress, "_new_bar", _Bar)
+    _Bar.made.clear()
+    for _ in range(3):  # a training loop: every call runs its own bar to completion, then closes
+        assert_tree_close(g(x), jnp.sin(x))
+        jax.effects_barrier()
+    assert [(b.n, b.total, b.closed) for b in _Bar.made] == [(2, 2, True)] * 3
+
+
+def test_fit_memory_measures_what_plan_chunk_size_says():
+    seen = []
+
+    def measure(b):
+        seen.append(b)
+        return 1000 + 10 * b
+
+    plan = chunkx.fit_memory(measure, 2048, 6000)
+    assert seen[:3] == [2048, 3, 257]  # the whole batch, then about 2 and n / 8 (docstring)
+    assert plan.chunk_size == 500 and measure(plan.chunk_size) <= 6000 < measure(501)
+    assert "3 and 257 for `n = 2048`" in chunkx.plan_chunk_size.__doc__
+
+
+def test_sparse_pullback_pytree_output_is_a_value_error():
+    with pytest.raises(ValueError, match=r"`sparse_pullback\(fn=...\)`: fn must return a single "
+                       r"array .* got a dict with 1 array leaves"):
+        chunkx.sparse_pullback(lambda y: {"a": y}, jnp.ones((4, 2)), 2)

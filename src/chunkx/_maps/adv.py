@@ -21,9 +21,23 @@ from ._axes import move_axis, normalize_axis
 
 
 def reducer_for(
-    who: str, reduction: Callable | None, chunk_reduction: Callable
+    who: str,
+    reduction: Callable | None,
+    chunk_reduction: Callable,
+    reducer: AbstractReducer | None = None,
 ) -> tuple[AbstractReducer, Callable | None]:
-    """adv's `(reduction, chunk_reduction)` pair as a reducer plus an optional final map."""
+    """adv's `(reduction, chunk_reduction)` pair as a reducer plus an optional final map.
+
+    A chunkx reducer object (`reducer=`) is used as it is; it excludes the pair.
+    """
+    if reducer is not None:
+        if reduction is not None or chunk_reduction is not identity:
+            raise ValueError(
+                f"`{who}(reducer={reducer!r})`: give either a reducer or the (reduction, "
+                f"chunk_reduction) pair, not both; got reduction={reduction!r} and "
+                f"chunk_reduction={chunk_reduction!r} as well."
+            )
+        return reducer, None
     if reduction is None:
         return Concat(), (None if chunk_reduction is identity else chunk_reduction)
     if chunk_reduction is identity:
@@ -124,6 +138,7 @@ class BatchVmap(eqx.Module):
         )
         args = tuple(a if ax is None else move_axis(a, ax, 0) for a, ax in zip(args, axes))
         zero = tuple(None if a is None else 0 for a in axes)
+        mapped_length(args, zero, who)  # lengths and leaves checked here, named batch_vmap
         if not kwargs:
             return self.f, zero, args
         return _with_kwargs(self.f), zero + (None,), args + (kwargs,)
@@ -160,6 +175,7 @@ def batch_vmap(
     batch_size: int | Literal["auto"] | None = None,
     reduction: Callable[[Any, Any], Any] | None = None,
     chunk_reduction: Callable[[Any], Any] = identity,
+    reducer: AbstractReducer | None = None,
     shard: bool = False,
     mesh: Mesh | None = None,
     checkpoint: bool = True,
@@ -194,6 +210,9 @@ def batch_vmap(
     - `reduction`: binary associative fold of chunk results, or `None` to concatenate.
     - `chunk_reduction`: collapses one chunk's rows (required with `reduction`). Without a
       `reduction` it is applied once to the concatenated output.
+    - `reducer`: a chunkx reducer instead of the pair above, e.g. [`chunkx.Sum`][] (sums
+      every leaf of a pytree output over the mapped axis) or a [`chunkx.Monoid`][]; giving
+      it with `reduction` or `chunk_reduction` is an error.
     - `shard`: split the mapped rows over the devices of `mesh` (see [`chunkx.Shard`][]).
     - `mesh`: a one-dimensional mesh (Auto or Explicit axis); `None`: all devices.
     - `checkpoint`: rematerialise chunks in reverse mode.
@@ -218,7 +237,7 @@ def batch_vmap(
     """
     who = "batch_vmap"
     batch_size = check_options(who, batch_size, kwargs, memory_budget, shard, mesh)
-    reducer, post = reducer_for(who, reduction, chunk_reduction)
+    reducer, post = reducer_for(who, reduction, chunk_reduction, reducer)
     return BatchVmap(
         f, in_axes, batch_size, reducer, post, shard, mesh, checkpoint, memory_budget, progress
     )
@@ -247,6 +266,7 @@ def batch_map(
     *,
     reduction: Callable[[Any, Any], Any] | None = None,
     chunk_reduction: Callable[[Any], Any] = identity,
+    reducer: AbstractReducer | None = None,
     strip_dim0: bool = False,
     shard: bool = False,
     mesh: Mesh | None = None,
@@ -266,8 +286,8 @@ def batch_map(
 
     - `fun`: a vectorised function of one pytree.
     - `fun_input`: the pytree whose leaves are chunked along axis 0.
-    - `batch_size`, `reduction`, `chunk_reduction`, `shard`, `mesh`, `checkpoint`, `chunk_size`,
-      `memory_budget`, `progress`: as in [`chunkx.batch_vmap`][].
+    - `batch_size`, `reduction`, `chunk_reduction`, `reducer`, `shard`, `mesh`, `checkpoint`,
+      `chunk_size`, `memory_budget`, `progress`: as in [`chunkx.batch_vmap`][].
     - `strip_dim0`: with `batch_size=1`, call `fun` on single elements without their leading
       axis (no vmap: `lax.cond` stays a branch); with a `reduction`, the per-element results
       are folded and `chunk_reduction` is not used. Any other `batch_size` is an error.
@@ -282,7 +302,7 @@ def batch_map(
     n = _length(who, fun_input)
     return run_one_input(
         who, fun, fun_input, n, batch_size, reduction, chunk_reduction, strip_dim0, shard, mesh,
-        checkpoint, progress, memory_budget, key=(fun, who), arg="fun_input",
+        checkpoint, progress, memory_budget, key=(fun, who), arg="fun_input", reducer=reducer,
     )
 
 
@@ -296,7 +316,7 @@ def check_strip(who: str, strip_dim0: bool, batch_size: Any) -> None:
 
 def run_one_input(
     who, fun, x, n, batch_size, reduction, chunk_reduction, strip_dim0, shard, mesh,
-    checkpoint, progress, memory_budget, key, arg,
+    checkpoint, progress, memory_budget, key, arg, reducer=None,
 ):
     """The tail shared by `batch_map` and `sparse_pullback`: one chunked input pytree `x`.
 
@@ -312,7 +332,7 @@ def run_one_input(
                     "reduction has no identity element to return."
                 )
             chunk_reduction = _first_row
-    reducer, post = reducer_for(who, reduction, chunk_reduction)
+    reducer, post = reducer_for(who, reduction, chunk_reduction, reducer)
 
     def build(size):
         return compose(fun, (0,), size, reducer, shard, mesh, checkpoint, progress)
