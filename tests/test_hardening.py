@@ -1,5 +1,6 @@
 """Regression tests for issue 10 (hardening), each against an independent reference."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -148,7 +149,7 @@ def test_batch_vmap_errors_name_batch_vmap(options):
 def test_batch_map_error_names_the_leaves():
     with pytest.raises(ValueError, match=r"`batch_map`: mapped arguments must share the length of "
                        r"their leading axis, got argument 0 leaf \[0\] shape \(3,\), argument 0 "
-                       r"leaf \['b'\] shape \(4,\)"):
+                       r"leaf \[1\]\['b'\] shape \(4,\)"):
         chunkx.batch_map(lambda t: t, [jnp.ones(3), {"b": jnp.ones(4)}], 2)
 
 
@@ -227,3 +228,75 @@ def test_sparse_pullback_pytree_output_is_a_value_error():
     with pytest.raises(ValueError, match=r"`sparse_pullback\(fn=...\)`: fn must return a single "
                        r"array .* got a dict with 1 array leaves"):
         chunkx.sparse_pullback(lambda y: {"a": y}, jnp.ones((4, 2)), 2)
+
+
+def test_jit_chunk_vmap_errors_name_it():
+    with pytest.raises(ValueError, match=r"`jit_chunk_vmap`: mapped arguments must share the "
+                       r"length of their leading axis, got argument 0 shape \(3,\), argument 1"):
+        chunkx.jit_chunk_vmap(jnp.add, chunk_size=2)(jnp.ones(3), jnp.ones(4))
+    with pytest.raises(ValueError, match=r"`jit_chunk_vmap`: no mapped array to chunk: in_axes "
+                       r"maps argument\(s\) \[0\]"):
+        chunkx.jit_chunk_vmap(lambda a, b: b, (0, None), chunk_size=2)({}, jnp.ones(3))
+
+
+# -- 5. non-array leaves in mapped arguments --------------------------------------------------
+
+
+def test_non_array_leaves_pass_through():
+    x = jnp.linspace(0.0, 1.0, 5)
+    f = lambda d: d["u"] * d["k"] if d["name"] == "abc" else None  # noqa: E731
+    tree = {"u": x, "k": 2.0, "name": "abc"}
+    want = jax.vmap(lambda u: f({"u": u, "k": 2.0, "name": "abc"}))(x)
+    maps = [
+        chunkx.batch_vmap(f), chunkx.batch_vmap(f, batch_size=2),
+        chunkx.batch_vmap(f, batch_size=2, shard=True), chunkx.Vmap(f),
+        chunkx.Chunk(chunkx.Vmap(f), 2), chunkx.Pad(chunkx.Vmap(f), 4),
+        chunkx.jit_chunk_vmap(f, chunk_size=2),
+    ]
+    for g in maps:
+        assert_tree_close(g(tree), want)
+    assert_tree_close(chunkx.Vmap(lambda d: d["u"] * d["k"])({"u": x, "k": 2.0}), 2.0 * x)
+
+
+# -- 6. padding keeps infinite gradients infinite -----------------------------------------------
+
+
+def test_padding_keeps_an_infinite_gradient():
+    x = jnp.array([1.0, 2.0, 0.0])
+    want = jax.grad(lambda x: jax.vmap(jnp.log)(x).sum())(x)  # [1, .5, inf]
+    assert np.isinf(want[2])
+    log = chunkx.Vmap(jnp.log)
+    maps = [
+        chunkx.chunk_map(jax.vmap(jnp.log), chunk_size=2),
+        chunkx.Pad(log, 2), chunkx.Pad(chunkx.Chunk(log, 2), 4),
+        chunkx.Chunk(log, 2, remainder="shift"),
+        chunkx.chunk_map(jax.vmap(jnp.log), chunk_size=2, shard_batch=True),
+    ]
+    for g in maps:
+        assert_tree_close(jax.grad(lambda x: g(x).sum())(x), want)
+    for g in (chunkx.Pad(chunkx.Chunk(log, 2, reducer=chunkx.Sum()), 2),
+              chunkx.Chunk(log, 2, reducer=chunkx.Sum(), remainder="shift")):
+        assert_tree_close(jax.grad(g)(x), want)
+    x9 = jnp.array([1.0, 2, 3, 4, 5, 6, 7, 0, 1])  # 4 devices: one leftover row, chunks of 2
+    got = jax.grad(
+        lambda x: chunkx.chunk_map(jax.vmap(jnp.log), chunk_size=2, shard_batch=True)(x).sum()
+    )(x9)
+    assert_tree_close(got, 1 / x9)
+
+
+# -- 7. compiled_temp_bytes of a step that returns an equinox Module ---------------------------
+
+
+def test_compiled_temp_bytes_of_a_module_returning_step():
+    model = eqx.nn.MLP(3, 3, 8, 1, key=jax.random.PRNGKey(0))
+
+    def step(model, x):
+        grads = eqx.filter_grad(lambda m: jnp.sum(jax.vmap(m)(x) ** 2))(model)
+        return eqx.apply_updates(model, jax.tree_util.tree_map(lambda g: -0.1 * g, grads))
+
+    x = jnp.ones((64, 3))
+    got = chunkx.compiled_temp_bytes(step, model, x)
+    dyn, static = eqx.partition(model, eqx.is_array)  # what users measure: a filtered jit
+    run = jax.jit(lambda d, x: eqx.filter(step(eqx.combine(d, static), x), eqx.is_array))
+    want = run.lower(dyn, x).compile().memory_analysis().temp_size_in_bytes
+    assert got == want and got > 0

@@ -199,8 +199,28 @@ def jit_chunk_vmap(
 
     **Returns:** a jitted callable.
     """
-    in_axes = as_in_axes(in_axes)  # a list works like a tuple (filter_vmap needs the tuple)
-    vmapped = eqx.filter_vmap(f, in_axes=in_axes, out_axes=out_axes)
-    return eqx.filter_jit(
-        chunk_map(vmapped, in_axes, out_axes, chunk_size, True, shard_batch, False, mesh)
-    )
+    in_axes = as_in_axes(in_axes)  # a list works like a tuple
+    vmapped = eqx.filter_vmap(f, in_axes=_if_array(in_axes), out_axes=out_axes)
+    mapped = chunk_map(vmapped, in_axes, out_axes, chunk_size, True, shard_batch, False, mesh)
+    return eqx.filter_jit(_Checked(mapped, in_axes, "jit_chunk_vmap"))
+
+
+def _if_array(in_axes: Any) -> Any:
+    """Map array leaves only: non-array leaves (strings, Python numbers) pass through."""
+    if isinstance(in_axes, tuple):
+        return tuple(None if a is None else eqx.if_array(a) for a in in_axes)
+    return None if in_axes is None else eqx.if_array(in_axes)
+
+
+class _Checked(eqx.Module):
+    """Check the mapped arguments (lengths, array leaves) in the public map's name first."""
+
+    fn: Callable[..., Any]
+    in_axes: InAxes = eqx.field(static=True)
+    who: str = eqx.field(static=True)
+
+    def __call__(self, *args: Any) -> Any:
+        axes = _arg_axes(self.who, self.in_axes, args)
+        moved = tuple(a if ax is None else move_axis(a, ax, 0) for a, ax in zip(args, axes))
+        mapped_length(moved, tuple(None if a is None else 0 for a in axes), self.who)
+        return self.fn(*args)
