@@ -1,5 +1,7 @@
 """Regression tests for issue 10 (hardening), each against an independent reference."""
 
+import contextlib
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -43,9 +45,9 @@ def test_inputs_on_caller_explicit_mesh(case):
     assert_tree_close(g(x), want)
     assert_tree_close(jax.jit(g)(x), want)
     want_grad = jax.grad(lambda x: jnp.sum(jnp.cos(ref(x))))(jax.device_get(x))
-    # eager `grad` of anything on an Explicit mesh needs `jax.set_mesh` in JAX itself
+    # `grad` of anything on an Explicit mesh needs `jax.set_mesh` in JAX itself
     with jax.set_mesh(mesh):
-        got = jax.grad(lambda x: jnp.sum(jnp.cos(g(x))))(x)
+        got = jax.jit(jax.grad(lambda x: jnp.sum(jnp.cos(g(x)))))(x)
     assert_tree_close(got, want_grad)
 
 
@@ -272,15 +274,16 @@ def test_padding_keeps_an_infinite_gradient():
         chunkx.Chunk(log, 2, remainder="shift"),
         chunkx.chunk_map(jax.vmap(jnp.log), chunk_size=2, shard_batch=True),
     ]
+    assert_tree_close(jax.grad(lambda x: maps[0](x).sum())(x), want)  # the issue's snippet
     for g in maps:
-        assert_tree_close(jax.grad(lambda x: g(x).sum())(x), want)
+        assert_tree_close(jax.jit(jax.grad(lambda x: g(x).sum()))(x), want)
     for g in (chunkx.Pad(chunkx.Chunk(log, 2, reducer=chunkx.Sum()), 2),
               chunkx.Chunk(log, 2, reducer=chunkx.Sum(), remainder="shift")):
-        assert_tree_close(jax.grad(g)(x), want)
+        assert_tree_close(jax.jit(jax.grad(g))(x), want)
     x9 = jnp.array([1.0, 2, 3, 4, 5, 6, 7, 0, 1])  # 4 devices: one leftover row, chunks of 2
-    got = jax.grad(
+    got = jax.jit(jax.grad(
         lambda x: chunkx.chunk_map(jax.vmap(jnp.log), chunk_size=2, shard_batch=True)(x).sum()
-    )(x9)
+    ))(x9)
     assert_tree_close(got, 1 / x9)
 
 
@@ -288,11 +291,11 @@ def test_padding_keeps_an_infinite_gradient():
 
 
 def test_compiled_temp_bytes_of_a_module_returning_step():
-    model = eqx.nn.MLP(3, 3, 8, 1, key=jax.random.PRNGKey(0))
+    model = eqx.nn.MLP(3, 3, 4, 1, key=jax.random.PRNGKey(0))  # holds relu: a custom_jvp
 
     def step(model, x):
-        grads = eqx.filter_grad(lambda m: jnp.sum(jax.vmap(m)(x) ** 2))(model)
-        return eqx.apply_updates(model, jax.tree_util.tree_map(lambda g: -0.1 * g, grads))
+        loss = jnp.sum(jax.vmap(model)(x) ** 2)
+        return eqx.tree_at(lambda m: m.layers[0].bias, model, model.layers[0].bias - loss)
 
     x = jnp.ones((64, 3))
     got = chunkx.compiled_temp_bytes(step, model, x)
@@ -300,3 +303,145 @@ def test_compiled_temp_bytes_of_a_module_returning_step():
     run = jax.jit(lambda d, x: eqx.filter(step(eqx.combine(d, static), x), eqx.is_array))
     want = run.lower(dyn, x).compile().memory_analysis().temp_size_in_bytes
     assert got == want and got > 0
+
+
+# -- the case table, swept over every map and combinator ----------------------------------------
+#
+# One row per (pipeline, transform); sizes, dtypes, in_axes spellings, NumPy/jax inputs and
+# caller meshes rotate over the rows (a representative product, not the cartesian one), so
+# every value of every dimension is met by several pipelines and every transform.
+
+
+def _example(x, w, d):
+    """Per example: a pytree in (with a non-array leaf) and out, and an unmapped argument."""
+    assert d["tag"] == "abc"
+    h = x * w + d["b"]
+    return {"h": h, "s": jnp.sum(h * h)}
+
+
+def _ref(x, w, d, axes):
+    def f(x, w, b):
+        return _example(x, w, {"b": b, "tag": "abc"})
+
+    return jax.vmap(f, (axes[0], None, axes[2]))(x, w, d["b"])
+
+
+def _vmapped(axes):
+    """A batched `_example` for the maps that take one (axis-0 data, non-array leaves kept)."""
+    spec = tuple(None if a is None else eqx.if_array(a) for a in axes)
+    return eqx.filter_vmap(_example, in_axes=spec)
+
+
+def _zero(axes):
+    return [0, None, 0] if isinstance(axes, list) else (0, None, 0)
+
+
+def _batch_map(c):
+    def g(x, w, d):
+        fun = lambda t: _vmapped((0, None, 0))(t[0], w, t[1])  # noqa: E731
+        return chunkx.batch_map(fun, (x, d), c)
+
+    return g
+
+
+# name -> (build(c, axes), accepts any axis (else 0/None only), reduces with Sum)
+PIPELINES = {
+    "batch_vmap": (lambda c, ax: chunkx.batch_vmap(_example, ax, batch_size=c), True, False),
+    "batch_vmap_shard": (
+        lambda c, ax: chunkx.batch_vmap(_example, ax, batch_size=c, shard=True), True, False),
+    "batch_vmap_sum": (
+        lambda c, ax: chunkx.batch_vmap(_example, ax, batch_size=c, reducer=chunkx.Sum()),
+        True, True),
+    "batch_map": (lambda c, ax: _batch_map(c), False, False),
+    "Vmap": (lambda c, ax: chunkx.Vmap(_example, ax), False, False),
+    "Chunk": (lambda c, ax: chunkx.Chunk(chunkx.Vmap(_example, ax), c, in_axes=ax), False, False),
+    "Chunk_shift_sum": (
+        lambda c, ax: chunkx.Chunk(chunkx.Vmap(_example, ax), c, reducer=chunkx.Sum(),
+                                   in_axes=ax, remainder="shift"), False, True),
+    "Pad": (lambda c, ax: chunkx.Pad(chunkx.Chunk(chunkx.Vmap(_example, ax), c, in_axes=ax),
+                                     c, in_axes=ax), False, False),
+    "Shard": (lambda c, ax: chunkx.Shard(chunkx.Chunk(chunkx.Vmap(_example, ax), c, in_axes=ax),
+                                         in_axes=ax), False, False),
+    "Reduce_sum": (lambda c, ax: chunkx.Reduce(chunkx.Vmap(_example, ax), chunkx.Sum()),
+                   False, True),
+    "chunk_map": (lambda c, ax: chunkx.chunk_map(_vmapped(ax), ax, chunk_size=c), True, False),
+    "chunk_map_shard_scan": (
+        lambda c, ax: chunkx.chunk_map(_vmapped(ax), ax, chunk_size=c, use_scan=True,
+                                       shard_batch=True), True, False),
+    "jit_chunk_vmap": (lambda c, ax: chunkx.jit_chunk_vmap(_example, ax, chunk_size=c),
+                       True, False),
+}
+TRANSFORMS = ["eager", "jit", "filter_jit", "grad", "vmap"]
+SWEEP_SIZES = [(10, 3), (3, 5), (0, 3), (7, 2)]  # n % c != 0, n < c, n == 0; none divisible by 4
+SWEEP_DTYPES = [jnp.float32, jnp.float64, jnp.complex64, jnp.bfloat16, jnp.int32]
+AXES = [(0, None, 0), [0, None, 0], (-2, None, -2)]
+PLACES = ["jax", "numpy", "auto_mesh", "explicit_mesh"]
+
+
+def _rows():
+    rows = []
+    for i, name in enumerate(PIPELINES):
+        for j, transform in enumerate(TRANSFORMS):
+            if (i + j) % 2:  # every other transform per pipeline (all five over two pipelines)
+                continue
+            r = len(rows)  # the other dimensions rotate with the row number, decorrelated
+            dtypes = SWEEP_DTYPES[:-1] if transform == "grad" else SWEEP_DTYPES  # int: no grad
+            done = sum(t == "grad" for _, t, *_ in rows) if transform == "grad" else r + r // 5
+            dtype = dtypes[done % len(dtypes)]
+            size, axes, place = SWEEP_SIZES[r % 4], AXES[r % 3], PLACES[(r + r // 4) % 4]
+            rows.append((name, transform, size, dtype, axes, place))
+    return rows
+
+
+def _inputs(n, dtype, axes, place, mesh):
+    from helpers import make_args
+
+    x, w, d = make_args(n, dtype)  # rank-2 mapped leaves: in_axes -2 is their axis 0
+    if place == "numpy":
+        x, w, d = np.asarray(x), np.asarray(w), {"b": np.asarray(d["b"])}
+    elif place != "jax":  # replicated on a caller's mesh (n is not divisible by its 4 devices)
+        x, w, d = jax.device_put((x, w, d), NamedSharding(mesh, P()))
+    return x, w, {**d, "tag": "abc"}
+
+
+def _loss(out):
+    return sum(jnp.sum(jnp.real(leaf)).astype(jnp.float32) for leaf in jax.tree.leaves(out))
+
+
+def _run(g, transform, x, w, d):
+    call = lambda x, w: g(x, w, d)  # noqa: E731
+    if transform == "eager":
+        return call(x, w)
+    if transform == "jit":
+        return jax.jit(call)(x, w)
+    if transform == "filter_jit":
+        return eqx.filter_jit(g)(x, w, d)
+    if transform == "grad":  # jitted: eager op-by-op dispatch only costs time here
+        return jax.jit(jax.grad(lambda x: _loss(call(x, w))))(x)
+    ws = jnp.stack([jnp.asarray(w), 2 * jnp.asarray(w)])
+    return jax.jit(jax.vmap(lambda w: call(x, w)))(ws)
+
+
+def _sum_rows(tree):
+    return jax.tree.map(lambda y: jnp.sum(y, 0, dtype=y.dtype), tree)
+
+
+@pytest.mark.parametrize(("name", "transform", "size", "dtype", "axes", "place"), _rows())
+def test_case_table(name, transform, size, dtype, axes, place):
+    from helpers import tol
+
+    build, any_axis, summed = PIPELINES[name]
+    (n, c), axes = size, (axes if any_axis else _zero(axes))
+    mesh_kind = {"auto_mesh": jax.sharding.AxisType.Auto}.get(
+        place, jax.sharding.AxisType.Explicit)
+    mesh = jax.make_mesh((4,), ("caller",), axis_types=(mesh_kind,))
+    x, w, d = _inputs(n, dtype, axes, place, mesh)
+    ref = lambda x, w, d: (_sum_rows if summed else lambda t: t)(  # noqa: E731
+        _ref(x, w, d, axes))
+    host = jax.device_get((x, w, {"b": d["b"]}))
+    want = _run(lambda x, w, d: ref(x, w, d), transform, *host[:2], {**host[2], "tag": "abc"})
+    ctx = jax.set_mesh(mesh) if place == "explicit_mesh" else contextlib.nullcontext()
+    with ctx:  # eager `grad` on an Explicit mesh needs the mesh set, in JAX itself too
+        got = _run(build(c, axes), transform, x, w, d)
+    t = tol(dtype) if transform != "grad" else max(tol(dtype), 1e-5)
+    assert_tree_close(got, want, rtol=t, atol=t)
