@@ -79,6 +79,15 @@ def test_numpy_row_mask_and_key():
     assert_tree_close(chunkx.check_block_diagonal(jnp.sin, y, key=key), jnp.sin(y))
 
 
+def test_numpy_inputs_to_the_other_maps():
+    y = np.linspace(0.5, 1.5, 6).reshape(3, 2)
+    assert_tree_close(chunkx.batch_vectorize(jnp.sin, batch_size=2)(y), jnp.sin(y))
+    assert_tree_close(chunkx.batch_jacrev(jnp.sin, batch_size=2)(y[0]), jax.jacrev(jnp.sin)(y[0]))
+    rowsum = lambda y: jnp.sum(y**2, -1)  # noqa: E731
+    assert_tree_close(chunkx.sparse_pullback(rowsum, y, 2), rowsum(y))
+    assert chunkx.plan_chunk_size(jnp.sin, y, budget_bytes=2**20) == 3  # the whole batch fits
+
+
 # -- 3. in_axes as a list -------------------------------------------------------------------------
 
 
@@ -146,6 +155,12 @@ def test_batch_vmap_errors_name_batch_vmap(options):
     with pytest.raises(ValueError, match=r"`batch_vmap`: no mapped array to chunk: in_axes maps "
                        r"argument\(s\) \[0\], which hold no array leaves"):
         chunkx.batch_vmap(lambda a, b: b, (0, None), **options)({}, jnp.ones(3))
+
+
+def test_batch_vectorize_broadcast_error_names_it():
+    with pytest.raises(ValueError, match=r"`batch_vectorize`: the loop dimensions of the "
+                       r"arguments must broadcast, got shapes \[\(3,\), \(4,\)\]"):
+        chunkx.batch_vectorize(jnp.add, batch_size=2)(jnp.ones(3), jnp.ones(4))
 
 
 def test_batch_map_error_names_the_leaves():
