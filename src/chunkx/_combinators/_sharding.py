@@ -51,6 +51,20 @@ def on_mesh(mesh: Mesh | AbstractMesh):
     return contextlib.nullcontext()
 
 
+def on_inputs_mesh(args):
+    """Eagerly, the concrete Explicit mesh the inputs are laid out on as the context mesh.
+
+    JAX asks for one (`jax.set_mesh`) before eager operations that create arrays typed on an
+    Explicit mesh (a padding, a buffer); under `jit`, or inside a context mesh, nothing is set.
+    """
+    for leaf in jax.tree_util.tree_leaves(args):
+        if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
+            mesh = getattr(leaf.sharding, "mesh", None)
+            if isinstance(mesh, Mesh) and is_explicit(mesh):
+                return on_mesh(mesh)
+    return contextlib.nullcontext()
+
+
 def _context_mesh() -> Mesh | None:
     """The concrete mesh set with `jax.set_mesh`, outside `jit` (inside, JAX only has it
     abstract: `jax.sharding.get_abstract_mesh`)."""

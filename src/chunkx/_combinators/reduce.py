@@ -97,6 +97,13 @@ def _layout_like(y: Any, b: Any) -> Any:
     return jax.sharding.reshard(y, sb)
 
 
+def _sharding_of(t: Any) -> Any:
+    """The sharding of a struct (`jax.eval_shape`'s) or of an array, traced or not."""
+    if isinstance(t, jax.ShapeDtypeStruct):
+        return t.sharding
+    return getattr(jax.typeof(t), "sharding", None)
+
+
 def _call(fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
     return fn(*args) if valid is None else fn(*args, valid=valid)
 
@@ -126,7 +133,7 @@ class Concat(AbstractReducer):
     def init(self, part: Tree, n: int) -> Tree:
         def buffer(t):
             b = jnp.zeros((n,) + tuple(t.shape[1:]), t.dtype)
-            sharding = getattr(t, "sharding", None)
+            sharding = _sharding_of(t)
             mesh = getattr(sharding, "mesh", None)
             if mesh is None or not is_explicit(mesh):
                 return b

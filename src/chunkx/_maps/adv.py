@@ -11,6 +11,7 @@ from jaxtyping import jaxtyped
 
 from .._checks import as_in_axes, check_mesh_1d, in_axes_tuple, resolve_batch_size
 from .._combinators._rows import mapped_length
+from .._combinators._sharding import on_inputs_mesh
 from .._combinators.chunk import Chunk, Reduce
 from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
 from .._combinators.shard import Shard
@@ -103,6 +104,10 @@ class BatchVmap(eqx.Module):
     progress: bool = eqx.field(static=True, default=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with on_inputs_mesh((args, kwargs)):
+            return self._call(args, kwargs)
+
+    def _call(self, args: tuple, kwargs: dict) -> Any:
         f, zero, args = self._prepare(args, kwargs)
         size = self.batch_size
         if size == "auto":
@@ -341,8 +346,9 @@ def run_one_input(
         key = key + (strip_dim0, reducer, shard, mesh, checkpoint)
         rows = per_device_rows(n, _ndev(shard, mesh))
         batch_size = plan_auto(who, build, (x,), rows, memory_budget, cache_on=key).chunk_size
-    out = build(batch_size)(x)
-    return out if post is None else post(out)
+    with on_inputs_mesh(x):
+        out = build(batch_size)(x)
+        return out if post is None else post(out)
 
 
 def _length(who, tree):

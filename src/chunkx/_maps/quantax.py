@@ -11,6 +11,7 @@ from jaxtyping import jaxtyped
 
 from .._checks import as_in_axes, in_axes_tuple, resolve_batch_size
 from .._combinators._rows import array_leaves, mapped_length
+from .._combinators._sharding import on_inputs_mesh
 from .._combinators.chunk import Chunk
 from .._combinators.groups import Flatten, Groups
 from .._combinators.pad import Pad
@@ -36,6 +37,10 @@ class ChunkMap(eqx.Module):
     progress: bool = eqx.field(static=True, default=False)
 
     def __call__(self, *args: Any) -> Any:
+        with on_inputs_mesh(args):
+            return self._call(args)
+
+    def _call(self, args: tuple) -> Any:
         who = "chunk_map"
         axes = _arg_axes(who, self.in_axes, args)
         mapped = tuple(i for i, a in enumerate(axes) if a is not None)
