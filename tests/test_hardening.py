@@ -470,3 +470,47 @@ def test_case_table(name, transform, size, dtype, axes, place):
     got = _run(build(c, axes), transform, x, w, d)  # no context mesh: the inputs' is used
     t = tol(dtype) if transform != "grad" else max(tol(dtype), 1e-5)
     assert_tree_close(got, want, rtol=t, atol=t)
+
+
+# the maps with their own semantics: (build(c), reference), both `(x, w) -> out`
+def _rowwise(y, w):
+    return jnp.sum(jnp.sin(y) * w, -1)
+
+
+def _dot(x, w):
+    return jnp.sum(x * w)
+
+
+OTHER_MAPS = {
+    "sparse_pullback": (lambda c: lambda x, w: chunkx.sparse_pullback(lambda y: _rowwise(y, w),
+                                                                      x, c), _rowwise),
+    "batch_vectorize": (
+        lambda c: chunkx.batch_vectorize(_dot, signature="(k),(k)->()", batch_size=c),
+        jnp.vectorize(_dot, signature="(k),(k)->()")),
+    "batch_jacfwd": (lambda c: chunkx.batch_jacfwd(_rowwise, batch_size=c), jax.jacfwd(_rowwise)),
+    "batch_jacrev": (lambda c: chunkx.batch_jacrev(_rowwise, batch_size=c), jax.jacrev(_rowwise)),
+}
+OTHER_ROWS = [  # (map, transform, (n, c), dtype, place)
+    ("sparse_pullback", "grad", (10, 3), jnp.float32, "explicit_mesh"),
+    ("sparse_pullback", "vmap", (0, 3), jnp.float64, "numpy"),
+    ("batch_vectorize", "filter_jit", (7, 2), jnp.complex64, "auto_mesh"),
+    ("batch_vectorize", "grad", (3, 5), jnp.bfloat16, "numpy"),
+    ("batch_jacfwd", "jit", (3, 2), jnp.float64, "explicit_mesh"),
+    ("batch_jacrev", "vmap", (3, 5), jnp.float32, "auto_mesh"),
+]
+
+
+@pytest.mark.parametrize(("name", "transform", "size", "dtype", "place"), OTHER_ROWS)
+def test_case_table_other_maps(name, transform, size, dtype, place):
+    from helpers import tol
+
+    build, ref = OTHER_MAPS[name]
+    (n, c) = size
+    kind = jax.sharding.AxisType.Auto if place == "auto_mesh" else jax.sharding.AxisType.Explicit
+    mesh = jax.make_mesh((4,), ("caller",), axis_types=(kind,))
+    x, w, _ = _inputs(n, dtype, (0, None, 0), place, mesh)
+    host = jax.device_get((x, w))
+    want = _run(lambda x, w, d: ref(x, w), transform, *host, None)
+    got = _run(lambda x, w, d: build(c)(x, w), transform, x, w, None)
+    t = max(tol(dtype), 1e-5)
+    assert_tree_close(got, want, rtol=t, atol=t)
