@@ -189,15 +189,18 @@ def test_reducer_objects_in_batch_vmap_and_batch_map():
     x = jnp.linspace(0.0, 1.0, 7)
     per_row = lambda v: {"a": jnp.sin(v), "b": (v**2, jnp.stack([v, 1.0]))}  # noqa: E731
     want = jax.tree_util.tree_map(lambda y: jnp.sum(y, 0), jax.vmap(per_row)(x))
-    got = chunkx.batch_vmap(per_row, batch_size=3, reducer=chunkx.Sum())(x)
+    got = jax.jit(chunkx.batch_vmap(per_row, batch_size=3, reducer=chunkx.Sum()))(x)
     assert_tree_close(got, want)
-    grads = chunkx.batch_vmap(jax.grad(lambda w, v: jnp.sum(jnp.sin(w * v))), (None, 0),
-                              batch_size=2, reducer=chunkx.Sum())(jnp.ones(2), x[:, None])
-    assert_tree_close(grads, jax.grad(lambda w: jnp.sum(jnp.sin(w * x[:, None])))(jnp.ones(2)))
-    got = chunkx.batch_map(jax.vmap(per_row), x, 3, reducer=chunkx.Sum())
+    grad = jax.grad(lambda p, v: jnp.sum(jnp.sin(p["w"] * v)) + p["b"] * v)
+    params = {"w": jnp.ones(2), "b": 2.0}  # a pytree of per-example gradients, summed
+    grads = jax.jit(chunkx.batch_vmap(grad, (None, 0), batch_size=2, reducer=chunkx.Sum()))
+    want_grads = jax.tree.map(lambda g: jnp.sum(g, 0), jax.vmap(grad, (None, 0))(params, x))
+    assert_tree_close(grads(params, x), want_grads)
+    got = jax.jit(lambda x: chunkx.batch_map(jax.vmap(per_row), x, 3, reducer=chunkx.Sum()))(x)
     assert_tree_close(got, want)
     r = chunkx.Monoid(jnp.maximum, lambda rows: jnp.max(rows, axis=0))
-    assert_tree_close(chunkx.batch_vmap(jnp.cos, batch_size=3, reducer=r)(x), jnp.max(jnp.cos(x)))
+    got = jax.jit(chunkx.batch_vmap(jnp.cos, batch_size=3, reducer=r))(x)
+    assert_tree_close(got, jnp.max(jnp.cos(x)))
     assert_tree_close(chunkx.batch_map(jnp.cos, x, 2, reducer=r), jnp.max(jnp.cos(x)))
 
 
