@@ -60,6 +60,12 @@ def test_shard_takes_the_inputs_mesh():
         out = chunkx.Shard(chunkx.Vmap(jnp.sin))(jnp.arange(7.0))
     assert out.sharding.mesh == mesh
     assert_tree_close(out, jnp.sin(jnp.arange(7.0)))
+    two = jax.make_mesh((2,), ("two",), devices=jax.devices()[:2])  # fewer devices than there are
+    g = chunkx.chunk_map(jax.vmap(jnp.sin), chunk_size=2, shard_batch=True)
+    with jax.set_mesh(two):
+        out = jax.jit(g)(jnp.arange(7.0))
+    assert out.sharding.mesh == two
+    assert_tree_close(out, jnp.sin(jnp.arange(7.0)))
 
 
 def test_padding_and_grouped_maps_on_caller_explicit_mesh():

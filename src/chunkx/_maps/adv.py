@@ -11,7 +11,7 @@ from jaxtyping import jaxtyped
 
 from .._checks import as_in_axes, check_mesh_1d, in_axes_tuple, resolve_batch_size
 from .._combinators._rows import mapped_length
-from .._combinators._sharding import on_inputs_mesh
+from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.chunk import Chunk, Reduce
 from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
 from .._combinators.shard import Shard
@@ -72,10 +72,9 @@ def compose(inner, axes, batch_size, reducer, shard, mesh, checkpoint=True, prog
     return piece
 
 
-def _ndev(shard: bool, mesh: Mesh | None) -> int:
-    if not shard:
-        return 1
-    return jax.device_count() if mesh is None else mesh.size
+def _ndev(shard: bool, mesh: Mesh | None, args: Any) -> int:
+    """Devices the rows are split over: those of the mesh `Shard` will run on."""
+    return call_mesh(mesh, args).size if shard else 1
 
 
 class BatchVmap(eqx.Module):
@@ -156,7 +155,7 @@ class BatchVmap(eqx.Module):
 
     def _plan(self, f, zero, args, **names: str) -> MemoryPlan:
         who = names.pop("who", "batch_vmap")
-        n = per_device_rows(mapped_length(args, zero, who), _ndev(self.shard, self.mesh))
+        n = per_device_rows(mapped_length(args, zero, who), _ndev(self.shard, self.mesh, args))
         key = (self.f, zero, self.reducer, self.shard, self.mesh, self.checkpoint, "batch_vmap")
         return plan_auto(
             who, lambda size: self._build(f, zero, size), args, n, self.memory_budget,
@@ -344,7 +343,7 @@ def run_one_input(
 
     if batch_size == "auto":
         key = key + (strip_dim0, reducer, shard, mesh, checkpoint)
-        rows = per_device_rows(n, _ndev(shard, mesh))
+        rows = per_device_rows(n, _ndev(shard, mesh, x))
         batch_size = plan_auto(who, build, (x,), rows, memory_budget, cache_on=key).chunk_size
     with on_inputs_mesh(x):
         out = build(batch_size)(x)

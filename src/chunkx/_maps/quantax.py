@@ -4,14 +4,13 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import equinox as eqx
-import jax
 from beartype import beartype
 from jax.sharding import Mesh
 from jaxtyping import jaxtyped
 
 from .._checks import as_in_axes, in_axes_tuple, resolve_batch_size
 from .._combinators._rows import array_leaves, mapped_length
-from .._combinators._sharding import on_inputs_mesh
+from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.chunk import Chunk
 from .._combinators.groups import Flatten, Groups
 from .._combinators.pad import Pad
@@ -47,7 +46,7 @@ class ChunkMap(eqx.Module):
         if not mapped or not any(array_leaves(args[i]) for i in mapped):
             return self.f(*args)
         mesh = self.mesh
-        ndev = mesh.size if mesh is not None else jax.device_count()
+        ndev = call_mesh(mesh, args).size  # the mesh Shard runs on, or lays the rows out for
         moved = tuple(a if ax is None else move_axis(a, ax, 0) for a, ax in zip(args, axes))
         zero = tuple(None if a is None else 0 for a in axes)
         n = mapped_length(moved, zero, who)
@@ -138,7 +137,9 @@ def chunk_map(
 ) -> Callable[..., Any]:
     """Evaluate an already-batched `f` in chunks of `chunk_size` rows per device (quantax 0.4.0).
 
-    With `D` devices (`mesh.size`, or all devices) and `b = n / D` rows per device, the loop is
+    With `D` devices (`mesh.size`; without a `mesh`, those of the mesh set with `jax.set_mesh`
+    or of the mesh the inputs are laid out on, else all devices) and `b = n / D` rows per
+    device, the loop is
 
     ```python
     for k in range(ceil(b / c)):       # c = chunk_size
