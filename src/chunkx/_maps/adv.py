@@ -224,7 +224,9 @@ def batch_vmap(
       largest fitting size is planned at trace time (see [`chunkx.plan_chunk_size`][]).
       `None`: half the device's memory where the backend reports it (a CPU needs a budget).
     - `progress`: show a progress bar over the chunks (also under `jit`; see
-      [`chunkx.Chunk`][]). Off, nothing is added to the compiled program.
+      [`chunkx.Chunk`][]). The bar is cleared when the loop finishes, so a map called at every
+      step of a training loop leaves no line behind per call. Off, nothing is added to the
+      compiled program.
 
     **Returns:**
 

@@ -165,7 +165,8 @@ def chunk_map(
     - `memory_budget`: with `chunk_size="auto"`, bytes of XLA temp memory per device; the
       size is planned at trace time (see [`chunkx.plan_chunk_size`][]); `None`: half the
       device's memory where the backend reports it.
-    - `progress`: show a progress bar over the chunks (see [`chunkx.Chunk`][]).
+    - `progress`: show a progress bar over the chunks (see [`chunkx.Chunk`][]); it is
+      cleared when the loop finishes (one live bar per call, no line left behind).
 
     **Returns:**
 
