@@ -1,6 +1,5 @@
 """Regression tests for issue 10 (hardening), each against an independent reference."""
 
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
