@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 import jax.numpy as jnp
 from beartype import beartype
-from jaxtyping import Array, Float, jaxtyped
+from jaxtyping import Array, ArrayLike, Float, jaxtyped
 
 from ._jets import binomial_table
-from ._validate import check_order
+from ._validate import as_arrays, check_order
 
 
 @jaxtyped(typechecker=beartype)
@@ -34,9 +34,9 @@ def binomial_combine_tensor(order: int, *, dtype=None) -> Float[Array, "T T T"]:
 
 @jaxtyped(typechecker=beartype)
 def dense_probe_derivatives(
-    ww: Sequence[Float[Array, " _N"]],
-    pp: Sequence[Float[Array, " _N"]],
-    T: Float[Array, "..."],
+    ww: Sequence[Float[ArrayLike, " _N"]],
+    pp: Sequence[Float[ArrayLike, " _N"]],
+    T: Float[ArrayLike, "..."],
     order: int,
 ) -> list[Float[Array, "_T _N"]]:
     """Probe-derivative jets of a dense tensor by the multilinear subset expansion (test oracle).
@@ -56,6 +56,7 @@ def dense_probe_derivatives(
     """
     fn = "dense_probe_derivatives"
     order = check_order(fn, order)
+    ww, pp, T = as_arrays(ww), as_arrays(pp), jnp.asarray(T)
     d = T.ndim
     if len(ww) != d or len(pp) != d:
         raise ValueError(

@@ -17,9 +17,9 @@ def _rows1(a):
     return jax.tree_util.tree_map(lambda v: v[None], a)
 
 
-def _assemble(chunk_fn, per_probe_fn, n_fixed, sum_over_probes, chunk_size, mesh):
+def _assemble(chunk_fn, per_probe_fn, n_fixed, sum_over_probes, chunk_size, mesh, n_mapped=3):
     """`Chunk` over the probe axis (then `Shard`), summing or concatenating."""
-    in_axes = (0, 0, 0) + (None,) * n_fixed
+    in_axes = (0,) * n_mapped + (None,) * n_fixed
     if sum_over_probes:
         inner, reducer = chunk_fn, Sum(presummed=True)
     else:
@@ -39,13 +39,14 @@ def corewise_pipeline(
     chunk_size: int | None,
     c_stacked: bool,
     mesh: Mesh | None = None,
+    kind: str = "probe",
 ):
-    """`(zt_rows, x_rows, p_rows, tucker_f, tt_f) -> (tucker_grads, tt_grads)`.
+    """`(zt_rows, a_rows, p_rows, tucker_f, tt_f) -> (tucker_grads, tt_grads)`.
 
     Summed: the chunk's gradient is the VJP of the batched forward (a GEMM over the chunk's
     probes). Kept: one VJP per probe, vmapped over the chunk.
     """
-    fwd = corewise_rows_fn(order, c_stacked)
+    fwd = corewise_rows_fn(order, c_stacked, kind)
 
     def chunk_sum(zt, x, p, U, G):
         _, vjp = jax.vjp(lambda U, G: fwd(x, p, U, G), U, G)
@@ -64,13 +65,14 @@ def tangent_pipeline(
     b_stacked: bool,
     c_stacked: bool,
     mesh: Mesh | None = None,
+    kind: str = "probe",
 ):
-    """`(zt_rows, x_rows, p_rows, frame_f, var_structs) -> (dU_grads, dG_grads)`.
+    """`(zt_rows, a_rows, p_rows, frame_f, var_structs) -> (dU_grads, dG_grads)`.
 
     The tangent forward is linear in the variation, so its VJP (taken at a zero variation) is
     exactly the transpose; `var_zero` only carries the variation shapes.
     """
-    fwd = tangent_rows_fn(order, b_stacked, c_stacked)
+    fwd = tangent_rows_fn(order, b_stacked, c_stacked, kind)
 
     def chunk_sum(zt, x, p, frame, var_zero):
         dU0, dG0 = var_zero
@@ -83,19 +85,34 @@ def tangent_pipeline(
     return _assemble(chunk_sum, per_probe, 2, sum_over_probes, chunk_size, mesh)
 
 
+def chunk_rows(n, chunk_size, mesh, sum_over_probes):
+    """The chunk size the pipeline is built with for `n` probe rows.
+
+    Kept rows: `chunk_size` as given (`Chunk` shifts the last chunk onto real rows). Summed rows
+    are zero-padded (see `run`), so the chunk is evened out to `ceil(m / ceil(m / chunk_size))`
+    for the `m` rows per device: never larger than `chunk_size`, and fewer than one padded row
+    per chunk, never a mostly-zero last chunk.
+    """
+    if not sum_over_probes or chunk_size is None:
+        return chunk_size
+    ndev = 1 if mesh is None else mesh.size
+    per_dev = max(1, -(-n // ndev))
+    return -(-per_dev // -(-per_dev // chunk_size))
+
+
 def run(pipe, mapped, fixed, chunk_size, mesh, sum_over_probes):
     """Call `pipe(*mapped, *fixed)`; summed: probe rows zero-padded to whole chunks per device.
 
     Zero residual rows contribute exactly zero to a summed gradient (the map is linear in
     them), so padding keeps one compiled chunk body (no remainder program, no off-mesh tail).
-    At most `chunk_size * devices - 1` rows are padded.
+    `chunk_size` is the pipeline's (from `chunk_rows`).
     """
     if not sum_over_probes:
         return pipe(*mapped, *fixed)
     n = jax.tree_util.tree_leaves(mapped)[0].shape[0]
     ndev = 1 if mesh is None else mesh.size
-    per_dev = -(-n // ndev)
-    size = per_dev if chunk_size is None or chunk_size >= per_dev else chunk_size
+    per_dev = max(1, -(-n // ndev))
+    size = per_dev if chunk_size is None else min(chunk_size, per_dev)
     total = -(-per_dev // size) * size * ndev
     if total != n:
         pad = lambda a: jnp.pad(a, [(0, total - n)] + [(0, 0)] * (a.ndim - 1))  # noqa: E731
