@@ -7,6 +7,7 @@ from ._estimate import max_chunk_size_within as max_chunk_size_within
 from ._format import TuckerTensorTrain as TuckerTensorTrain
 from ._forward import t3_probe_derivatives as t3_probe_derivatives
 from ._forward import tv_probe_derivatives as tv_probe_derivatives
+from ._gauss_newton import GaussNewton as GaussNewton
 from ._sampling import (
     t3_apply_corewise_derivatives_transpose as t3_apply_corewise_derivatives_transpose,
 )

@@ -85,6 +85,24 @@ def tangent_pipeline(
     return _assemble(chunk_sum, per_probe, 2, sum_over_probes, chunk_size, mesh)
 
 
+def normal_pipeline(order, chunk_size, c_stacked, mesh=None, kind="probe"):
+    """`(wt_rows, a_rows, p_rows, tucker_f, tt_f, v_f) -> J^T diag(wt) J v` (summed over probes).
+
+    Per chunk: `J v` by `jax.jvp` of the batched forward at the cores, weighted per probe, then
+    pulled back by the VJP. Zero-weight rows (the padding of `run`) contribute exactly zero.
+    """
+    fwd = corewise_rows_fn(order, c_stacked, kind)
+
+    def chunk_sum(wt, a, p, U, G, v):
+        f = lambda U, G: fwd(a, p, U, G)  # noqa: E731
+        _, jv = jax.jvp(f, (U, G), tuple(v))
+        scaled = tuple(z * wt.reshape(wt.shape + (1,) * (z.ndim - 1)).astype(z.dtype) for z in jv)
+        _, vjp = jax.vjp(f, U, G)
+        return vjp(scaled)
+
+    return _assemble(chunk_sum, None, 3, True, chunk_size, mesh)
+
+
 def chunk_rows(n, chunk_size, mesh, sum_over_probes):
     """The chunk size the pipeline is built with for `n` probe rows.
 
