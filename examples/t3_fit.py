@@ -9,10 +9,10 @@ Each outer iteration solves `(J^T J + lam I) dx = -J^T r` by conjugate gradients
 (`jax.scipy.sparse.linalg.cg`) on `chunkx.t3.GaussNewton`, a chunked pipeline (memory bounded by
 `chunk_size` samples), then accepts or rejects the step and adapts `lam`.
 
-Scale: `TuckerTensorTrain.randn` draws N(0, 1) cores, so entries grow like
-`sqrt(prod n_i r_i N_i)` (jets around 1e5 for d=6, N=40, n=r=8). The hidden T3 here uses
-`unit_scale`: Tucker cores divided by `sqrt(N_i)`, TT cores by `sqrt(r_i n_i)`, which keeps the
-probed values O(1) and the least-squares problem well conditioned.
+Scale: `TuckerTensorTrain.randn` draws N(0, 1) cores, so probed values grow like
+`sqrt(prod_i n_i r_i N_i)` (jets around 1e5 for d=6, N=40, n=r=8). The hidden T3 here divides
+the Tucker cores by `sqrt(N_i)` and the TT cores by `sqrt(r_i n_i)` (`unit_scale_randn`), which
+keeps the probed values O(1) and the least-squares problem well conditioned.
 
     python examples/t3_fit.py
 """
@@ -29,26 +29,30 @@ import chunkx.t3 as t3
 
 jax.config.update("jax_enable_x64", True)
 
-SHAPE, TUCKER, TT, ORDER = (6, 7, 5), (2, 3, 2), (1, 2, 2, 1), 2
+SHAPE, TUCKER, TT, ORDER = (6, 7, 5), (2, 3, 2), (1, 2, 2, 1), 1
 
 
-def unit_scale(x):
-    """Cores scaled so that probing with N(0, 1) vectors gives O(1) values."""
-    U = [u / np.sqrt(u.shape[-1]) for u in x.tucker_cores]
-    G = [g / np.sqrt(g.shape[-3] * g.shape[-2]) for g in x.tt_cores]
-    return t3.TuckerTensorTrain(U, G)
+def unit_scale_randn(rng):
+    """N(0, 1) cores (as `TuckerTensorTrain.randn`), scaled so probing gives O(1) values."""
+    d = len(SHAPE)
+    U = [rng.standard_normal((TUCKER[i], SHAPE[i])) / np.sqrt(SHAPE[i]) for i in range(d)]
+    G = [rng.standard_normal((TT[i], TUCKER[i], TT[i + 1])) / np.sqrt(TT[i] * TUCKER[i])
+         for i in range(d)]
+    return U, G
 
 
-def perturbed(x, rng, size):
-    return t3.TuckerTensorTrain(
-        *[[a * (1 + size * rng.standard_normal(a.shape)) for a in part] for part in x.data])
+@functools.partial(jax.jit, static_argnames=("kind", "order"))
+def sample(kind, samples, pp, x, order):
+    return t3.GaussNewton(kind, samples, pp, x, order).forward()
 
 
 def problem(kind, n_samples, seed=0, perturb=0.5):
-    """`(samples, pp, data, truth, start)` for `kind` ("probe" or "entries")."""
+    """`(samples, pp, data, truth, start, order)` for `kind` ("probe" or "entries")."""
     rng = np.random.default_rng(seed)
-    truth = unit_scale(t3.TuckerTensorTrain.randn(
-        jax.random.key(seed), SHAPE, TUCKER, TT, dtype=jnp.float64))
+    U, G = unit_scale_randn(rng)
+    truth = t3.TuckerTensorTrain(U, G)
+    start = t3.TuckerTensorTrain(*[[a * (1 + perturb * rng.standard_normal(a.shape)) for a in p]
+                                   for p in (U, G)])
     order = ORDER if kind == "probe" else 0
     pp = [rng.standard_normal((n_samples, N)) for N in SHAPE]
     if kind == "probe":
@@ -56,8 +60,8 @@ def problem(kind, n_samples, seed=0, perturb=0.5):
     else:
         samples = np.stack([rng.integers(0, N, n_samples) for N in SHAPE])
         pp = [np.zeros_like(p) for p in pp]
-    data = t3.GaussNewton(kind, samples, pp, truth, order).forward()
-    return samples, pp, data, truth, perturbed(truth, rng, perturb), order
+    data = sample(kind, samples, pp, truth, order)
+    return samples, pp, data, truth, start, order
 
 
 def _sq(tree):
