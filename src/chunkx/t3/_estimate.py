@@ -63,18 +63,26 @@ def _resident_bytes(args) -> int:
     return sum(prod(a.shape) * a.dtype.itemsize for a in jax.tree_util.tree_leaves(args))
 
 
+@functools.lru_cache(maxsize=512)
+def _temp(who, N, n, r, order, w_local, n_tangent, stack, dtype_name, size) -> int:
+    """XLA temp bytes of the public summed tangent transpose (compiled for `ShapeDtypeStruct`s)."""
+    args = _structs(N, n, r, order, w_local, n_tangent, stack, jnp.dtype(dtype_name))
+
+    def transpose(zt, ww, pp, frame):
+        return tv_probe_derivatives_transpose(zt, ww, pp, frame, order, True, size)
+
+    return compiled_temp_bytes(transpose, *args, who=who)
+
+
 @functools.lru_cache(maxsize=64)
 def _plan(who, N, n, r, order, w_local, n_tangent, stack, dtype_name, budget) -> MemoryPlan:
     """`fit_memory` over the public summed tangent transpose with `w_local` probes."""
-    args = _structs(N, n, r, order, w_local, n_tangent, stack, jnp.dtype(dtype_name))
     if budget is None:  # balanced: the chunked scratch about equals the resident inputs
+        args = _structs(N, n, r, order, w_local, n_tangent, stack, jnp.dtype(dtype_name))
         budget = 2 * _resident_bytes(args)
 
     def measure(size: int) -> int:
-        def transpose(zt, ww, pp, frame):
-            return tv_probe_derivatives_transpose(zt, ww, pp, frame, order, True, size)
-
-        return compiled_temp_bytes(transpose, *args, who=who)
+        return _temp(who, N, n, r, order, w_local, n_tangent, stack, dtype_name, size)
 
     name = "target_bytes" if who == "max_chunk_size_within" else "budget"
     plan = fit_memory(measure, w_local, int(budget), who=who,
@@ -115,9 +123,10 @@ def estimate_chunk_size(
     [`chunkx.fit_memory`][] on [`chunkx.compiled_temp_bytes`][]) is at most twice the bytes
     of the transpose's own inputs (residual jets and probes of the local shard): the chunked
     scratch is never the tallest pole. It is then evened out to `ceil(W / ceil(W / c))`
-    (equal chunks, no large zero-padded tail), and never made smaller than
-    `min(W_local, 256)` probes (smaller chunks save little and cost loop overhead), so small
-    problems run unchunked. Compiles (never runs) a few programs once per shape (cached).
+    (equal chunks, no large zero-padded tail); chunks are never smaller than
+    `min(W_local, 256)` probes (smaller chunks save little and cost loop overhead; then
+    `ceil(W_local / floor(W_local / 256))`), so small problems run unchunked.
+    Compiles (never runs) a few programs once per shape (cached).
     Call it eagerly, outside `jit`, and pass the int as `chunk_size`.
 
     **Arguments:**
@@ -146,7 +155,9 @@ def estimate_chunk_size(
     if w_local <= MIN_ROWS:
         return w_local
     size = _plan("estimate_chunk_size", *key, None).chunk_size
-    return int(equal_chunks(w_local, max(size, MIN_ROWS)))
+    if size >= MIN_ROWS:
+        return int(size)  # already even (`_plan`)
+    return int(-(-w_local // max(1, w_local // MIN_ROWS)))  # equal chunks of >= MIN_ROWS
 
 
 @jaxtyped(typechecker=beartype)
