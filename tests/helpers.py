@@ -44,20 +44,46 @@ def tol(dtype):
     }[dtype]
 
 
-def assert_tree_close(a, b, rtol=1e-6, atol=None):
-    """Same structure, shapes and dtypes; values within tolerance."""
-    la, ta = jax.tree_util.tree_flatten(a)
-    lb, tb = jax.tree_util.tree_flatten(b)
-    assert ta == tb, (ta, tb)
-    for x, y in zip(la, lb):
+# Default (rtol, atol) per dtype of the expected leaf, for `assert_tree_close`.
+TOLERANCES = {
+    np.dtype(jnp.float64): (1e-10, 1e-12),
+    np.dtype(jnp.complex128): (1e-10, 1e-12),
+    np.dtype(jnp.float32): (1e-6, 1e-6),
+    np.dtype(jnp.complex64): (1e-6, 1e-6),
+    np.dtype(jnp.float16): (1e-3, 1e-3),
+    np.dtype(jnp.bfloat16): (1e-2, 1e-2),
+}
+
+
+def assert_tree_close(actual, expected, *, rtol=None, atol=None, weak_type=False):
+    """`actual` matches the reference `expected`: the one tree comparison of the test suite.
+
+    Same pytree structure, and leaf by leaf the same shape and dtype (and weak type, with
+    `weak_type=True`); integer and bool leaves are equal, inexact ones within `rtol`/`atol`,
+    by default those of the expected leaf's dtype in `TOLERANCES`.
+    """
+    la, ta = jax.tree_util.tree_flatten(actual)
+    lb, tb = jax.tree_util.tree_flatten(expected)
+    assert ta == tb, f"tree structure: {ta} != {tb}"
+    for i, (x, y) in enumerate(zip(la, lb)):
+        if weak_type:
+            assert jax.typeof(x).weak_type == jax.typeof(y).weak_type, (i, x, y)
         x, y = np.asarray(x), np.asarray(y)
-        assert x.shape == y.shape, (x.shape, y.shape)
-        assert x.dtype == y.dtype, (x.dtype, y.dtype)
+        assert x.shape == y.shape, f"leaf {i}: shape {x.shape} != {y.shape}"
+        assert x.dtype == y.dtype, f"leaf {i}: dtype {x.dtype} != {y.dtype}"
         if x.dtype.kind in "iub":
-            np.testing.assert_array_equal(x, y)
+            np.testing.assert_array_equal(x, y, err_msg=f"leaf {i}")
         else:
-            xf, yf = x.astype(np.complex128), y.astype(np.complex128)
-            np.testing.assert_allclose(xf, yf, rtol=rtol, atol=rtol if atol is None else atol)
+            r, a = TOLERANCES.get(y.dtype, (0.0, 0.0))
+            np.testing.assert_allclose(
+                x.astype(np.complex128), y.astype(np.complex128), err_msg=f"leaf {i}",
+                rtol=r if rtol is None else rtol, atol=a if atol is None else atol,
+            )
+
+
+def temp_bytes(f, *args):
+    """XLA temp memory of `jax.jit(f)(*args)`, straight from JAX (independent of the planner)."""
+    return jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes
 
 
 def cases():

@@ -21,33 +21,34 @@ def batched(x, w):
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 8, 9])
-@pytest.mark.parametrize("remainder", ["call", "pad"])
-@pytest.mark.parametrize("loop", ["scan", "python"])
-def test_chunk_concat_and_sum(n, remainder, loop):
+@pytest.mark.parametrize("remainder", ["call", "shift"])
+def test_chunk_concat_and_sum(n, remainder):
     x = rand(jax.random.PRNGKey(0), (n, 3), jnp.float64)
     w = rand(jax.random.PRNGKey(1), (3,), jnp.float64)
     ref = batched(x, w)
-    cat = chunkx.Chunk(batched, 3, in_axes=(0, None), remainder=remainder, loop=loop)
+    cat = chunkx.Chunk(batched, 3, in_axes=(0, None), remainder=remainder)
     assert_tree_close(cat(x, w), ref, rtol=1e-12)
     total = chunkx.Chunk(batched, 3, reducer=chunkx.Sum(), in_axes=(0, None),
-                         remainder=remainder, loop=loop)
+                         remainder=remainder)
     np.testing.assert_allclose(total(x, w), ref.sum(), rtol=1e-12)
     g = jax.grad(lambda w: total(x, w))(w)
     np.testing.assert_allclose(g, jax.grad(lambda w: batched(x, w).sum())(w), rtol=1e-12)
 
 
-@pytest.mark.parametrize("groups", [1, 2, 4])
-def test_chunk_groups_keep_row_order(groups):
-    x = rand(jax.random.PRNGKey(0), (24, 2), jnp.float64)
+@pytest.mark.parametrize("use_scan", [True, False])
+@pytest.mark.parametrize("n", [24, 22])
+def test_chunk_map_device_blocks_keep_row_order(n, use_scan):
+    """On 4 devices chunk_map hands f the k-th chunk of every device block at once."""
+    x = rand(jax.random.PRNGKey(0), (n, 2), jnp.float64)
     seen = []
 
     def f(rows):
         seen.append(rows.shape[0])
-        return rows * 2
+        return rows * 2 + rows[:, ::-1]
 
-    out = chunkx.Chunk(f, 4, groups=groups, remainder="pad", loop="python")(x)
-    np.testing.assert_array_equal(out, x * 2)
-    assert set(seen) == {4 * groups}  # every call sees `size` rows of each group
+    out = chunkx.chunk_map(f, chunk_size=2, use_scan=use_scan)(x)
+    np.testing.assert_array_equal(out, f(x))
+    assert set(seen[:-1]) == {2 * jax.device_count()}  # `size` rows of each device block
 
 
 def test_pad_masks_padded_rows_out_of_sums():
@@ -68,7 +69,7 @@ def test_shard_of_chunk(n, reducer):
     pipe = chunkx.Shard(chunkx.Chunk(batched, 2, reducer=reducer, in_axes=(0, None)),
                         reducer=reducer, in_axes=(0, None))
     ref = batched(x, w)
-    if not reducer.keeps_rows:
+    if not isinstance(reducer, chunkx.Concat):
         ref = ref.sum(0)
     if n == 0 and isinstance(reducer, chunkx.Monoid):
         ref = jnp.float64(0.0)
@@ -162,12 +163,12 @@ def test_presummed_sum_chunks_and_devices(n):
     pipe = chunkx.Shard(chunkx.Chunk(gram, 2, reducer=red), reducer=red)
     np.testing.assert_allclose(jax.jit(pipe)(x, r), x.T @ r, rtol=1e-12)
     with pytest.raises(ValueError, match=r"`Sum\(presummed=True\)`: a pre-summed partial cannot"):
-        chunkx.Chunk(gram, 2, reducer=red, remainder="pad")(x[:9], r[:9])
+        chunkx.Chunk(gram, 2, reducer=red, remainder="shift")(x[:9], r[:9])
 
 
 @pytest.mark.parametrize("n", [7, 10, 11])
 def test_padded_concat_shifts_last_chunk_and_differentiates(n):
-    """remainder='pad' with Concat: one body, the last chunk overlaps real rows (no fake rows)."""
+    """remainder='shift': one body, the last chunk overlaps real rows (no fake rows)."""
     x = rand(jax.random.PRNGKey(9), (n, 3), jnp.float64)
     seen = []
 
@@ -175,7 +176,7 @@ def test_padded_concat_shifts_last_chunk_and_differentiates(n):
         seen.append(rows.shape[0])
         return jnp.log(rows) * rows  # a fake zero row would give NaN gradients
 
-    pipe = chunkx.Chunk(f, 4, remainder="pad")
+    pipe = chunkx.Chunk(f, 4, remainder="shift")
     np.testing.assert_allclose(jax.jit(pipe)(x), f(x), rtol=1e-12)
     assert set(seen[:-1]) == {4}
     g = jax.grad(lambda x: jnp.sum(jnp.sin(pipe(x))))(x)

@@ -90,10 +90,12 @@ def test_combinator_settings_validated():
         chunkx.Chunk(jnp.sin, 2, remainder="drop")
     with pytest.raises(ValueError, match=r"`Pad\(multiple=0\)`: multiple must be a positive int, got 0"):
         chunkx.Pad(jnp.sin, 0)
-    with pytest.raises(ValueError, match=r"`Chunk\(groups=3\)`: the mapped length must divide into 3 groups, got 10"):
-        chunkx.Chunk(jnp.sin, 2, groups=3)(x10)
-    with pytest.raises(ValueError, match=r"a user reduction cannot mask padded rows"):
-        chunkx.Chunk(jnp.sin, 3, reducer=chunkx.Monoid(jnp.add, jnp.sum), remainder="pad")(x10)
+    with pytest.raises((ValueError, TypeError), match=r"fill(.|\n)*'nan'"):
+        chunkx.Pad(jnp.sin, 2, fill="nan")
+    with pytest.raises(ValueError, match=r"a user reduction cannot mask repeated or padded rows"):
+        chunkx.Chunk(jnp.sin, 3, reducer=chunkx.Monoid(jnp.add, jnp.sum), remainder="shift")(x10)
+    with pytest.raises(ValueError, match=r"`Shard\(reducer=Concat\(\)\)`: the wrapped Chunk joins rows with Sum"):
+        chunkx.Shard(chunkx.Chunk(jnp.sin, 3, reducer=chunkx.Sum()), reducer=chunkx.Concat())
 
 
 def test_zero_dim_mapped_leaf():

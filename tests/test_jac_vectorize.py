@@ -9,19 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chunkx import batch_jacfwd, batch_jacrev, batch_vectorize
+from helpers import assert_tree_close
 
 # Most cases run under jax.jit (op-by-op dispatch of small scans is slow); a few run eagerly.
 # Batch sizes cover None (no chunking), 1, a remainder (7 % 3) and one chunk larger than n.
-
-
-def assert_same(out, ref, *, weak=True, rtol=1e-10):
-    """Same pytree structure, shapes, dtypes (and weak types) and values."""
-    assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(ref)
-    for a, r in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref)):
-        assert (a.shape, a.dtype) == (r.shape, r.dtype)
-        if weak:
-            assert jax.typeof(a).weak_type == jax.typeof(r).weak_type
-        np.testing.assert_allclose(np.asarray(a), np.asarray(r), rtol=rtol, atol=1e-12)
 
 
 def count_scans(fn, *args):
@@ -48,7 +39,8 @@ JACS = [(batch_jacfwd, jax.jacfwd, adv.batch_jacfwd), (batch_jacrev, jax.jacrev,
 @pytest.mark.parametrize("argnums,size", [(0, None), (-2, 3), ((0, 1), 1), ([1, 0], 100)])
 def test_jacobian_pytrees_match_jax(ours, ref, _, argnums, size):
     out = jax.jit(ours(f_tree, argnums, batch_size=size))(X, Y, scale=2.0)
-    assert_same(out, jax.jit(ref(f_tree, argnums))(X, Y, scale=2.0), rtol=1e-6)
+    expect = jax.jit(ref(f_tree, argnums))(X, Y, scale=2.0)
+    assert_tree_close(out, expect, weak_type=True, rtol=1e-6, atol=1e-12)
 
 
 def aux_fn(x):
@@ -72,7 +64,7 @@ def test_jacobian_matches_plain_loops():
 def test_jacobian_has_aux_under_jit(ours, ref, _, size):
     x = jnp.linspace(-1.0, 1.0, 7)
     out = jax.jit(ours(aux_fn, has_aux=True, batch_size=size))(x)
-    assert_same(out, jax.jit(ref(aux_fn, has_aux=True))(x))
+    assert_tree_close(out, jax.jit(ref(aux_fn, has_aux=True))(x), weak_type=True)
     assert count_scans(ours(aux_fn, has_aux=True, batch_size=size), x) >= 1  # chunked basis
     assert count_scans(ours(aux_fn, has_aux=True, chunk_size=size), x) >= 1  # the adv alias
     assert count_scans(ours(aux_fn, has_aux=True), x) == 0
@@ -88,7 +80,8 @@ def test_jacobian_holomorphic(ours, ref, _, size):
     z = jnp.array([1 + 2j, 0.5 - 1j, -1j, 2.0])
     w = jnp.array([0.3 + 0.1j, 1j], dtype=jnp.complex64)
     out = jax.jit(ours(holo, (0, 1), holomorphic=True, batch_size=size))(z, w)
-    assert_same(out, jax.jit(ref(holo, (0, 1), holomorphic=True))(z, w), rtol=1e-5)
+    expect = jax.jit(ref(holo, (0, 1), holomorphic=True))(z, w)
+    assert_tree_close(out, expect, weak_type=True, rtol=1e-5, atol=1e-12)
 
 
 def test_jacrev_complex_inputs_real_output_and_allow_int():
@@ -97,19 +90,19 @@ def test_jacrev_complex_inputs_real_output_and_allow_int():
 
     z, k = jnp.array([1 + 1j, 2 - 1j, 3j]), jnp.arange(3)
     out = jax.jit(batch_jacrev(g, (0, 1), allow_int=True, batch_size=2))(z, k)
-    assert_same(out, jax.jacrev(g, (0, 1), allow_int=True)(z, k))
+    assert_tree_close(out, jax.jacrev(g, (0, 1), allow_int=True)(z, k), weak_type=True)
 
 
 @pytest.mark.parametrize("ours,ref,_", JACS)
 def test_jacobian_empty_integer_outputs_and_weak_types(ours, ref, _):
     empty = jax.jit(ours(jnp.cumsum, batch_size=2))(jnp.ones(0))
-    assert_same(empty, ref(jnp.cumsum)(jnp.ones(0)))
+    assert_tree_close(empty, ref(jnp.cumsum)(jnp.ones(0)), weak_type=True)
     h = lambda x: x * jnp.ones(3)  # noqa: E731  (a Python scalar input: weakly typed Jacobian)
-    assert_same(jax.jit(ours(h, batch_size=2))(2.0), jax.jit(ref(h))(2.0))
+    assert_tree_close(jax.jit(ours(h, batch_size=2))(2.0), jax.jit(ref(h))(2.0), weak_type=True)
     as_int = lambda x: (jnp.round(x), (2 * x).astype(int))  # noqa: E731
     if ours is batch_jacfwd:
         out = jax.jit(ours(as_int, batch_size=2))(jnp.ones(3))
-        assert_same(out, ref(as_int)(jnp.ones(3)))
+        assert_tree_close(out, ref(as_int)(jnp.ones(3)), weak_type=True)
 
 
 def test_hessian_by_composition_and_grad_through():
@@ -128,10 +121,10 @@ def test_hessian_by_composition_and_grad_through():
 def test_jacobian_conforms_to_adv(ours, _, peer):
     out = jax.jit(ours(f_tree, (0, 1), batch_size=3))(X, Y, scale=2.0)
     expect = jax.jit(peer(f_tree, (0, 1), batch_size=3))(X, Y, scale=2.0)
-    assert_same(out, expect, rtol=1e-6)
+    assert_tree_close(out, expect, weak_type=True, rtol=1e-6, atol=1e-12)
     out = jax.jit(ours(aux_fn, has_aux=True, batch_size=2))(jnp.ones(5))
     expect = jax.jit(peer(aux_fn, has_aux=True, batch_size=2))(jnp.ones(5))
-    assert_same(out, expect)
+    assert_tree_close(out, expect, weak_type=True)
 
 
 @pytest.mark.parametrize("ours,_,peer", JACS)
@@ -192,20 +185,23 @@ CASES = [  # (pyfunc, kwargs for vectorize, args)
 def test_vectorize_matches_jnp(case, size):
     pyfunc, kw, args = CASES[case]
     ours = jax.jit(batch_vectorize(pyfunc, batch_size=size, **kw))
-    assert_same(ours(*args), jnp.vectorize(pyfunc, **kw)(*args))
+    ref = jnp.vectorize(pyfunc, **kw)(*args)
+    assert_tree_close(ours(*args), ref, weak_type=True, rtol=1e-10, atol=1e-12)  # also f32
 
 
 def test_vectorize_excluded_names_and_none_arguments():
     v = jnp.linspace(0, 1, 5)
     ours = jax.jit(batch_vectorize(scaled, excluded={1, "scale"}, batch_size=2), static_argnums=1)
     ref = jnp.vectorize(scaled, excluded={1, "scale"})
-    assert_same(ours(v, 3, scale=2.0), ref(v, 3, scale=2.0))
+    assert_tree_close(ours(v, 3, scale=2.0), ref(v, 3, scale=2.0), weak_type=True)
     add = lambda a, b, c: sum(x for x in (a, b, c) if x is not None)  # noqa: E731
     args = (jnp.ones((3, 1)), None, jnp.arange(4.0))
-    assert_same(jax.jit(batch_vectorize(add, batch_size=2))(*args), jnp.vectorize(add)(*args))
+    assert_tree_close(
+        jax.jit(batch_vectorize(add, batch_size=2))(*args), jnp.vectorize(add)(*args), weak_type=True
+    )
     args = (None, jnp.ones((3, 1)), jnp.arange(4.0))  # location 0: jnp does not handle it
     out = jax.jit(batch_vectorize(add, batch_size=2))(*args)
-    assert_same(out, jax.jit(adv.batch_vectorize(add))(*args))
+    assert_tree_close(out, jax.jit(adv.batch_vectorize(add))(*args), weak_type=True)
 
 
 def test_vectorize_nests_one_chunked_map_per_loop_dimension():
@@ -227,7 +223,8 @@ def test_vectorize_nests_one_chunked_map_per_loop_dimension():
 def test_vectorize_conforms_to_adv(case):
     pyfunc, kw, args = CASES[case]
     out = jax.jit(batch_vectorize(pyfunc, batch_size=2, **kw))(*args)
-    assert_same(out, jax.jit(adv.batch_vectorize(pyfunc, batch_size=2, **kw))(*args))
+    theirs = jax.jit(adv.batch_vectorize(pyfunc, batch_size=2, **kw))(*args)
+    assert_tree_close(out, theirs, weak_type=True)
 
 
 @settings(max_examples=5, deadline=None)
@@ -241,7 +238,8 @@ def test_vectorize_random_broadcasts(shape, ones, size):
     a = jnp.arange(2.0 * np.prod(shape)).reshape(tuple(shape) + (2,))
     b = jnp.arange(6.0 * np.prod(other)).reshape(other + (2, 3))
     ours = jax.jit(batch_vectorize(matvec, signature="(n),(n,k)->(k)", batch_size=size))
-    assert_same(ours(a, b), jnp.vectorize(matvec, signature="(n),(n,k)->(k)")(a, b))
+    ref = jnp.vectorize(matvec, signature="(n),(n,k)->(k)")(a, b)
+    assert_tree_close(ours(a, b), ref, weak_type=True)
 
 
 def test_vectorize_rank_promotion():

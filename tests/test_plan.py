@@ -8,8 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import chunkx
-from chunkx._memory import MemoryPlan, fit_memory, temp_bytes_of
-from chunkx._plan import DEFAULT_BUDGET_FRACTION, default_budget, plan_chunk_size, plan_memory
+from chunkx._memory import (
+    DEFAULT_BUDGET_FRACTION,
+    MemoryPlan,
+    default_budget,
+    fit_memory,
+    temp_bytes_of,
+)
+from chunkx._plan import plan_chunk_size, plan_memory
 
 S = jax.ShapeDtypeStruct
 f32 = jnp.float32

@@ -13,6 +13,8 @@ import equinox as eqx
 import jax
 import numpy as np
 
+from ._checks import check_positive
+
 _MAX_COMPILES = 12
 
 
@@ -29,6 +31,17 @@ class MemoryPlan(eqx.Module):
     - `predicted`: the chunk size the model alone gives, `floor((budget - a) / b)` in `[1, n]`.
     - `chunk_size`: the verified answer: its measured temp is within the budget, and the next
       size up was measured over it (unless `chunk_size == n`).
+
+    !!! Example
+
+        ```python
+        import math, chunkx
+        plan = chunkx.fit_memory(lambda B: 1_000 + 100 * B, n=64, budget_bytes=5_000)
+        assert isinstance(plan, chunkx.MemoryPlan)
+        assert math.isclose(plan.a, 1_000) and math.isclose(plan.b, 100)
+        assert plan.chunk_size == 40 and plan.bytes_at(40) == 5_000 < plan.bytes_at(41)
+        assert plan.bytes_at(64) == 7_400                   # the whole batch, measured first
+        ```
     """
 
     n: int = eqx.field(static=True)
@@ -52,14 +65,6 @@ def fit_line(points: Any) -> tuple[float, float]:
         return float(ys.mean()), 0.0
     b, a = np.polyfit(xs, ys, 1)
     return float(a), float(max(b, 0.0))
-
-
-def _check_budget(who: str, name: str, budget: Any) -> int:
-    if isinstance(budget, bool) or not isinstance(budget, int | np.integer) or budget < 1:
-        raise ValueError(
-            f"`{who}({name}={budget!r})`: {name} must be a positive int (bytes), got {budget!r}."
-        )
-    return int(budget)
 
 
 def fit_memory(
@@ -93,8 +98,18 @@ def fit_memory(
     **Returns:**
 
     A [`chunkx.MemoryPlan`][].
+
+    !!! Example
+
+        ```python
+        import chunkx
+        measure = lambda B: 4_096 + 512 * B + (B > 50) * 10_000    # a jump above 50 rows
+        plan = chunkx.fit_memory(measure, n=100, budget_bytes=40_000)
+        best = max(B for B in range(1, 101) if measure(B) <= 40_000)   # brute force
+        assert plan.chunk_size == best == 50 and len(plan.points) <= 12
+        ```
     """
-    budget = _check_budget(who, name, budget_bytes)
+    budget = check_positive(who, name, budget_bytes, allow_none=False)
     if n < 1:
         return MemoryPlan(max(n, 0), budget, (), 0.0, 0.0, 1, 1)
     seen: dict[int, int] = {}
@@ -215,18 +230,30 @@ def temp_bytes_of(compiled: Any, who: str) -> int:
 def compiled_temp_bytes(
     fn: Callable[..., Any], *args: Any, who: str = "compiled_temp_bytes"
 ) -> int:
-    """XLA temp memory (bytes, per device) of `jax.jit(fn)(*args)` on the default backend.
+    """XLA temp memory (bytes, per device) of `eqx.filter_jit(fn)(*args)` on the default backend.
 
     Nothing is allocated or run: array leaves of `args` (and of `fn`, if it is a Module holding
     arrays or tracers) become `jax.ShapeDtypeStruct`s and are only compiled for. Other leaves
-    are closed over as constants.
+    are closed over as constants, and non-array leaves of the output (e.g. the functions of an
+    equinox Module that `fn` returns) are dropped, as `eqx.filter_jit` does.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        f = lambda x: jnp.sum(jnp.sort(x @ x.T, axis=1)[:, -1])   # materialises x @ x.T
+        x = jax.ShapeDtypeStruct((512, 8), jnp.float32)             # nothing is allocated
+        temp = chunkx.compiled_temp_bytes(f, x)
+        assert temp == jax.jit(f).lower(x).compile().memory_analysis().temp_size_in_bytes
+        assert temp >= 512 * 512 * 4                                # at least x @ x.T
+        ```
     """
     dyn, static = eqx.partition((fn, args), _is_leaf_array)
     dyn = jax.tree_util.tree_map(_struct, dyn)
 
     def run(d):
         f, a = eqx.combine(d, static)
-        return f(*a)
+        return eqx.filter(f(*a), eqx.is_array)
 
     return temp_bytes_of(jax.jit(run).lower(dyn).compile(), who)
 
@@ -304,3 +331,62 @@ def plan_pipeline(
     if cache_on is not None:
         measure = cached(*signature(cache_on, args), measure)
     return fit_memory(measure, n, budget_bytes, who=who, what=what, name=name)
+
+
+#: Fraction of `device.memory_stats()["bytes_limit"]` that `batch_size="auto"` uses as its
+#: budget when no `memory_budget` is given (backends that report device memory only).
+DEFAULT_BUDGET_FRACTION = 0.5
+
+
+def default_budget(who: str, arg: str = "batch_size", device: Any = None) -> int:
+    """`DEFAULT_BUDGET_FRACTION` of the device's `bytes_limit`, or a clear error where unknown."""
+    device = jax.local_devices()[0] if device is None else device
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    limit = (stats or {}).get("bytes_limit")
+    if not limit:
+        raise ValueError(
+            f"`{who}({arg}='auto')`: memory_budget must be given on the {device.platform!r} "
+            "backend, which reports no device memory (device.memory_stats() has no "
+            "'bytes_limit'); pass memory_budget=<bytes of temp memory per device>."
+        )
+    return int(DEFAULT_BUDGET_FRACTION * limit)
+
+
+def per_device_rows(n: int, ndev: int) -> int:
+    """Rows one device chunks when `n` rows are split over `ndev` devices (the larger of a
+    device's share and the leftover rows, which `Shard` evaluates as one more piece)."""
+    return n if ndev == 1 else max(n // ndev, n % ndev)
+
+
+def plan_auto(
+    who: str,
+    build: Callable[[int], Callable[..., Any]],
+    args: tuple,
+    n: int,
+    memory_budget: int | None,
+    *,
+    arg: str = "batch_size",
+    cache_on: Any = None,
+    name: str = "memory_budget",
+    what: str | None = None,
+) -> MemoryPlan:
+    """Plan `arg="auto"` of a chunked map: the [`chunkx.MemoryPlan`][] of its own pipeline.
+
+    **Arguments:**
+
+    - `who`: the public map or planner, for messages (`"batch_vmap"`).
+    - `build`: `size -> pipeline`, the map's own combinators with chunk size `size`.
+    - `args`: the pipeline's arguments (arrays, tracers or `jax.ShapeDtypeStruct`s).
+    - `n`: the largest useful chunk size (rows per device).
+    - `memory_budget`: bytes of temp memory per device, or `None` for
+      `DEFAULT_BUDGET_FRACTION` of the device's memory where the backend reports it.
+    - `arg`: the chunk-size argument's name (`"batch_size"`, `"chunk_size"`).
+    - `cache_on`: what identifies `build` (the function and options), for the cache.
+    - `name`, `what`: the budget argument and the planned object, for messages.
+    """
+    if memory_budget is None:
+        memory_budget = default_budget(who, arg)
+    what = f"{who}({arg}='auto')" if what is None else what
+    return plan_pipeline(
+        build, args, n, memory_budget, who=who, what=what, name=name, cache_on=cache_on
+    )

@@ -14,4 +14,4 @@ RowMask: TypeAlias = Bool[Array, " n"]
 #: Any pytree of arrays.
 Tree: TypeAlias = PyTree[Any]
 BatchedFn: TypeAlias = Callable[..., Any]
-Remainder: TypeAlias = Literal["call", "pad"]
+Remainder: TypeAlias = Literal["call", "shift"]

@@ -1,38 +1,10 @@
-"""Private helpers: normalise `in_axes`, measure and slice the mapped axis of argument pytrees."""
-
-import math
+"""Private helpers: measure, split and slice the mapped axis of argument pytrees."""
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from .._types import AxisSpec, InAxes
-
-
-def normalize_in_axes(in_axes: InAxes, nargs: int, who: str) -> tuple[AxisSpec, ...]:
-    """Turn an int/None/sequence `in_axes` into one ``0``/``None`` entry per argument."""
-    if in_axes is None or (isinstance(in_axes, int) and not isinstance(in_axes, bool)):
-        axes = (in_axes,) * nargs
-    elif isinstance(in_axes, tuple | list):
-        axes = tuple(in_axes)
-        if len(axes) != nargs:
-            raise ValueError(
-                f"`{who}(in_axes={in_axes!r})`: in_axes must have one entry per positional "
-                f"argument ({nargs}), got {len(axes)} entries."
-            )
-    else:
-        raise TypeError(
-            f"`{who}(in_axes={in_axes!r})`: in_axes must be 0, None or a tuple of them, "
-            f"got {type(in_axes).__name__}."
-        )
-    for a in axes:
-        if a is not None and (isinstance(a, bool) or a != 0):
-            raise ValueError(
-                f"`{who}(in_axes={in_axes!r})`: every in_axes entry must be 0 or None "
-                f"(move other axes to the front first), got {a!r}."
-            )
-    return axes
+from .._types import AxisSpec
 
 
 def array_leaves(tree) -> list:
@@ -73,31 +45,44 @@ def map_mapped(fn, args: tuple, axes: tuple[AxisSpec, ...]) -> tuple:
     )
 
 
-def pad_rows(x, m: int):
-    """Pad the leading axis of `x` to length `m` with copies of its last row (zeros if empty).
+def split_args(args: tuple, axes: tuple[AxisSpec, ...]) -> tuple[tuple, tuple, object]:
+    """`(mapped arrays, unmapped arrays, static leaves)`; `join_args` puts them back."""
+    dyn, static = eqx.partition(args, eqx.is_array)
+    mapped = tuple(d if a is not None else _nones(d) for d, a in zip(dyn, axes))
+    fixed = tuple(d if a is None else _nones(d) for d, a in zip(dyn, axes))
+    return mapped, fixed, static
 
-    Copies of a real row keep the padded evaluations finite wherever the real ones are, so no
-    NaN/inf reaches a gradient through the discarded rows (their cotangent is zero).
-    """
-    n = x.shape[0]
-    if m == n:
-        return x
-    if n == 0:
-        return jnp.zeros((m,) + x.shape[1:], x.dtype)
-    extra = jnp.broadcast_to(x[n - 1 :], (m - n,) + x.shape[1:])
-    return jnp.concatenate([x, extra], axis=0)
+
+def join_args(mapped: tuple, fixed: tuple, static: object) -> tuple:
+    return eqx.combine(mapped, fixed, static)
+
+
+def rows(tree, start, size: int):
+    """Rows `[start, start + size)` of every leaf (`start` may be traced)."""
+    if isinstance(start, int):
+        return jax.tree_util.tree_map(lambda x: x[start : start + size], tree)
+    return jax.tree_util.tree_map(lambda x: jax.lax.dynamic_slice_in_dim(x, start, size), tree)
 
 
 def struct_of(tree):
-    """Shape/dtype structs of the array leaves of `tree` (tracers included)."""
-    return jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), tree
-    )
+    """Shape/dtype (and sharding, where typed) structs of the array leaves of `tree`."""
+
+    def struct(x):
+        sharding = None
+        if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+            sharding = x.sharding  # concrete: a mesh of devices (eager calls)
+        elif eqx.is_array(x):
+            sharding = getattr(jax.typeof(x), "sharding", None)
+        if getattr(getattr(sharding, "mesh", None), "empty", True):
+            sharding = None
+        return jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x), sharding=sharding)
+
+    return jax.tree_util.tree_map(struct, tree)
 
 
-def round_up(n: int, m: int) -> int:
-    return int(math.ceil(n / m)) * m if n else 0
+def zeros_like_struct(tree):
+    return jax.tree_util.tree_map(lambda t: jnp.zeros(t.shape, t.dtype), tree)
 
 
-def row_mask(n: int, m: int):
-    return jnp.asarray(np.arange(m) < n)
+def _nones(tree):
+    return jax.tree_util.tree_map(lambda _: None, tree)

@@ -1,8 +1,10 @@
 """Reducers: how the partial results of chunks (and of devices) join.
 
-One reducer object answers three questions for the whole pipeline: what one chunk contributes
-(`reduce_rows`), how two partial results join (`combine`), and how partial results from the devices
-of a mesh are gathered (`Shard` asks `shard_spec`/`shard_collect`).
+One reducer object answers every question the pipeline asks about joining rows: what one piece
+of rows contributes (`reduce_rows`), how two partial results join (`combine`), how a chunk loop
+accumulates (`init`/`accumulate`), how padded rows are kept out (`call_masked`/`trim`), and how
+the devices of a mesh are joined (`shard_spec`/`shard_local`/`shard_collect`). The combinators
+ask; they never test which reducer they hold.
 """
 
 import abc
@@ -12,9 +14,12 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .._types import RowMask, Tree
+from ._rows import zeros_like_struct
+from ._sharding import is_explicit, place
 
 
 def identity(x: Any) -> Any:
@@ -23,52 +28,103 @@ def identity(x: Any) -> Any:
 
 
 class AbstractReducer(eqx.Module):
-    """How partial results join. Subclass it for a new reducer; concrete reducers are final."""
+    """How partial results join. Subclass it (and make the subclass final) for a new reducer.
+
+    A *partial result* is what a piece of rows contributes: the rows themselves for
+    [`chunkx.Concat`][], a reduced value otherwise.
+
+    !!! Example
+
+        ```python
+        import jax.numpy as jnp, chunkx
+        r: chunkx.AbstractReducer = chunkx.Sum()
+        a = r.reduce_rows(jnp.arange(3.0), None)                   # one piece: 0 + 1 + 2
+        b = r.reduce_rows(jnp.arange(3.0, 5.0), jnp.array([True, False]))   # 3 (4 masked)
+        assert r.combine(a, b) == 6.0
+        ```
+    """
 
     @abc.abstractmethod
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
-        """The partial result of one piece of rows (`valid` masks padded rows out)."""
+        """The partial result of one piece of rows (`valid` masks repeated or padded rows)."""
 
     @abc.abstractmethod
     def combine(self, a: Tree, b: Tree) -> Tree:
         """Join two partial results, `a` from rows before `b`."""
 
-    def identity_like(self, partial: Tree) -> Tree | None:
-        """A neutral element shaped like `partial`, or `None` if the reducer has none."""
-        return None
+    @abc.abstractmethod
+    def init(self, part: Tree, n: int) -> Tree:
+        """The accumulator of a chunk loop over `n` rows, given one chunk's partial struct."""
 
+    @abc.abstractmethod
+    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> Tree:
+        """Add chunk `index` (rows from `start`) to the accumulator (traced indices allowed)."""
+
+    @abc.abstractmethod
+    def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
+        """Call a piece `fn` on rows of which only `valid` ones count."""
+
+    @abc.abstractmethod
+    def trim(self, out: Tree, n: int) -> Tree:
+        """Cut a result computed on padded rows back to the first `n` rows' result."""
+
+    @abc.abstractmethod
     def check_rows(self, rows_struct: Tree, who: str) -> None:
         """Raise early (at trace time) if this reducer cannot handle rows shaped `rows_struct`."""
 
-    @property
-    def keeps_rows(self) -> bool:
-        """Whether a partial result still carries the mapped axis (concatenation)."""
-        return False
-
-    # How `Shard` joins devices. Default: every device returns its partial with a leading axis of
-    # one (out_spec P(axis) stacks them in mesh order) and they are folded with `combine`.
+    @abc.abstractmethod
     def shard_spec(self, axis: Any) -> P:
-        """The `shard_map` out_spec of a partial result leaf."""
-        return P(axis)
+        """The `shard_map` out_spec of a partial-result leaf."""
 
+    @abc.abstractmethod
     def shard_local(self, partial: Tree, axis: Any) -> Tree:
         """What one device returns from inside `shard_map`."""
-        return jax.tree_util.tree_map(lambda x: x[None], partial)
 
-    def shard_collect(self, gathered: Tree) -> Tree:
-        """Join what the devices returned (ordered fold, device 0 first)."""
-        leaves = jax.tree_util.tree_leaves(gathered)
-        ndev = leaves[0].shape[0] if leaves else 0
-        acc = jax.tree_util.tree_map(lambda x: x[0], gathered)
-        for d in range(1, ndev):
-            acc = self.combine(acc, jax.tree_util.tree_map(lambda x, d=d: x[d], gathered))
-        return acc
+    @abc.abstractmethod
+    def shard_collect(self, gathered: Tree, mesh: Mesh) -> Tree:
+        """Join what the devices returned into one partial result."""
+
+
+def _fold_devices(reducer: AbstractReducer, gathered: Tree, mesh: Mesh) -> Tree:
+    """Fold per-device partials (stacked along a leading axis) in mesh order."""
+    if is_explicit(mesh):  # an Explicit leading axis is sharded: replicate before indexing
+        gathered = jax.tree_util.tree_map(lambda x: place(x, mesh, P()), gathered)
+    leaves = jax.tree_util.tree_leaves(gathered)
+    ndev = leaves[0].shape[0] if leaves else 0
+    acc = jax.tree_util.tree_map(lambda x: x[0], gathered)
+    for d in range(1, ndev):
+        acc = reducer.combine(acc, jax.tree_util.tree_map(lambda x, d=d: x[d], gathered))
+    return acc
+
+
+def _layout_like(y: Any, b: Any) -> Any:
+    """`y` in `b`'s dtype and, on an Explicit mesh, `b`'s sharding (an in-place write needs it)."""
+    y = y.astype(b.dtype)
+    sb, sy = getattr(jax.typeof(b), "sharding", None), getattr(jax.typeof(y), "sharding", None)
+    spec_b, spec_y = getattr(sb, "spec", None), getattr(sy, "spec", None)
+    if spec_b is None or spec_y is None or tuple(spec_b) == tuple(spec_y):
+        return y
+    return jax.sharding.reshard(y, sb)
+
+
+def _call(fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
+    return fn(*args) if valid is None else fn(*args, valid=valid)
 
 
 class Concat(AbstractReducer):
     """Keep every row: partial results are stacked back along the mapped axis.
 
-    Under [`chunkx.Shard`][] the output stays sharded along the mapped axis.
+    A chunk loop writes each chunk in place into one output buffer; under [`chunkx.Shard`][]
+    the output stays sharded along the mapped axis.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        f = chunkx.Chunk(chunkx.Vmap(jnp.sin), 3, reducer=chunkx.Concat())
+        x = jnp.arange(7.0)
+        assert jnp.allclose(f(x), jnp.sin(x))
+        ```
     """
 
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
@@ -77,19 +133,46 @@ class Concat(AbstractReducer):
     def combine(self, a: Tree, b: Tree) -> Tree:
         return jax.tree_util.tree_map(lambda x, y: jnp.concatenate([x, y], axis=0), a, b)
 
-    @property
-    def keeps_rows(self) -> bool:
-        return True
+    def init(self, part: Tree, n: int) -> Tree:
+        def buffer(t):
+            b = jnp.zeros((n,) + tuple(t.shape[1:]), t.dtype)
+            sharding = getattr(t, "sharding", None)
+            mesh = getattr(sharding, "mesh", None)
+            if mesh is None or not is_explicit(mesh):
+                return b
+            # on a caller's Explicit mesh: the buffer lives on the rows' mesh (rows replicated)
+            spec = (None,) + tuple(sharding.spec)[1:]
+            return jax.sharding.reshard(b, NamedSharding(mesh, P(*spec)))
+
+        return jax.tree_util.tree_map(buffer, part)
+
+    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> Tree:
+        def write(b, y):
+            return jax.lax.dynamic_update_slice_in_dim(b, _layout_like(y, b), start, 0)
+
+        return jax.tree_util.tree_map(write, acc, part)
+
+    def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
+        return fn(*args)  # every row is computed; `trim` cuts the padded ones off
+
+    def trim(self, out: Tree, n: int) -> Tree:
+        return jax.tree_util.tree_map(lambda y: y[:n], out)
+
+    def check_rows(self, rows_struct: Tree, who: str) -> None:
+        pass
+
+    def shard_spec(self, axis: Any) -> P:
+        return P(axis)
 
     def shard_local(self, partial: Tree, axis: Any) -> Tree:
         return partial
 
-    def shard_collect(self, gathered: Tree) -> Tree:
+    def shard_collect(self, gathered: Tree, mesh: Mesh) -> Tree:
         return gathered
 
 
 class Sum(AbstractReducer):
-    """Sum over the mapped axis, with zero as identity (so padded rows are masked to zero).
+    """Sum over the mapped axis, with zero as identity (masked rows contribute zero).
 
     Under [`chunkx.Shard`][] the per-device sums are joined with `jax.lax.psum`.
 
@@ -97,8 +180,18 @@ class Sum(AbstractReducer):
 
     - `presummed`: the batched function already returns the sum of its rows (no mapped axis),
       e.g. a gradient whose contraction over rows is one matrix product: chunks and devices
-      are added without materialising per-row results. Padded rows cannot be masked then; pad
-      with rows that contribute zero, or use `remainder="call"`.
+      are added without materialising per-row results. Rows cannot be masked then: use
+      `remainder="call"`, or [`chunkx.Pad`][] with `fill="zero"` for a map that is linear in
+      its rows.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        f = chunkx.Chunk(chunkx.Vmap(jnp.square), 4, reducer=chunkx.Sum(), remainder="shift")
+        x = jnp.arange(10.0)
+        assert jnp.allclose(f(x), jnp.sum(x**2))
+        ```
     """
 
     presummed: bool = eqx.field(static=True, default=False)
@@ -107,8 +200,8 @@ class Sum(AbstractReducer):
         if self.presummed:
             if valid is not None:
                 raise ValueError(
-                    "`Sum(presummed=True)`: a pre-summed partial cannot mask padded rows; use "
-                    "remainder='call' or pad with rows that contribute zero."
+                    "`Sum(presummed=True)`: a pre-summed partial cannot mask rows; use "
+                    "remainder='call', or Pad(fill='zero') for a map linear in its rows."
                 )
             return rows
 
@@ -123,8 +216,20 @@ class Sum(AbstractReducer):
     def combine(self, a: Tree, b: Tree) -> Tree:
         return jax.tree_util.tree_map(jnp.add, a, b)
 
-    def identity_like(self, partial: Tree) -> Tree:
-        return jax.tree_util.tree_map(jnp.zeros_like, partial)
+    def init(self, part: Tree, n: int) -> Tree:
+        return zeros_like_struct(part)
+
+    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> Tree:
+        return self.combine(acc, part)
+
+    def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
+        return _call(fn, args, valid)
+
+    def trim(self, out: Tree, n: int) -> Tree:
+        return out
+
+    def check_rows(self, rows_struct: Tree, who: str) -> None:
+        pass
 
     def shard_spec(self, axis: Any) -> P:
         return P()
@@ -132,7 +237,7 @@ class Sum(AbstractReducer):
     def shard_local(self, partial: Tree, axis: Any) -> Tree:
         return jax.lax.psum(partial, axis)
 
-    def shard_collect(self, gathered: Tree) -> Tree:
+    def shard_collect(self, gathered: Tree, mesh: Mesh) -> Tree:
         return gathered
 
 
@@ -142,13 +247,24 @@ class Monoid(AbstractReducer):
     `chunk_reduction(rows)` collapses the mapped axis of one piece of rows; `reduction(a, b)`
     joins two partial results. Pieces are folded left to right in row order, seeded from the
     first piece (no identity element is needed), so `reduction` must be associative; it need not
-    be commutative, also under [`chunkx.Shard`][] (devices are folded in mesh order).
+    be commutative, also under [`chunkx.Shard`][] (devices are folded in mesh order). Rows
+    cannot be masked, so a [`chunkx.Chunk`][] with a Monoid uses `remainder="call"`.
 
     **Arguments:**
 
     - `reduction`: binary, associative `(partial, partial) -> partial`.
     - `chunk_reduction`: `(rows) -> partial`; it must remove the mapped axis. This is checked
       at trace time: the partial's shapes may not depend on the number of rows.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        r = chunkx.Monoid(jnp.maximum, lambda rows: jnp.max(rows, axis=0))
+        f = chunkx.Chunk(chunkx.Vmap(jnp.cos), 3, reducer=r)
+        x = jnp.arange(8.0)
+        assert jnp.allclose(f(x), jnp.max(jnp.cos(x)))
+        ```
     """
 
     reduction: Callable[[Tree, Tree], Tree]
@@ -157,13 +273,27 @@ class Monoid(AbstractReducer):
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
         if valid is not None:
             raise ValueError(
-                "`Monoid.reduce_rows`: a user reduction cannot mask padded rows; use "
-                "remainder='call' (no padding) or the Sum reducer."
+                "`Monoid.reduce_rows`: a user reduction cannot mask repeated or padded rows; "
+                "use remainder='call' (no padding) or the Sum reducer."
             )
         return self.chunk_reduction(rows)
 
     def combine(self, a: Tree, b: Tree) -> Tree:
         return self.reduction(a, b)
+
+    def init(self, part: Tree, n: int) -> Tree:
+        return zeros_like_struct(part)  # a placeholder: chunk 0 replaces it
+
+    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> Tree:
+        if isinstance(index, int):
+            return part if index == 0 else self.combine(acc, part)
+        return jax.lax.cond(index == 0, lambda a, p: p, self.combine, acc, part)
+
+    def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
+        return _call(fn, args, valid)
+
+    def trim(self, out: Tree, n: int) -> Tree:
+        return out
 
     def check_rows(self, rows_struct: Tree, who: str) -> None:
         """Raise if `chunk_reduction` keeps the mapped axis (partial shape depends on rows)."""
@@ -185,3 +315,30 @@ class Monoid(AbstractReducer):
                 f"jnp.sum over axis 0) so that partial results can be folded; for 2 rows it "
                 f"returned shapes {shapes}, which depend on the number of rows."
             )
+
+    def shard_spec(self, axis: Any) -> P:
+        return P(axis)
+
+    def shard_local(self, partial: Tree, axis: Any) -> Tree:
+        return jax.tree_util.tree_map(lambda x: x[None], partial)
+
+    def shard_collect(self, gathered: Tree, mesh: Mesh) -> Tree:
+        return _fold_devices(self, gathered, mesh)
+
+
+def reducer_of(who: str, fn: Any, reducer: AbstractReducer | None) -> AbstractReducer:
+    """The reducer a wrapping combinator uses: its own, else the one `fn` holds, else Concat.
+
+    Given both, they must agree (a `Shard` around a `Chunk` joins devices the way the chunks
+    join).
+    """
+    inner = getattr(fn, "reducer", None)
+    inner = inner if isinstance(inner, AbstractReducer) else None
+    if reducer is None:
+        return Concat() if inner is None else inner
+    if inner is not None and not eqx.tree_equal(inner, reducer):
+        raise ValueError(
+            f"`{who}(reducer={reducer!r})`: the wrapped {type(fn).__name__} joins rows with "
+            f"{inner!r}; give the same reducer, or leave {who}'s reducer out to use it."
+        )
+    return reducer

@@ -5,46 +5,37 @@ from typing import Any
 
 import equinox as eqx
 import jax
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from .._checks import as_in_axes, zero_in_axes
 from .._types import InAxes, RowMask
-from ._rows import map_mapped, mapped_length, normalize_in_axes
-from .reduce import AbstractReducer, Concat
+from ._rows import map_mapped, mapped_length
+from ._sharding import default_mesh, is_explicit, place
+from .pad import split_rows
+from .reduce import AbstractReducer, reducer_of
 
 
-def default_mesh() -> Mesh:
-    """A 1-D mesh over every device (all processes), axis name `"x"`, Auto axis type."""
-    return jax.make_mesh((jax.device_count(),), ("x",), axis_types=(AxisType.Auto,))
-
-
-def is_explicit(mesh: Mesh) -> bool:
-    return any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
-
-
-def place(x, mesh: Mesh, spec: P):
-    """Lay `x` out as `spec` on `mesh` (works for Auto and Explicit mesh axes)."""
-    sharding = NamedSharding(mesh, spec)
-    if is_explicit(mesh):
-        return jax.sharding.reshard(x, sharding)
-    return jax.lax.with_sharding_constraint(x, sharding)
+def _call(fn, args, valid):
+    return fn(*args) if valid is None else fn(*args, valid=valid)
 
 
 class Shard(eqx.Module):
     """Split the mapped axis over the devices of a mesh and run `fn` on each device's rows.
 
-    As a loop over the `D` devices of the mesh (rows that do not divide by `D` are a last piece
-    evaluated outside the `shard_map`):
+    As a loop over the `D` devices of the mesh (rows that do not divide by `D` are one more
+    piece, evaluated replicated outside the `shard_map`):
 
     ```python
     L = n // D
     parts = [fn(*rows(d * L, (d + 1) * L)) for d in range(D)] + [fn(*rows(D * L, n))]
     ```
 
-    and the parts are joined by `reducer`: [`chunkx.Concat`][] keeps the output sharded along the
-    mapped axis, [`chunkx.Sum`][] uses `psum`, a [`chunkx.Monoid`][] folds in mesh order. `fn`
-    returns what the reducer's partial result is (rows for `Concat`, a reduced value otherwise),
-    so nest a [`chunkx.Chunk`][] with the same reducer inside for per-device chunking.
+    and the parts are joined by the reducer: [`chunkx.Concat`][] keeps the output sharded along
+    the mapped axis, [`chunkx.Sum`][] uses `psum`, a [`chunkx.Monoid`][] folds in mesh order.
+    `fn` returns the reducer's partial result (rows for `Concat`, a reduced value otherwise), so
+    nest a [`chunkx.Chunk`][] inside for per-device chunking: `Shard` then takes the chunk's
+    reducer (give `reducer=` only for an `fn` that holds none).
 
     Works with Auto and Explicit mesh axes and across processes (`jax.distributed`): inputs
     are laid out on the mesh first, mapped arguments split along all mesh axes, the others
@@ -54,61 +45,74 @@ class Shard(eqx.Module):
 
     - `fn`: a batched function that returns the reducer's partial result.
     - `mesh`: a `jax.sharding.Mesh`; `None` means every device on a 1-D mesh at call time.
-    - `reducer`: [`chunkx.Concat`][] by default.
+    - `reducer`: by default the one `fn` holds, else [`chunkx.Concat`][].
     - `in_axes`: `0`, `None`, or one `0`/`None` per positional argument.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        f = chunkx.Shard(chunkx.Chunk(chunkx.Vmap(jnp.sin), 2, reducer=chunkx.Sum()))
+        x = jnp.arange(11.0)
+        assert jnp.allclose(f(x), jnp.sum(jnp.sin(x)))
+        ```
     """
 
     fn: Callable[..., Any]
     mesh: Mesh | None = eqx.field(static=True, default=None)
-    reducer: AbstractReducer = Concat()
-    in_axes: InAxes = eqx.field(static=True, default=0)
+    reducer: AbstractReducer | None = None
+    in_axes: InAxes = eqx.field(static=True, default=0, converter=as_in_axes)
+
+    def __check_init__(self):
+        reducer_of("Shard", self.fn, self.reducer)
 
     def __call__(self, *args: Any, valid: RowMask | None = None) -> Any:
         mesh = default_mesh() if self.mesh is None else self.mesh
-        names = tuple(mesh.axis_names)
-        axis = names[0] if len(names) == 1 else names
-        axes = normalize_in_axes(self.in_axes, len(args), "Shard")
+        reducer = reducer_of("Shard", self.fn, self.reducer)
+        axes = zero_in_axes("Shard", self.in_axes, len(args))
         n = mapped_length(args, axes, "Shard")
-        ndev = mesh.size
-        n_even = n - n % ndev
-        reducer = self.reducer
+        n_even = n - n % mesh.size
+        head, tail = split_rows(args, axes, valid, n_even)
         parts = []
-        if n_even:
-            head = args if n_even == n else map_mapped(lambda x: x[:n_even], args, axes)
-            v_head = None if valid is None else valid[:n_even]
-            dyn, static = eqx.partition(head, eqx.is_array)
-            specs = tuple(
-                jax.tree_util.tree_map(lambda _, a=a: P(axis) if a is not None else P(), d)
-                for d, a in zip(dyn, axes)
-            )
-            dyn = jax.tree_util.tree_map(lambda x, s: place(x, mesh, s), dyn, specs)
-            v_spec = None if v_head is None else P(axis)
-            if v_head is not None:
-                v_head = place(v_head, mesh, v_spec)
-
-            def local(dyn_args, v):
-                full = eqx.combine(dyn_args, static)
-                part = self.fn(*full) if v is None else self.fn(*full, valid=v)
-                return reducer.shard_local(part, axis)
-
-            gathered = jax.shard_map(
-                local,
-                mesh=mesh,
-                in_specs=(specs, v_spec),
-                out_specs=reducer.shard_spec(axis),
-                check_vma=False,
-            )(dyn, v_head)
-            if is_explicit(mesh) and not reducer.keeps_rows:  # per-device partials: replicate
-                gathered = jax.tree_util.tree_map(lambda x: place(x, mesh, P()), gathered)
-            parts.append(reducer.shard_collect(gathered))
+        if head is not None:
+            parts.append(self._sharded(mesh, reducer, *head, axes))
         if n_even < n or not n_even:
-            tail = map_mapped(lambda x: x[n_even:], args, axes)
-            if is_explicit(mesh):
+            tail, v_tail = (args, valid) if tail is None else tail
+            if is_explicit(mesh):  # replicated on the caller's mesh; typed under jit (eager too)
                 tail = map_mapped(lambda x: place(x, mesh, P()), tail, axes)
-            v_tail = None if valid is None else valid[n_even:]
-            parts.append(self.fn(*tail) if v_tail is None else self.fn(*tail, valid=v_tail))
+                parts.append(eqx.filter_jit(_call)(self.fn, tail, v_tail))
+            else:
+                parts.append(_call(self.fn, tail, v_tail))
         if len(parts) == 1:
             return parts[0]
-        if reducer.keeps_rows and is_explicit(mesh):
+        if is_explicit(mesh):  # join on one (replicated) layout
             parts = [jax.tree_util.tree_map(lambda x: place(x, mesh, P()), p) for p in parts]
         return reducer.combine(*parts)
+
+    def _sharded(self, mesh, reducer, args, valid, axes):
+        names = tuple(mesh.axis_names)
+        axis = names[0] if len(names) == 1 else names
+        dyn, static = eqx.partition(args, eqx.is_array)
+        specs = tuple(
+            jax.tree_util.tree_map(lambda _, a=a: P(axis) if a is not None else P(), d)
+            for d, a in zip(dyn, axes)
+        )
+        dyn = jax.tree_util.tree_map(lambda x, s: place(x, mesh, s), dyn, specs)
+        v_spec = None if valid is None else P(axis)
+        if valid is not None:
+            valid = place(valid, mesh, v_spec)
+
+        def local(dyn_args, v):
+            part = _call(self.fn, eqx.combine(dyn_args, static), v)
+            return reducer.shard_local(part, axis)
+
+        # check_vma=False: the chunk loop inside `fn` starts its accumulator from constants
+        # (zeros, invariant across devices) and `lax.scan` would reject a carry that becomes
+        # device-varying. What the check guards, that a `P()` output really is replicated, the
+        # reducers guarantee: only `Sum` declares `P()`, and it returns a `psum`
+        # (tests/test_combinators.py::test_shard_sum_is_replicated checks every device's value).
+        gathered = jax.shard_map(
+            local, mesh=mesh, in_specs=(specs, v_spec), out_specs=reducer.shard_spec(axis),
+            check_vma=False,
+        )(dyn, valid)
+        return reducer.shard_collect(gathered, mesh)

@@ -9,13 +9,13 @@ from beartype import beartype
 from jax.sharding import Mesh
 from jaxtyping import jaxtyped
 
-from .._checks import check_callable, check_mesh_1d, check_positive, resolve_batch_size
-from .._combinators._rows import mapped_length, normalize_in_axes
+from .._checks import as_in_axes, check_mesh_1d, in_axes_tuple, resolve_batch_size
+from .._combinators._rows import mapped_length
 from .._combinators.chunk import Chunk, Reduce
 from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
 from .._combinators.shard import Shard
 from .._combinators.vmap import Vmap
-from .._plan import per_device_rows, resolve_auto
+from .._memory import MemoryPlan, per_device_rows, plan_auto
 from .._types import InAxes
 from ._axes import move_axis, normalize_axis
 
@@ -26,7 +26,6 @@ def reducer_for(
     """adv's `(reduction, chunk_reduction)` pair as a reducer plus an optional final map."""
     if reduction is None:
         return Concat(), (None if chunk_reduction is identity else chunk_reduction)
-    check_callable(who, "reduction", reduction)
     if chunk_reduction is identity:
         raise ValueError(
             f"`{who}(reduction=...)`: a reduction needs a chunk_reduction that removes the mapped "
@@ -34,6 +33,14 @@ def reducer_for(
             "identity, which would fold unreduced chunks of different lengths."
         )
     return Monoid(reduction, chunk_reduction), None
+
+
+def check_options(who: str, batch_size: Any, kwargs: dict, memory_budget, shard, mesh) -> Any:
+    """The preamble of every adv-style map: the chunk size (and its alias), budget, mesh."""
+    batch_size = resolve_batch_size(who, batch_size, kwargs, memory_budget)
+    if shard:
+        check_mesh_1d(who, mesh)
+    return batch_size
 
 
 def compose(inner, axes, batch_size, reducer, shard, mesh, checkpoint=True, progress=False):
@@ -46,15 +53,41 @@ def compose(inner, axes, batch_size, reducer, shard, mesh, checkpoint=True, prog
             progress=progress,
         )
     if shard:
-        piece = Shard(piece, mesh, reducer=reducer, in_axes=axes)
+        piece = Shard(piece, mesh, in_axes=axes)
     return piece
 
 
+def _ndev(shard: bool, mesh: Mesh | None) -> int:
+    if not shard:
+        return 1
+    return jax.device_count() if mesh is None else mesh.size
+
+
 class BatchVmap(eqx.Module):
-    """The callable returned by [`chunkx.batch_vmap`][]; an equinox Module (a pytree)."""
+    """The callable returned by [`chunkx.batch_vmap`][]; an equinox Module (a pytree).
+
+    !!! Example
+
+        ```python
+        import equinox as eqx, jax, jax.numpy as jnp, chunkx
+        g = chunkx.batch_vmap(lambda x, w: jnp.sin(x) * w, (0, None), batch_size=4)
+        assert isinstance(g, chunkx.BatchVmap)
+        x, w = jnp.linspace(0.0, 1.0, 10), 2.0
+        y = eqx.filter_jit(g)(x, w)     # a Module: store it in a model, pass it through jit
+        assert jnp.allclose(y, jax.vmap(lambda x: jnp.sin(x) * w)(x))
+        ```
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        g = chunkx.batch_vmap(jnp.sin, batch_size="auto", memory_budget=2**20)
+        x = jnp.ones((4096, 64))
+        plan = g.memory_plan(x)              # what "auto" chooses for these arguments
+        assert plan.chunk_size <= 4096 and jnp.allclose(g(x), jnp.sin(x))
+        ```
+    """
 
     f: Callable[..., Any]
-    in_axes: InAxes = eqx.field(static=True)
+    in_axes: InAxes = eqx.field(static=True, converter=as_in_axes)
     batch_size: int | Literal["auto"] | None = eqx.field(static=True)
     reducer: AbstractReducer
     post: Callable | None = eqx.field(static=True)
@@ -65,8 +98,30 @@ class BatchVmap(eqx.Module):
     progress: bool = eqx.field(static=True, default=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        f, zero, args = self._prepare(args, kwargs)
+        size = self.batch_size
+        if size == "auto":
+            size = self._plan(f, zero, args).chunk_size
+        out = self._build(f, zero, size)(*args)
+        return out if self.post is None else self.post(out)
+
+    def memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
+        """The [`chunkx.MemoryPlan`][] that `batch_size="auto"` follows for these arguments.
+
+        Arrays or `jax.ShapeDtypeStruct`s; nothing is run. Measurements are cached, so calling
+        the map afterwards compiles nothing more for planning.
+        """
+        if self.batch_size != "auto":
+            raise ValueError(
+                f"`batch_vmap(batch_size={self.batch_size!r}).memory_plan`: only a map built "
+                "with batch_size='auto' has a memory plan."
+            )
+        return self._plan(*self._prepare(args, kwargs))
+
+    def _prepare(self, args: tuple, kwargs: dict):
+        """`(f, axes, args)` with every mapped axis moved to the front (keywords: unmapped)."""
         who = "batch_vmap"
-        axes = _int_axes(who, self.in_axes, len(args))
+        axes = in_axes_tuple(who, self.in_axes, len(args))
         if all(a is None for a in axes):
             raise ValueError(
                 f"`{who}(in_axes={self.in_axes!r})`: at least one argument must be mapped; "
@@ -78,24 +133,24 @@ class BatchVmap(eqx.Module):
         )
         args = tuple(a if ax is None else move_axis(a, ax, 0) for a, ax in zip(args, axes))
         zero = tuple(None if a is None else 0 for a in axes)
-        if kwargs:  # call-time keywords are passed whole to every call (one unmapped argument)
-            f = _with_kwargs(self.f)
-            args, zero = args + (kwargs,), zero + (None,)
-        else:
-            f = self.f
-        def build(size):
-            return compose(
-                Vmap(f, zero), zero, size, self.reducer, self.shard, self.mesh, self.checkpoint,
-                self.progress,
-            )
+        if not kwargs:
+            return self.f, zero, args
+        return _with_kwargs(self.f), zero + (None,), args + (kwargs,)
 
-        size = self.batch_size
-        if size == "auto":
-            n = per_device_rows(mapped_length(args, zero, who), self.shard, self.mesh)
-            key = (self.f, zero, self.reducer, self.shard, self.mesh, self.checkpoint, who)
-            size = resolve_auto(who, build, args, n, self.memory_budget, cache_on=key)
-        out = build(size)(*args)
-        return out if self.post is None else self.post(out)
+    def _build(self, f, zero, size):
+        return compose(
+            Vmap(f, zero), zero, size, self.reducer, self.shard, self.mesh, self.checkpoint,
+            self.progress,
+        )
+
+    def _plan(self, f, zero, args, **names: str) -> MemoryPlan:
+        who = names.pop("who", "batch_vmap")
+        n = per_device_rows(mapped_length(args, zero, who), _ndev(self.shard, self.mesh))
+        key = (self.f, zero, self.reducer, self.shard, self.mesh, self.checkpoint, "batch_vmap")
+        return plan_auto(
+            who, lambda size: self._build(f, zero, size), args, n, self.memory_budget,
+            cache_on=key, **names,
+        )
 
 
 class _with_kwargs(eqx.Module):
@@ -103,24 +158,6 @@ class _with_kwargs(eqx.Module):
 
     def __call__(self, *args):
         return self.f(*args[:-1], **args[-1])
-
-
-def _int_axes(who, in_axes, nargs):
-    if isinstance(in_axes, int) and not isinstance(in_axes, bool):
-        return (in_axes,) * nargs
-    if isinstance(in_axes, list | tuple):
-        for a in in_axes:
-            if a is not None and (isinstance(a, bool) or not isinstance(a, int)):
-                raise ValueError(
-                    f"`{who}(in_axes={in_axes!r})`: entries must be ints or None, got {a!r}."
-                )
-        if len(in_axes) != nargs:
-            raise ValueError(
-                f"`{who}(in_axes={in_axes!r})`: in_axes has {len(in_axes)} entries but the "
-                f"function was called with {nargs} positional arguments."
-            )
-        return tuple(in_axes)
-    return normalize_in_axes(in_axes, nargs, who)
 
 
 @jaxtyped(typechecker=beartype)
@@ -183,37 +220,23 @@ def batch_vmap(
     !!! Example
 
         ```python
-        import jax.numpy as jnp, chunkx
-        g = chunkx.batch_vmap(lambda x, w: jnp.tanh(x @ w), (0, None), batch_size=128)
-        y = g(jnp.ones((1000, 8)), jnp.ones((8, 4)))   # (1000, 4)
+        import jax, jax.numpy as jnp, chunkx
+        f = lambda x, w: jnp.tanh(x @ w)
+        g = chunkx.batch_vmap(f, (0, None), batch_size=128)
+        x, w = jnp.linspace(-1.0, 1.0, 8000).reshape(1000, 8), jnp.ones((8, 4))
+        y = g(x, w)   # (1000, 4): 7 chunks of 128 rows and one of 104
+        assert jnp.allclose(y, jax.vmap(f, (0, None))(x, w))
+        total = chunkx.batch_vmap(f, (0, None), batch_size=128, reduction=jnp.add,
+                                  chunk_reduction=lambda out: out.sum(0))(x, w)   # (4,)
+        assert jnp.allclose(total, y.sum(0))
         ```
     """
     who = "batch_vmap"
-    check_callable(who, "f", f)
-    batch_size = _resolve_size(who, batch_size, kwargs, memory_budget)
-    if shard:
-        check_mesh_1d(who, mesh)
+    batch_size = check_options(who, batch_size, kwargs, memory_budget, shard, mesh)
     reducer, post = reducer_for(who, reduction, chunk_reduction)
     return BatchVmap(
         f, in_axes, batch_size, reducer, post, shard, mesh, checkpoint, memory_budget, progress
     )
-
-
-def _resolve_size(who, batch_size, kwargs, memory_budget):
-    """`resolve_batch_size`, plus `"auto"` (planned at trace time within `memory_budget`)."""
-    auto = batch_size == "auto" or kwargs.get("chunk_size") == "auto"
-    if auto:
-        resolve_batch_size(who, None, {k: v for k, v in kwargs.items() if k != "chunk_size"})
-    else:
-        batch_size = resolve_batch_size(who, batch_size, kwargs)
-    if memory_budget is not None:
-        check_positive(who, "memory_budget", memory_budget)
-        if not auto:
-            raise ValueError(
-                f"`{who}(memory_budget={memory_budget!r})`: memory_budget is only used with "
-                f"batch_size='auto', got batch_size={batch_size!r}."
-            )
-    return "auto" if auto else batch_size
 
 
 class _Strip(eqx.Module):
@@ -267,12 +290,22 @@ def batch_map(
     **Returns:**
 
     The (reduced) output.
+
+    !!! Example
+
+        ```python
+        import jax.numpy as jnp, chunkx
+        x = {"a": jnp.arange(10.0), "b": jnp.ones((10, 2))}
+        fun = lambda t: t["a"] ** 2 + t["b"].sum(-1)      # vectorised over the rows
+        y = chunkx.batch_map(fun, x, 4)                   # fun sees 4, 4, then 2 rows
+        assert jnp.allclose(y, fun(x))
+        total = chunkx.batch_map(fun, x, 4, reduction=jnp.add,
+                                 chunk_reduction=lambda out: out.sum(0))
+        assert jnp.allclose(total, fun(x).sum())
+        ```
     """
     who = "batch_map"
-    check_callable(who, "fun", fun)
-    batch_size = _resolve_size(who, batch_size, kwargs, memory_budget)
-    if shard:
-        check_mesh_1d(who, mesh)
+    batch_size = check_options(who, batch_size, kwargs, memory_budget, shard, mesh)
     check_strip(who, strip_dim0, batch_size)
     n = _length(who, fun_input)
     return run_one_input(
@@ -314,8 +347,8 @@ def run_one_input(
 
     if batch_size == "auto":
         key = key + (strip_dim0, reducer, shard, mesh, checkpoint)
-        rows = per_device_rows(n, shard, mesh)
-        batch_size = resolve_auto(who, build, (x,), rows, memory_budget, cache_on=key)
+        rows = per_device_rows(n, _ndev(shard, mesh))
+        batch_size = plan_auto(who, build, (x,), rows, memory_budget, cache_on=key).chunk_size
     out = build(batch_size)(x)
     return out if post is None else post(out)
 

@@ -99,7 +99,19 @@ def _offsets(tree: Any) -> list[tuple[int, int]]:
 
 
 class BatchJacfwd(eqx.Module):
-    """The callable returned by [`chunkx.batch_jacfwd`][]; an equinox Module (a pytree)."""
+    """The callable returned by [`chunkx.batch_jacfwd`][]; an equinox Module (a pytree).
+
+    !!! Example
+
+        ```python
+        import equinox as eqx, jax, jax.numpy as jnp, chunkx
+        jac = chunkx.batch_jacfwd(lambda x: jnp.sin(x) * x[0], batch_size=3)
+        assert isinstance(jac, chunkx.BatchJacfwd)
+        x = jnp.linspace(0.1, 1.0, 7)
+        J = eqx.filter_jit(jac)(x)     # 7 columns: two chunks of 3 and one of 1
+        assert jnp.allclose(J, jax.jacfwd(lambda x: jnp.sin(x) * x[0])(x))
+        ```
+    """
 
     fun: Callable[..., Any]
     argnums: Argnums = eqx.field(static=True)
@@ -140,7 +152,20 @@ class BatchJacfwd(eqx.Module):
 
 
 class BatchJacrev(eqx.Module):
-    """The callable returned by [`chunkx.batch_jacrev`][]; an equinox Module (a pytree)."""
+    """The callable returned by [`chunkx.batch_jacrev`][]; an equinox Module (a pytree).
+
+    !!! Example
+
+        ```python
+        import equinox as eqx, jax, jax.numpy as jnp, chunkx
+        f = lambda x, w: jnp.tanh(w @ x)                      # R^3 -> R^5
+        jac = chunkx.batch_jacrev(f, argnums=1, batch_size=2)  # w.r.t. w, 2 output rows a chunk
+        assert isinstance(jac, chunkx.BatchJacrev)
+        x, w = jnp.ones(3), jnp.linspace(-1.0, 1.0, 15).reshape(5, 3)
+        J = eqx.filter_jit(jac)(x, w)                          # (5, 5, 3)
+        assert jnp.allclose(J, jax.jacrev(f, argnums=1)(x, w))
+        ```
+    """
 
     fun: Callable[..., Any]
     argnums: Argnums = eqx.field(static=True)
@@ -211,8 +236,10 @@ def batch_jacfwd(
     !!! Example
 
         ```python
-        import jax.numpy as jnp, chunkx
-        J = chunkx.batch_jacfwd(jnp.sin, batch_size=16)(jnp.arange(100.0))   # (100, 100)
+        import jax, jax.numpy as jnp, chunkx
+        x = jnp.arange(100.0)
+        J = chunkx.batch_jacfwd(jnp.sin, batch_size=16)(x)   # (100, 100), 16 columns a chunk
+        assert jnp.allclose(J, jax.jacfwd(jnp.sin)(x))
         ```
     """
     argnums = _index(argnums)
@@ -262,8 +289,10 @@ def batch_jacrev(
     !!! Example
 
         ```python
-        import jax.numpy as jnp, chunkx
-        J = chunkx.batch_jacrev(lambda x: jnp.cumsum(x**2), batch_size=8)(jnp.ones(50))
+        import jax, jax.numpy as jnp, chunkx
+        f = lambda x: jnp.cumsum(x**2)
+        J = chunkx.batch_jacrev(f, batch_size=8)(jnp.ones(50))   # (50, 50), 8 rows a chunk
+        assert jnp.allclose(J, jax.jacrev(f)(jnp.ones(50)))
         ```
     """
     argnums = _index(argnums)

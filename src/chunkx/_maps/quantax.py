@@ -9,21 +9,35 @@ from beartype import beartype
 from jax.sharding import Mesh
 from jaxtyping import jaxtyped
 
-from .._checks import check_callable, check_positive
+from .._checks import as_in_axes, check_positive, in_axes_tuple
 from .._combinators._rows import array_leaves, mapped_length
 from .._combinators.chunk import Chunk
+from .._combinators.groups import Flatten, Groups
 from .._combinators.pad import Pad
 from .._combinators.shard import Shard
-from .._plan import resolve_auto
+from .._combinators.unrolled import Unrolled
+from .._memory import plan_auto
 from .._types import InAxes
 from ._axes import MovedAxes, map_outputs, move_axis, normalize_axis
 
 
 class ChunkMap(eqx.Module):
-    """The callable returned by [`chunkx.chunk_map`][]; an equinox Module (a pytree)."""
+    """The callable returned by [`chunkx.chunk_map`][]; an equinox Module (a pytree).
+
+    !!! Example
+
+        ```python
+        import equinox as eqx, jax, jax.numpy as jnp, chunkx
+        f = jax.vmap(lambda x: jnp.sin(x) ** 2)
+        cm = chunkx.chunk_map(f, chunk_size=2, use_scan=True)
+        assert isinstance(cm, chunkx.ChunkMap)
+        x = jnp.linspace(0.0, 1.0, 12)
+        assert jnp.allclose(eqx.filter_jit(cm)(x), f(x))
+        ```
+    """
 
     f: Callable[..., Any]
-    in_axes: InAxes = eqx.field(static=True)
+    in_axes: InAxes = eqx.field(static=True, converter=as_in_axes)
     out_axes: int | tuple[int, ...] = eqx.field(static=True)
     chunk_size: int | Literal["auto"] | None = eqx.field(static=True)
     use_scan: bool = eqx.field(static=True)
@@ -50,9 +64,9 @@ class ChunkMap(eqx.Module):
         if c == "auto":  # planned with a scan: an unrolled loop's memory is not bounded anyway
             build = lambda s: self._pipeline(inner, s, zero, n, ndev, "scan")  # noqa: E731
             key = (self.f, axes, self.out_axes, self.shard_batch, mesh, "chunk_map")
-            c = resolve_auto(
+            c = plan_auto(
                 who, build, moved, per_device, self.memory_budget, arg="chunk_size", cache_on=key
-            )
+            ).chunk_size
         if c is None or per_device == c or (per_device < c and not self.atleast_1chunk):
             size = None  # quantax's fast path: f sees the whole (local) batch
         else:
@@ -62,32 +76,36 @@ class ChunkMap(eqx.Module):
         return map_outputs(out, self.out_axes, lambda o, ax: move_axis(o, 0, ax))
 
     def _pipeline(self, inner, size, zero, n, ndev, loop):
-        # quantax needs n % D == 0. chunkx: Shard evaluates the n % D leftover rows outside the
-        # shard_map; the grouped layout pads them with copies of real rows.
-        if self.shard_batch:
-            return Shard(self._chunk(inner, size, zero, 1, loop), self.mesh, in_axes=zero)
-        piece = self._chunk(inner, size, zero, ndev, loop)
-        return Pad(piece, ndev, in_axes=zero) if n % ndev else piece
+        """[Shard ∘] [Pad ∘] [Groups ∘] Chunk ∘ f, in quantax's per-device row layout.
 
-    def _chunk(self, inner, size, zero, groups, loop):
+        quantax needs `n % D == 0`; chunkx pads the device blocks (copies of a real row) or,
+        with `shard_batch`, evaluates the leftover rows as one more piece (see `Shard`).
+        `atleast_1chunk` pads a batch smaller than one chunk up to a chunk per device.
+        """
+        if size is None:
+            return Shard(inner, self.mesh, in_axes=zero) if self.shard_batch else inner
+        small = -(-n // ndev) < size
+        if self.shard_batch:
+            local = self._chunk(inner, size, zero, loop)
+            local = Pad(local, size, in_axes=zero) if small else local
+            return Shard(local, self.mesh, in_axes=zero)
+        if ndev == 1:
+            piece = self._chunk(inner, size, zero, loop)
+        else:
+            piece = Groups(self._chunk(Flatten(inner, ndev, zero), size, zero, loop), ndev, zero)
+        multiple = ndev * size if small else ndev
+        return Pad(piece, multiple, in_axes=zero) if n % multiple else piece
+
+    def _chunk(self, inner, size, zero, loop):
         if size is None:
             return inner
-        return Chunk(
-            inner, size, in_axes=zero, remainder="pad", groups=groups, loop=loop,
-            progress=self.progress,
-        )
+        if loop == "python":
+            return Unrolled(inner, size, in_axes=zero, progress=self.progress)
+        return Chunk(inner, size, in_axes=zero, remainder="shift", progress=self.progress)
 
 
 def _arg_axes(who, in_axes, args):
-    if in_axes is None or isinstance(in_axes, int):
-        axes = (in_axes,) * len(args)
-    else:
-        axes = tuple(in_axes)
-        if len(axes) != len(args):
-            raise ValueError(
-                f"`{who}(in_axes={in_axes!r})`: in_axes has {len(axes)} entries but the "
-                f"function was called with {len(args)} positional arguments."
-            )
+    axes = in_axes_tuple(who, in_axes, len(args))
     return tuple(
         None if a is None else normalize_axis(who, "in_axes", i, arg, a)
         for i, (arg, a) in enumerate(zip(args, axes))
@@ -158,9 +176,19 @@ def chunk_map(
     **Returns:**
 
     A [`chunkx.ChunkMap`][] Module, or `f` itself when there is nothing to chunk.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        f = jax.vmap(lambda x, w: jnp.tanh(x @ w), (0, None))   # already batched
+        x, w = jnp.linspace(-1.0, 1.0, 40).reshape(10, 4), jnp.ones((4, 2))
+        g = chunkx.chunk_map(f, in_axes=(0, None), chunk_size=2, use_scan=True)
+        assert jnp.allclose(jax.jit(g)(x, w), f(x, w))   # each device's rows in chunks of 2
+        assert chunkx.chunk_map(f, chunk_size=None) is f  # nothing to chunk
+        ```
     """
     who = "chunk_map"
-    check_callable(who, "f", f)
     if chunk_size != "auto":
         check_positive(who, "chunk_size", chunk_size)
     if memory_budget is not None:
@@ -196,6 +224,16 @@ def jit_chunk_vmap(
     **Arguments:** as in [`chunkx.chunk_map`][]; `f` is a per-example function.
 
     **Returns:** a jitted callable.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        g = lambda x, w: jnp.dot(x, w) ** 2                  # per example
+        x, w = jnp.linspace(-1.0, 1.0, 24).reshape(8, 3), jnp.arange(3.0)
+        out = chunkx.jit_chunk_vmap(g, in_axes=(0, None), chunk_size=1)(x, w)
+        assert jnp.allclose(out, jax.vmap(g, (0, None))(x, w))
+        ```
     """
     vmapped = eqx.filter_vmap(f, in_axes=in_axes, out_axes=out_axes)
     return eqx.filter_jit(

@@ -10,11 +10,10 @@ from beartype import beartype
 from jax.sharding import Mesh
 from jaxtyping import PRNGKeyArray, PyTree, jaxtyped
 
-from .._checks import check_callable, check_mesh_1d
 from .._combinators._rows import mapped_length
 from .._combinators.pullback import Pullback, check_contract
 from .._combinators.reduce import identity
-from .adv import _resolve_size, check_strip, run_one_input
+from .adv import check_options, check_strip, run_one_input
 
 
 def _mismatch(fn: Callable, y: Any, key: Any) -> tuple[Any, Any, Any]:
@@ -77,9 +76,23 @@ def check_block_diagonal(
     **Returns:**
 
     `fn(y)`.
+
+    !!! Example
+
+        ```python
+        import jax.numpy as jnp, chunkx
+        y = jnp.linspace(0.1, 1.0, 12).reshape(4, 3)
+        per_row = lambda y: jnp.sum(jnp.sin(y), axis=-1)       # row i depends on y[i] only
+        assert jnp.allclose(chunkx.check_block_diagonal(per_row, y), per_row(y))
+        mixing = lambda y: jnp.cumsum(jnp.sum(y, axis=-1))     # row i depends on rows <= i
+        try:
+            chunkx.check_block_diagonal(mixing, y)
+            raise AssertionError("a mixing fn must be rejected")
+        except ValueError as err:
+            assert "not block-diagonal" in str(err)
+        ```
     """
     who = "check_block_diagonal"
-    check_callable(who, "fn", fn)
     check_contract(who, y, jax.eval_shape(fn, y))
     key = jax.random.key(0) if key is None else key
     out, err, scale = _mismatch(fn, y, key)
@@ -154,16 +167,16 @@ def sparse_pullback(
         ```python
         import jax, jax.numpy as jnp, chunkx
         fn = lambda y: jnp.sum(jnp.tanh(y) ** 2, axis=-1)       # (n, 3) -> (n,), per row
-        y = jnp.ones((1000, 3))
-        grad = jax.grad(lambda y: jnp.sum(chunkx.sparse_pullback(fn, y, 128)))(y)
-        jac_diag = jax.jacrev(lambda y: chunkx.sparse_pullback(fn, y, 128))(y[:8])
+        y = jnp.linspace(-1.0, 1.0, 30).reshape(10, 3)
+        loss = lambda y: jnp.sum(chunkx.sparse_pullback(fn, y, 4) ** 2)
+        grad = jax.jit(jax.grad(loss))(y)                       # chunks of 4, 4 and 2 rows
+        assert jnp.allclose(grad, jax.grad(lambda y: jnp.sum(fn(y) ** 2))(y))
+        jac = jax.jit(jax.jacrev(lambda y: chunkx.sparse_pullback(fn, y, 4)))(y)   # (10, 10, 3)
+        assert jnp.allclose(jac, jax.jacrev(fn)(y))
         ```
     """
     who = "sparse_pullback"
-    check_callable(who, "fn", fn)
-    batch_size = _resolve_size(who, batch_size, kwargs, memory_budget)
-    if shard:
-        check_mesh_1d(who, mesh)
+    batch_size = check_options(who, batch_size, kwargs, memory_budget, shard, mesh)
     check_strip(who, strip_dim0, batch_size)
     n = mapped_length((y,), (0,), who)
     if n:
@@ -204,8 +217,19 @@ def sparse_pullback_map(
     **Returns:**
 
     A [`chunkx.Pullback`][] Module.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        fn = lambda y: jnp.sum(jnp.tanh(y) ** 2, axis=-1)       # (n, 3) -> (n,), per row
+        y = jnp.linspace(-1.0, 1.0, 15).reshape(5, 3)
+        sp = chunkx.sparse_pullback_map(fn, y)
+        assert jnp.allclose(sp(y), fn(y))
+        loss = lambda f: lambda y: jnp.sum(jnp.cos(f(y)))
+        assert jnp.allclose(jax.grad(loss(sp))(y), jax.grad(loss(fn))(y))
+        ```
     """
     who = "sparse_pullback_map"
-    check_callable(who, "fn", fn)
     check_contract(who, y, jax.eval_shape(fn, y))
     return Pullback(eqx.filter_closure_convert(fn, y), higher_order)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import jaxtyped
 
-from .._checks import check_callable, resolve_batch_size
+from .._checks import resolve_batch_size
 from .adv import batch_vmap
 
 _WHO = "batch_vectorize"
@@ -109,7 +109,19 @@ def _split_excluded(fn, excluded, args, kwargs):
 
 
 class BatchVectorize(eqx.Module):
-    """The callable returned by [`chunkx.batch_vectorize`][]; an equinox Module (a pytree)."""
+    """The callable returned by [`chunkx.batch_vectorize`][]; an equinox Module (a pytree).
+
+    !!! Example
+
+        ```python
+        import equinox as eqx, jax.numpy as jnp, chunkx
+        norm = chunkx.batch_vectorize(jnp.linalg.norm, signature="(n)->()", batch_size=2)
+        assert isinstance(norm, chunkx.BatchVectorize)
+        x = jnp.arange(30.0).reshape(2, 5, 3)        # loop dims (2, 5), core dim n = 3
+        out = eqx.filter_jit(norm)(x)                # (2, 5)
+        assert jnp.allclose(out, jnp.vectorize(jnp.linalg.norm, signature="(n)->()")(x))
+        ```
+    """
 
     pyfunc: Callable[..., Any]
     excluded: frozenset = eqx.field(static=True)
@@ -244,10 +256,11 @@ def batch_vectorize(
         ```python
         import jax.numpy as jnp, chunkx
         mv = chunkx.batch_vectorize(jnp.dot, signature="(m,n),(n)->(m)", batch_size=4)
-        y = mv(jnp.ones((10, 3, 2)), jnp.ones(2))   # (10, 3)
+        a, v = jnp.arange(60.0).reshape(10, 3, 2), jnp.array([1.0, -1.0])
+        y = mv(a, v)   # (10, 3)
+        assert jnp.allclose(y, jnp.vectorize(jnp.dot, signature="(m,n),(n)->(m)")(a, v))
         ```
     """
-    check_callable(_WHO, "pyfunc", pyfunc)
     batch_size = resolve_batch_size(_WHO, batch_size, kwargs)
     if any(not isinstance(e, int | str) for e in excluded):
         raise TypeError(

@@ -24,12 +24,12 @@ def _assemble(chunk_fn, per_probe_fn, n_fixed, sum_over_probes, chunk_size, mesh
         inner, reducer = chunk_fn, Sum(presummed=True)
     else:
         inner, reducer = Vmap(per_probe_fn, in_axes=in_axes), Concat()
-    # Kept rows: Chunk shifts the last chunk back onto real rows (remainder='pad' with Concat),
+    # Kept rows: Chunk shifts the last chunk back onto real rows (remainder='shift'),
     # so one chunk body is compiled. Summed rows are zero-padded by `run` instead (see there).
-    remainder = "call" if sum_over_probes else "pad"
+    remainder = "call" if sum_over_probes else "shift"
     pipe = Chunk(inner, chunk_size, reducer=reducer, in_axes=in_axes, remainder=remainder)
     if mesh is not None:
-        pipe = Shard(pipe, mesh, reducer=reducer, in_axes=in_axes)
+        pipe = Shard(pipe, mesh, in_axes=in_axes)
     return pipe
 
 

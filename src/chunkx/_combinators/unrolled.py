@@ -1,0 +1,52 @@
+"""`Unrolled`: the chunk loop as a Python loop (one call per chunk), for non-traceable maps."""
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+
+from .._checks import as_in_axes, check_positive, zero_in_axes
+from .._progress import ticker
+from .._types import InAxes
+from ._rows import map_mapped, mapped_length
+from .chunk import evaluate
+from .reduce import AbstractReducer, Concat
+
+
+class Unrolled(eqx.Module):
+    """`Chunk(..., remainder="shift")` as a Python loop: `fn` is called once per chunk, eagerly
+    if called eagerly (so `fn` need not be traceable), always on `size` rows (the last chunk
+    is shifted back to end at row `n`; the rows it repeats are masked or overwritten).
+
+    Under `jit` the program grows with the number of chunks; prefer [`chunkx.Chunk`][] there.
+    """
+
+    fn: Callable[..., Any]
+    size: int = eqx.field(static=True)
+    reducer: AbstractReducer = Concat()
+    in_axes: InAxes = eqx.field(static=True, default=0, converter=as_in_axes)
+    progress: bool = eqx.field(static=True, default=False)
+
+    def __check_init__(self):
+        check_positive("Unrolled", "size", self.size, allow_none=False)
+
+    def __call__(self, *args: Any) -> Any:
+        axes = zero_in_axes("Unrolled", self.in_axes, len(args))
+        n, s, reducer = mapped_length(args, axes, "Unrolled"), self.size, self.reducer
+        if n <= s:
+            return evaluate(self.fn, reducer, args, None, "Unrolled")
+        starts = range(0, n, s)
+        tick = ticker(len(starts), chained=True) if self.progress else None
+        acc = None
+        for j, i in enumerate(starts):
+            start = min(i, n - s)
+            chunk = map_mapped(lambda x, a=start: x[a : a + s], args, axes)
+            valid = None if start == i else jnp.asarray(np.arange(s) + start >= i)
+            part = evaluate(self.fn, reducer, chunk, valid, "Unrolled")
+            acc = reducer.init(part, n) if acc is None else acc
+            acc = reducer.accumulate(acc, part, start, j)
+            if tick is not None:
+                tick(j)
+        return acc
