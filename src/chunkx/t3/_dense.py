@@ -27,6 +27,14 @@ def binomial_combine_tensor(order: int, *, dtype=None) -> Float[Array, "T T T"]:
     **Returns:**
 
     An array `(T, T, T)`.
+
+    !!! Example
+
+        ```python
+        import chunkx.t3 as t3
+        trs = t3.binomial_combine_tensor(2)
+        assert trs.shape == (3, 3, 3) and float(trs[2, 1, 1]) == 2.0  # C(2, 1)
+        ```
     """
     order = check_order("binomial_combine_tensor", order)
     return binomial_table(order, jnp.zeros((), dtype).dtype)
@@ -53,6 +61,18 @@ def dense_probe_derivatives(
     **Returns:**
 
     A list of `d` arrays `(order + 1, N_i)`.
+
+    !!! Example
+
+        ```python
+        import jax, numpy as np
+        import chunkx.t3 as t3
+        x = t3.TuckerTensorTrain.randn(jax.random.key(0), (4, 5), (2, 3), (1, 2, 1))
+        w, p = [np.ones(4), np.ones(5)], [np.ones(4), np.zeros(5)]
+        dense = t3.dense_probe_derivatives(w, p, x.to_dense(), 1)
+        jets = t3.t3_probe_derivatives(w, p, x, 1)
+        assert np.allclose(dense[0], jets[0], rtol=1e-4, atol=1e-4)
+        ```
     """
     fn = "dense_probe_derivatives"
     order = check_order(fn, order)

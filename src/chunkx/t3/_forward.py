@@ -64,6 +64,17 @@ def t3_probe_derivatives(
     **Returns:**
 
     A tuple of `d` arrays `(order + 1,) + W + C + (N_i,)`.
+
+    !!! Example
+
+        ```python
+        import jax, numpy as np
+        import chunkx.t3 as t3
+        x = t3.TuckerTensorTrain.randn(jax.random.key(0), (4, 5), (2, 3), (1, 2, 1))
+        ww = [np.ones((7, 4)), np.ones((7, 5))]      # NumPy or JAX arrays
+        z = t3.t3_probe_derivatives(ww, ww, x, 2)
+        assert [a.shape for a in z] == [(3, 7, 4), (3, 7, 5)]
+        ```
     """
     fn = "t3_probe_derivatives"
     order = check_order(fn, order)
@@ -99,6 +110,18 @@ def tv_probe_derivatives(
     **Returns:**
 
     A tuple of `d` arrays `(order + 1,) + W + B + C + (N_i,)`.
+
+    !!! Example
+
+        ```python
+        import jax, numpy as np
+        import chunkx.t3 as t3
+        x = t3.TuckerTensorTrain.randn(jax.random.key(0), (4, 5), (2, 3), (1, 2, 1))
+        U, G = x.data
+        ww = [np.ones((7, 4)), np.ones((7, 5))]
+        z = t3.tv_probe_derivatives(ww, ww, (U, G), (U, G, G, G), 1)  # variation = the cores
+        assert [a.shape for a in z] == [(2, 7, 4), (2, 7, 5)]
+        ```
     """
     fn = "tv_probe_derivatives"
     order = check_order(fn, order)

@@ -10,7 +10,7 @@ from jaxtyping import Array, ArrayLike, Float
 
 from ._format import TuckerTensorTrain, as_core_pair, prod
 from ._forward import t3_probe_derivatives
-from ._pipeline import chunk_rows, normal_pipeline, run
+from ._pipeline import chunk_rows, normal_pipeline
 from ._sampling import (
     _samples,
     t3_apply_corewise_derivatives_transpose,
@@ -166,7 +166,7 @@ class GaussNewton(eqx.Module):
         pipe = normal_pipeline(self.order, cs, C != (), self.mesh, self.kind)
         fixed = (flat_lead(tucker, C), flat_lead(tt, C), (flat_lead(vU, C), flat_lead(vG, C)))
         wt = self.weights.reshape(prod(W))
-        gU, gG = run(pipe, (wt, a_rows, p_rows), fixed, cs, self.mesh, True)
+        gU, gG = pipe(wt, a_rows, p_rows, *fixed)
         out = TuckerTensorTrain([g.reshape(a.shape) for g, a in zip(gU, tucker)],
                                 [g.reshape(a.shape) for g, a in zip(gG, tt)])
         return jax.tree_util.tree_map(lambda o, a: o + self.damping * a, out,

@@ -5,12 +5,16 @@ The row layout is internal (see `_stacks`): residual rows `(w, [Bf,] Cf, T, N_i)
 """
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from chunkx import Chunk, Concat, Shard, Sum, Vmap
+from chunkx import Chunk, Concat, Pad, Shard, Sum, Vmap
 
 from ._stacks import corewise_rows_fn, tangent_rows_fn
+
+
+def _pull(vjp, out, zt):
+    """`vjp(zt)` with the residuals cast to the forward's output dtypes (as the VJP requires)."""
+    return vjp(jax.tree_util.tree_map(lambda z, o: z.astype(o.dtype), zt, out))
 
 
 def _rows1(a):
@@ -18,19 +22,30 @@ def _rows1(a):
 
 
 def _assemble(chunk_fn, per_probe_fn, n_fixed, sum_over_probes, chunk_size, mesh, n_mapped=3):
-    """`Chunk` over the probe axis (then `Shard`), summing or concatenating."""
+    """`Chunk` over the probe axis (then `Shard`), summing or concatenating.
+
+    Summed rows: `Pad(fill="zero")` in front pads the probes to whole chunks on every device.
+    A zero residual row (or zero weight) contributes exactly zero to a summed gradient (the
+    map is linear in it), so no mask is needed and one chunk body is compiled (no remainder
+    program, no off-mesh tail). `chunk_size` comes evened out from `chunk_rows`.
+    """
     in_axes = (0,) * n_mapped + (None,) * n_fixed
     if sum_over_probes:
         inner, reducer = chunk_fn, Sum(presummed=True)
     else:
         inner, reducer = Vmap(per_probe_fn, in_axes=in_axes), Concat()
     # Kept rows: Chunk shifts the last chunk back onto real rows (remainder='shift'),
-    # so one chunk body is compiled. Summed rows are zero-padded by `run` instead (see there).
+    # so one chunk body is compiled.
     remainder = "call" if sum_over_probes else "shift"
     pipe = Chunk(inner, chunk_size, reducer=reducer, in_axes=in_axes, remainder=remainder)
     if mesh is not None:
         pipe = Shard(pipe, mesh, in_axes=in_axes)
-    return pipe
+    if not sum_over_probes:
+        return pipe
+    ndev = 1 if mesh is None else mesh.size
+    # chunk_size None: one chunk per device; Pad then only evens the rows over the devices
+    multiple = ndev if chunk_size is None else chunk_size * ndev
+    return Pad(pipe, multiple, reducer=reducer, in_axes=in_axes, fill="zero")
 
 
 def corewise_pipeline(
@@ -49,8 +64,8 @@ def corewise_pipeline(
     fwd = corewise_rows_fn(order, c_stacked, kind)
 
     def chunk_sum(zt, x, p, U, G):
-        _, vjp = jax.vjp(lambda U, G: fwd(x, p, U, G), U, G)
-        return vjp(zt)
+        out, vjp = jax.vjp(lambda U, G: fwd(x, p, U, G), U, G)
+        return _pull(vjp, out, zt)
 
     def per_probe(zt, x, p, U, G):
         return chunk_sum(_rows1(zt), _rows1(x), _rows1(p), U, G)
@@ -76,8 +91,8 @@ def tangent_pipeline(
 
     def chunk_sum(zt, x, p, frame, var_zero):
         dU0, dG0 = var_zero
-        _, vjp = jax.vjp(lambda dU, dG: fwd(x, p, dU, dG, frame), dU0, dG0)
-        return vjp(zt)
+        out, vjp = jax.vjp(lambda dU, dG: fwd(x, p, dU, dG, frame), dU0, dG0)
+        return _pull(vjp, out, zt)
 
     def per_probe(zt, x, p, frame, var_zero):
         return chunk_sum(_rows1(zt), _rows1(x), _rows1(p), frame, var_zero)
@@ -106,10 +121,10 @@ def normal_pipeline(order, chunk_size, c_stacked, mesh=None, kind="probe"):
 def chunk_rows(n, chunk_size, mesh, sum_over_probes):
     """The chunk size the pipeline is built with for `n` probe rows.
 
-    Kept rows: `chunk_size` as given (`Chunk` shifts the last chunk onto real rows). Summed rows
-    are zero-padded (see `run`), so the chunk is evened out to `ceil(m / ceil(m / chunk_size))`
-    for the `m` rows per device: never larger than `chunk_size`, and fewer than one padded row
-    per chunk, never a mostly-zero last chunk.
+    Kept rows: `chunk_size` as given (`Chunk` shifts the last chunk onto real rows). Summed
+    rows are zero-padded by `Pad` (see `_assemble`), so the chunk is evened out to
+    `ceil(m / ceil(m / chunk_size))` for the `m` rows per device: never larger than
+    `chunk_size`, fewer than one padded row per chunk, never a mostly-zero last chunk.
     """
     if not sum_over_probes or chunk_size is None:
         return chunk_size
@@ -117,22 +132,3 @@ def chunk_rows(n, chunk_size, mesh, sum_over_probes):
     per_dev = max(1, -(-n // ndev))
     return -(-per_dev // -(-per_dev // chunk_size))
 
-
-def run(pipe, mapped, fixed, chunk_size, mesh, sum_over_probes):
-    """Call `pipe(*mapped, *fixed)`; summed: probe rows zero-padded to whole chunks per device.
-
-    Zero residual rows contribute exactly zero to a summed gradient (the map is linear in
-    them), so padding keeps one compiled chunk body (no remainder program, no off-mesh tail).
-    `chunk_size` is the pipeline's (from `chunk_rows`).
-    """
-    if not sum_over_probes:
-        return pipe(*mapped, *fixed)
-    n = jax.tree_util.tree_leaves(mapped)[0].shape[0]
-    ndev = 1 if mesh is None else mesh.size
-    per_dev = max(1, -(-n // ndev))
-    size = per_dev if chunk_size is None else min(chunk_size, per_dev)
-    total = -(-per_dev // size) * size * ndev
-    if total != n:
-        pad = lambda a: jnp.pad(a, [(0, total - n)] + [(0, 0)] * (a.ndim - 1))  # noqa: E731
-        mapped = jax.tree_util.tree_map(pad, mapped)
-    return pipe(*mapped, *fixed)

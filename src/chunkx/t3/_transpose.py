@@ -13,7 +13,7 @@ from jaxtyping import Array, ArrayLike, Float, jaxtyped
 
 from ._format import CorePair, TuckerTensorTrain, as_core_pair, prod
 from ._forward import Directions, Frame, Probes
-from ._pipeline import chunk_rows, corewise_pipeline, run, tangent_pipeline
+from ._pipeline import chunk_rows, corewise_pipeline, tangent_pipeline
 from ._stacks import flat_lead, jets_to_rows, probes_rows
 from ._validate import (
     as_arrays,
@@ -51,7 +51,7 @@ def corewise_transpose(kind, zt, rows, cores, W, C, order, options, like):
     cs = chunk_rows(prod(W), chunk_size, mesh, sop)
     pipe = corewise_pipeline(order, sop, cs, C != (), mesh, kind)
     fixed = (flat_lead(cores[0], C), flat_lead(cores[1], C))
-    grads = run(pipe, (zt,) + tuple(rows), fixed, cs, mesh, sop)
+    grads = pipe(zt, *rows, *fixed)
     gU, gG = _unflatten(grads, W, (C, (prod(C),)), sop)
     return TuckerTensorTrain(gU, gG) if isinstance(like, TuckerTensorTrain) else (gU, gG)
 
@@ -71,7 +71,7 @@ def tangent_transpose(kind, zt, rows, frame, B, C, W, order, options):
     cs = chunk_rows(prod(W), chunk_size, mesh, sop)
     pipe = tangent_pipeline(order, sop, cs, B != (), C != (), mesh, kind)
     frame_f = tuple(flat_lead(part, C) for part in frame)
-    grads = run(pipe, (zt,) + tuple(rows), (frame_f, var_zero), cs, mesh, sop)
+    grads = pipe(zt, *rows, frame_f, var_zero)
     return _unflatten(grads, W, (B + C, lead), sop)
 
 
