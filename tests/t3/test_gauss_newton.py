@@ -1,9 +1,6 @@
 """GaussNewton against the dense Jacobian (`jax.jacfwd` of the forward), on one and 4 devices,
 and the two Levenberg-Marquardt fits of examples/t3_fit.py (float64)."""
 
-import pathlib
-import runpy
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -101,13 +98,5 @@ def test_errors():
         op(bad)
 
 
-EXAMPLE = pathlib.Path(__file__).parents[2] / "examples" / "t3_fit.py"
-
-
-@pytest.mark.parametrize("kind,samples", [("probe", 400), ("entries", 600)])
-def test_fit_examples_converge(kind, samples):
-    """Levenberg-Marquardt reaches relative residual <= 1e-6 within 20 outer iterations."""
-    fit = runpy.run_path(str(EXAMPLE))["fit"]
-    history, _ = fit(kind, samples, iters=20, verbose=False)
-    assert history[0] > 1e-2  # a real start: the perturbation is visible in the residual
-    assert history[-1] <= 1e-6 and len(history) - 1 <= 20
+# The two Levenberg-Marquardt fits run as examples/t3_fit.py (tests/test_examples.py checks they
+# reach relative residual <= 1e-6 within 20 outer iterations; the example asserts it too).
