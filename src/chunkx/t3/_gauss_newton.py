@@ -138,7 +138,7 @@ class GaussNewton(eqx.Module):
         tucker, tt = self.x.data
         _, C = check_cores("GaussNewton", "x", tucker, tt)
         N = tuple(int(U.shape[len(C) + 1]) for U in tucker)
-        return _samples("GaussNewton", self.kind, self.samples, self.pp, N, len(C)), C
+        return _samples("GaussNewton", self.kind, self.samples, self.pp, N), C
 
     def forward(self):
         """The sampled jets at `x` (the kind's `t3_*_derivatives`)."""

@@ -43,7 +43,7 @@ SampleJets = Float[Array, "_T ..."]
 SampleResiduals = Float[ArrayLike, "_T ..."]
 
 
-def _samples(fn, kind, a, pp, N, nc):
+def _samples(fn, kind, a, pp, N):
     """Validate probes (`apply`) or indices (`entries`); returns `(W, a_rows, p_rows)`."""
     pp = as_arrays(pp)
     if kind == "entries":
@@ -63,7 +63,7 @@ def _t3_forward(fn, kind, a, pp, x, order):
     order = check_order(fn, order)
     tucker, tt = as_core_pair(fn, "x", x)
     d, C = check_cores(fn, "x", tucker, tt)
-    W, a_rows, p_rows = _samples(fn, kind, a, pp, _modes(tucker, len(C)), len(C))
+    W, a_rows, p_rows = _samples(fn, kind, a, pp, _modes(tucker, len(C)))
     if kind == "apply":
         check_modes(fn, "Tucker", a, tucker, len(C))
     (rows,) = corewise_rows_fn(order, C != (), kind)(
@@ -75,7 +75,7 @@ def _tv_forward(fn, kind, a, pp, variation, frame, order):
     order = check_order(fn, order)
     frame, variation = as_frame(frame), as_variation(variation)
     d, C = check_frame(fn, frame)
-    W, a_rows, p_rows = _samples(fn, kind, a, pp, _modes(frame[0], len(C)), len(C))
+    W, a_rows, p_rows = _samples(fn, kind, a, pp, _modes(frame[0], len(C)))
     if kind == "apply":
         check_modes(fn, "frame Tucker", a, frame[0], len(C))
     B = check_variation(fn, variation, frame, C)
@@ -90,7 +90,7 @@ def _t3_transpose(fn, kind, c, a, pp, core_pair, order, options):
     options = (options[0], check_chunk_size(fn, options[1]), options[2])
     tucker, tt = as_core_pair(fn, "core_pair", core_pair)
     d, C = check_cores(fn, "core_pair", tucker, tt)
-    W, a_rows, p_rows = _samples(fn, kind, a, pp, _modes(tucker, len(C)), len(C))
+    W, a_rows, p_rows = _samples(fn, kind, a, pp, _modes(tucker, len(C)))
     if kind == "apply":
         check_modes(fn, "Tucker", a, tucker, len(C))
     c = as_arrays([c])[0]
@@ -110,7 +110,7 @@ def _tv_transpose(fn, kind, c, a, pp, frame, order, options):
     options = (options[0], check_chunk_size(fn, options[1]), options[2])
     frame = as_frame(frame)
     d, C = check_frame(fn, frame)
-    W, a_rows, p_rows = _samples(fn, kind, a, pp, _modes(frame[0], len(C)), len(C))
+    W, a_rows, p_rows = _samples(fn, kind, a, pp, _modes(frame[0], len(C)))
     if kind == "apply":
         check_modes(fn, "frame Tucker", a, frame[0], len(C))
     c = as_arrays([c])[0]
@@ -174,8 +174,8 @@ def t3_entries_derivatives(
 
     **Arguments:**
 
-    - `index`: integers `(d,) + W`, `0 <= index[i] < N_i` (not checked: out-of-range indices
-      are clamped as by `jnp.take`).
+    - `index`: integers `(d,) + W`, `0 <= index[i] < N_i` (values are not checked: negative
+      indices count from the end, indices `>= N_i` give NaN, as `jnp.take` does).
     - `pp`: `d` directions `W + (N_i,)`.
     - `x`: a `TuckerTensorTrain` or `(tucker_cores, tt_cores)` with stack `C`.
     - `order`: highest derivative order (static).
