@@ -181,3 +181,29 @@ def test_padded_concat_shifts_last_chunk_and_differentiates(n):
     assert set(seen[:-1]) == {4}
     g = jax.grad(lambda x: jnp.sum(jnp.sin(pipe(x))))(x)
     np.testing.assert_allclose(g, jax.grad(lambda x: jnp.sum(jnp.sin(f(x))))(x), rtol=1e-12)
+
+
+def test_shard_sum_replicated_and_user_constants():
+    """Why Shard runs shard_map with check_vma=False, and that nothing it guards is lost.
+
+    The check guards that an output declared replicated (P()) is the same on every device:
+    Sum's psum result is, shard by shard. With the check on, a batched function that pulls a
+    VJP back with a constant cotangent (device-invariant, while its rows vary by device) fails
+    to trace; under Shard it runs.
+    """
+    x = rand(jax.random.PRNGKey(11), (10, 3), jnp.float64)
+
+    def batched(rows):  # d/dr sum(sin(r) * r) per row, through a VJP with a constant cotangent
+        out, vjp = jax.vjp(lambda r: jnp.sin(r) * r, rows)
+        return vjp(jnp.ones(out.shape, out.dtype))[0]
+
+    ref = (jnp.sin(x) + x * jnp.cos(x)).sum(0)
+    pipe = chunkx.Shard(chunkx.Chunk(batched, 1, reducer=chunkx.Sum()))
+    out = jax.jit(pipe)(x)
+    np.testing.assert_allclose(out, ref, rtol=1e-12)
+    for s in out.addressable_shards:  # every device holds the full (replicated) sum
+        np.testing.assert_allclose(np.asarray(s.data), ref, rtol=1e-12)
+    mesh = jax.make_mesh((4,), ("x",), axis_types=(AxisType.Auto,))
+    with pytest.raises(ValueError, match=r"unexpected JAX type .* for argument to VJP function"):
+        jax.shard_map(lambda r: jax.lax.psum(batched(r).sum(0), "x"), mesh=mesh,
+                      in_specs=P("x"), out_specs=P(), check_vma=True)(x[:8])

@@ -21,6 +21,12 @@ W = jnp.ones((4, 3), jnp.float32)
 REF = jax.vmap(per_example, (0, None))(X, W)
 
 
+@pytest.fixture(autouse=True)
+def _keep_finished_bars(monkeypatch):
+    """Finished bars are cleared by default; keep them here so their final state is read."""
+    monkeypatch.setattr(chunkx._progress, "LEAVE_FINISHED_BARS", True)
+
+
 def _bars(text: str) -> list[str]:
     """The final state of every bar: tqdm redraws with carriage returns."""
     return [line for line in text.replace("\r", "\n").splitlines() if "100%" in line]

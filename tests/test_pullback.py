@@ -284,9 +284,9 @@ def test_check_block_diagonal():
 
 def test_errors():
     _, y = make("rowmap", 6)
-    with pytest.raises(TypeError, match=r"`sparse_pullback\(fn=...\)`: fn must return a single"):
+    with pytest.raises(ValueError, match=r"`sparse_pullback\(fn=...\)`: fn must return a single"):
         sparse_pullback(lambda y: (y[:, 0], y[:, 1]), y)
-    with pytest.raises(TypeError, match=r"`Pullback\(fn=...\)`: fn must return a single array"):
+    with pytest.raises(ValueError, match=r"`Pullback\(fn=...\)`: fn must return a single array"):
         Pullback(lambda y: {"a": y})(y)
     with pytest.raises(ValueError, match=r"output shape \(2, 3, 3\) must be a leading part"):
         sparse_pullback(lambda y: y[:, :, None] * y[:, None, :], y, 2)

@@ -20,3 +20,60 @@ def test_no_future_annotations():
 def test_files_stay_small():
     big = {str(p): n for p in SRC.rglob("*.py") if (n := len(p.read_text().splitlines())) > 600}
     assert not big, big
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    """Modules of the chunkx package that `path` imports, at any depth (lazy imports too)."""
+    import ast
+
+    pkg = path.relative_to(SRC).with_suffix("").parts
+    if pkg[-1] == "__init__":
+        pkg = pkg[:-1]
+        here = pkg
+    else:
+        here = pkg[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = here[: len(here) - node.level + 1] if node.level else ()
+            mod = tuple(node.module.split(".")) if node.module else ()
+            target = (base + mod) if node.level else mod
+            if target[:1] == ("chunkx",):
+                names = [target + (a.name,) for a in node.names]
+                found |= {".".join(t) for t in [target, *names]}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("chunkx")}
+    return found
+
+
+def test_no_import_cycle_among_modules():
+    """The modules of src/chunkx form a DAG (packages' __init__ re-exports excluded)."""
+    modules = {}
+    for p in SRC.rglob("*.py"):
+        name = ".".join(p.relative_to(SRC).with_suffix("").parts)
+        modules[name.removesuffix(".__init__")] = p
+    graph = {
+        m: {t for t in _imports(p) if t in modules and t != m and not modules[t].name == "__init__.py"}
+        for m, p in modules.items()
+        if p.name != "__init__.py"
+    }
+    state: dict[str, int] = {}
+
+    def visit(m, trail):
+        state[m] = 1
+        for t in graph.get(m, ()):
+            if state.get(t) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(trail + [m, t]))
+            if not state.get(t):
+                visit(t, trail + [m])
+        state[m] = 2
+
+    for m in graph:
+        if not state.get(m):
+            visit(m, [])
+    assert "chunkx._maps.adv" in graph and graph["chunkx._plan"] >= {"chunkx._maps.adv"}
+
+
+def test_no_module_level_state_carrying_results():
+    offenders = [str(p) for p in SRC.rglob("*.py") if "ContextVar" in p.read_text()]
+    assert not offenders, offenders

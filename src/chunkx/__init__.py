@@ -22,6 +22,8 @@ from ._maps.sparse import (
 )
 from ._maps.quantax import ChunkMap as ChunkMap, chunk_map as chunk_map
 from ._maps.quantax import jit_chunk_vmap as jit_chunk_vmap
+from ._maps.netket import apply_chunked as apply_chunked, vmap_chunked as vmap_chunked
+from ._maps.netket import ChunkedVjp as ChunkedVjp, vjp_chunked as vjp_chunked
 from ._memory import (
     MemoryPlan as MemoryPlan,
     compiled_temp_bytes as compiled_temp_bytes,

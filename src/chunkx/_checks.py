@@ -98,15 +98,19 @@ def resolve_batch_size(
     bad = sorted(set(kwargs) - {"chunk_size"})
     if bad:
         raise ValueError(f"`{who}(**kwargs)`: Unexpected keyword argument(s): " + ", ".join(bad))
-    if batch_size is None and kwargs.get("chunk_size") is not None:
-        batch_size, name = kwargs["chunk_size"], "chunk_size"
+    alias = kwargs.get("chunk_size")
+    if batch_size is None and alias is not None:
+        batch_size, name = alias, "chunk_size"
     if not (auto and batch_size == "auto"):
         batch_size = check_positive(who, name, batch_size)
     if memory_budget is not None:
         check_positive(who, "memory_budget", memory_budget)
         if batch_size != "auto":
+            won = "" if alias is None or name == "chunk_size" else (
+                f" ({name} wins over its alias chunk_size={alias!r})"
+            )
             raise ValueError(
                 f"`{who}(memory_budget={memory_budget!r})`: memory_budget is only used with "
-                f"{name}='auto', got {name}={batch_size!r}."
+                f"{name}='auto', got {name}={batch_size!r}{won}."
             )
     return batch_size

@@ -89,11 +89,14 @@ def plan_chunk_size(
     XLA's `compiled.memory_analysis().temp_size_in_bytes` (per device; arguments and outputs
     are not counted). Nothing is run or allocated: `args` may be `jax.ShapeDtypeStruct`s.
 
-    The search compiles `B = 1` and the whole batch, fits `temp ≈ a + b·B` through them,
-    compiles the predicted size and its neighbour, and narrows further only where memory is not
-    linear in `B` (at most 12 compilations). Measurements are cached per signature (`f` by
-    identity, shapes and dtypes of `args`, the options). See "Choose a chunk size" in the docs
-    for what this assumes.
+    The search is [`chunkx.fit_memory`][]: it compiles the whole batch `B = n` first (the answer
+    if it fits), then two small sizes that leave a remainder chunk, about `2` and `n / 8` (e.g.
+    3 and 257 for `n = 2048`), fits `temp ≈ a + b·B` through them, compiles the predicted size
+    and narrows the bracket around it (its neighbour, where memory is linear in `B`), and last
+    tries the divisors of `n` above that size (they run no remainder chunk); at most 12
+    compilations, and the answer is always a measured size. Measurements are cached per
+    signature (`f` by identity, shapes and dtypes of `args`, the options). See "Choose a chunk
+    size" in the docs for what this assumes.
 
     **Arguments:**
 

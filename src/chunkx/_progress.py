@@ -2,6 +2,10 @@
 
 Nothing here is traced unless a map is built with `progress=True`: with it off the compiled
 program is exactly the plain `jax.lax.scan` (no callback, no custom call).
+
+A bar lives while its loop runs and is cleared when the loop finishes (tqdm's `leave=False`):
+a map called at every step of a training loop shows one live bar and leaves no line behind per
+call, so the training loop's own output (or an outer bar) stays readable.
 """
 
 import sys
@@ -13,6 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
+
+#: Keep finished bars on screen (tqdm's `leave`); off, so repeated calls print no new lines.
+LEAVE_FINISHED_BARS = False
 
 
 class _TextBar:
@@ -37,7 +44,10 @@ def _new_bar(total: int, desc: str) -> Any:
         from tqdm import tqdm
     except ImportError:  # tqdm is optional: `pip install tqdm` for a live bar
         return _TextBar(total, desc)
-    return tqdm(total=total, desc=desc, unit="chunk", file=sys.stderr, leave=True)
+    return tqdm(
+        total=total, desc=desc, unit="chunk", file=sys.stderr,
+        leave=LEAVE_FINISHED_BARS,
+    )
 
 
 class ProgressState:

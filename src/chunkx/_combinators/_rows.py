@@ -11,26 +11,37 @@ def array_leaves(tree) -> list:
     return [x for x in jax.tree_util.tree_leaves(tree) if eqx.is_array(x)]
 
 
+def _where(i: int, path: tuple) -> str:
+    return f"argument {i}" + (f" leaf {jax.tree_util.keystr(path)}" if path else "")
+
+
 def mapped_length(args: tuple, axes: tuple[AxisSpec, ...], who: str) -> int:
-    """The common leading length of every array leaf of the mapped arguments."""
-    lengths: dict[int, tuple[int, tuple]] = {}
+    """The common leading length of every array leaf of the mapped arguments.
+
+    `who` names the caller in messages: a public map passes its own name (and validates
+    before it builds its pipeline), so errors name what the user called.
+    """
+    lengths: dict[int, str] = {}
     for i, (arg, a) in enumerate(zip(args, axes)):
         if a is None:
             continue
-        for leaf in array_leaves(arg):
+        for path, leaf in jax.tree_util.tree_flatten_with_path(arg)[0]:
+            if not eqx.is_array(leaf):
+                continue
             if jnp.ndim(leaf) == 0:
                 raise ValueError(
-                    f"`{who}`: argument {i} is mapped (in_axes 0) but has a 0-d leaf; "
+                    f"`{who}`: {_where(i, path)} is mapped (in_axes 0) but has a 0-d leaf; "
                     "mapped leaves need a leading axis."
                 )
-            lengths.setdefault(int(leaf.shape[0]), (i, leaf.shape))
+            lengths.setdefault(int(leaf.shape[0]), f"{_where(i, path)} shape {leaf.shape}")
     if not lengths:
+        mapped = [i for i, a in enumerate(axes) if a is not None]
         raise ValueError(
-            f"`{who}`: no mapped array to chunk; in_axes marks no argument with array leaves "
-            "as mapped (0)."
+            f"`{who}`: no mapped array to chunk: in_axes maps argument(s) {mapped}, which "
+            "hold no array leaves; a mapped argument needs at least one array."
         )
     if len(lengths) > 1:
-        seen = ", ".join(f"argument {i} shape {s}" for _, (i, s) in sorted(lengths.items()))
+        seen = ", ".join(s for _, s in sorted(lengths.items()))
         raise ValueError(
             f"`{who}`: mapped arguments must share the length of their leading axis, got {seen}."
         )

@@ -1,5 +1,8 @@
 """Private helpers for meshes: the default mesh, axis types, laying an array out on a mesh."""
 
+import contextlib
+
+import equinox as eqx
 import jax
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -10,11 +13,73 @@ def default_mesh() -> Mesh:
     return jax.make_mesh((jax.device_count(),), ("x",), axis_types=(AxisType.Auto,))
 
 
+def mesh_of(x) -> Mesh | AbstractMesh | None:
+    """The (non-empty) mesh an array is laid out on, if any: concrete eager, abstract traced."""
+    if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+        mesh = getattr(x.sharding, "mesh", None)
+    else:
+        mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
+    return None if mesh is None or mesh.empty else mesh
+
+
+def call_mesh(mesh: Mesh | None, args) -> Mesh | AbstractMesh:
+    """The mesh a `Shard` runs on: `mesh`, else the context's, else the inputs', else all devices.
+
+    Inputs already laid out on a caller's mesh (or a mesh set with `jax.set_mesh`) stay on it:
+    mixing two meshes in one computation is an error in JAX.
+    """
+    if mesh is not None:
+        return mesh
+    context = _context_mesh()
+    if context is not None:
+        return context
+    for leaf in jax.tree_util.tree_leaves(args):
+        found = mesh_of(leaf) if eqx.is_array(leaf) else None
+        if found is not None:
+            return found
+    abstract = jax.sharding.get_abstract_mesh()
+    return abstract if not abstract.empty else default_mesh()
+
+
+def on_mesh(mesh: Mesh | AbstractMesh):
+    """A context that sets a concrete Explicit `mesh` (what JAX asks for eager explicit ops)."""
+    if isinstance(mesh, Mesh) and is_explicit(mesh) and _context_mesh() is None:
+        try:
+            return jax.set_mesh(mesh)
+        except ValueError:  # under `jit`: the trace already knows its devices
+            pass
+    return contextlib.nullcontext()
+
+
+def on_inputs_mesh(args):
+    """Eagerly, the concrete Explicit mesh the inputs are laid out on as the context mesh.
+
+    JAX asks for one (`jax.set_mesh`) before eager operations that create arrays typed on an
+    Explicit mesh (a padding, a buffer); under `jit`, or inside a context mesh, nothing is set.
+    """
+    for leaf in jax.tree_util.tree_leaves(args):
+        if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
+            mesh = getattr(leaf.sharding, "mesh", None)
+            if isinstance(mesh, Mesh) and is_explicit(mesh):
+                return on_mesh(mesh)
+    return contextlib.nullcontext()
+
+
+def _context_mesh() -> Mesh | None:
+    """The concrete mesh set with `jax.set_mesh`, outside `jit` (inside, JAX only has it
+    abstract: `jax.sharding.get_abstract_mesh`)."""
+    try:
+        mesh = jax.sharding.get_mesh()
+    except ValueError:  # under `jit`
+        return None
+    return None if mesh.empty else mesh
+
+
 def is_explicit(mesh: Mesh | AbstractMesh) -> bool:
     return any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
 
 
-def place(x, mesh: Mesh, spec: P):
+def place(x, mesh: Mesh | AbstractMesh, spec: P):
     """Lay `x` out as `spec` on `mesh` (works for Auto and Explicit mesh axes)."""
     sharding = NamedSharding(mesh, spec)
     if is_explicit(mesh):

@@ -125,7 +125,7 @@ class Chunk(eqx.Module):
         if self.checkpoint:
             piece = jax.checkpoint(piece, prevent_cse=False)
         part = jax.eval_shape(piece, *struct_of(rows(source, 0, s)))
-        acc = _varying_like(self.reducer.init(part, n), (mapped, fixed, valid))
+        acc = self.reducer.init(part, n)
         acc = self._loop(piece, source, acc, n, k, shift)
         if r:  # remainder="call": the leftover rows are one more piece
             acc = self.reducer.accumulate(acc, piece(*rows(source, k * s, r)), k * s, k)
@@ -154,22 +154,3 @@ class Chunk(eqx.Module):
         steps = (xs, jnp.arange(k))
         return scan(step, acc, steps, k, unroll=self.unroll, progress=self.progress)[0]
 
-
-def _varying_like(acc: Any, inputs: Any) -> Any:
-    """Inside `shard_map`, mark the accumulator device-varying where the inputs are.
-
-    The accumulator starts from constants, which are invariant across devices; a chunk's
-    partial computed from device-varying rows is varying, and `lax.scan` (like
-    `dynamic_update_slice`) needs the carry's type to match the update's.
-    """
-    vma = set()
-    for x in jax.tree_util.tree_leaves(inputs):
-        vma |= set(getattr(jax.typeof(x), "vma", ()))
-    if not vma:
-        return acc
-
-    def cast(a):
-        missing = tuple(sorted(vma - set(getattr(jax.typeof(a), "vma", ()))))
-        return jax.lax.pcast(a, missing, to="varying") if missing else a
-
-    return jax.tree_util.tree_map(cast, acc)

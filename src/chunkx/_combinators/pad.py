@@ -19,6 +19,7 @@ import numpy as np
 from .._checks import as_in_axes, check_choice, check_positive, zero_in_axes
 from .._types import AxisSpec, InAxes, RowMask
 from ._rows import map_mapped, mapped_length
+from ._sharding import on_inputs_mesh
 from .reduce import AbstractReducer, reducer_of
 
 Fill = Literal["edge", "zero"]
@@ -115,6 +116,10 @@ class Pad(eqx.Module):
         reducer_of("Pad", self.fn, self.reducer)
 
     def __call__(self, *args: Any, valid: RowMask | None = None) -> Any:
+        with on_inputs_mesh(args):
+            return self._pad(args, valid)
+
+    def _pad(self, args: tuple, valid: RowMask | None) -> Any:
         axes = zero_in_axes("Pad", self.in_axes, len(args))
         n = mapped_length(args, axes, "Pad")
         m = round_up(n, self.multiple)

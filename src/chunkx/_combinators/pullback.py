@@ -133,7 +133,7 @@ def _describe(tree) -> str:
 def check_contract(who: str, y_struct: Tree, out_struct: Any) -> int:
     """Raise unless `fn` returns one array of shape `S` that prefixes every inexact leaf of y."""
     if not isinstance(out_struct, jax.ShapeDtypeStruct):
-        raise TypeError(
+        raise ValueError(
             f"`{who}(fn=...)`: fn must return a single array (its Jacobian's diagonal blocks are "
             f"read off one output), got a {_describe(out_struct)}; return a stacked array or "
             "wrap each output separately."

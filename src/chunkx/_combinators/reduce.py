@@ -14,7 +14,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .._types import RowMask, Tree
@@ -81,11 +81,11 @@ class AbstractReducer(eqx.Module):
         """What one device returns from inside `shard_map`."""
 
     @abc.abstractmethod
-    def shard_collect(self, gathered: Tree, mesh: Mesh) -> Tree:
+    def shard_collect(self, gathered: Tree, mesh: Mesh | AbstractMesh) -> Tree:
         """Join what the devices returned into one partial result."""
 
 
-def _fold_devices(reducer: AbstractReducer, gathered: Tree, mesh: Mesh) -> Tree:
+def _fold_devices(reducer: AbstractReducer, gathered: Tree, mesh: Mesh | AbstractMesh) -> Tree:
     """Fold per-device partials (stacked along a leading axis) in mesh order."""
     if is_explicit(mesh):  # an Explicit leading axis is sharded: replicate before indexing
         gathered = jax.tree_util.tree_map(lambda x: place(x, mesh, P()), gathered)
@@ -105,6 +105,13 @@ def _layout_like(y: Any, b: Any) -> Any:
     if spec_b is None or spec_y is None or tuple(spec_b) == tuple(spec_y):
         return y
     return jax.sharding.reshard(y, sb)
+
+
+def _sharding_of(t: Any) -> Any:
+    """The sharding of a struct (`jax.eval_shape`'s) or of an array, traced or not."""
+    if isinstance(t, jax.ShapeDtypeStruct):
+        return t.sharding
+    return getattr(jax.typeof(t), "sharding", None)
 
 
 def _call(fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
@@ -136,7 +143,7 @@ class Concat(AbstractReducer):
     def init(self, part: Tree, n: int) -> Tree:
         def buffer(t):
             b = jnp.zeros((n,) + tuple(t.shape[1:]), t.dtype)
-            sharding = getattr(t, "sharding", None)
+            sharding = _sharding_of(t)
             mesh = getattr(sharding, "mesh", None)
             if mesh is None or not is_explicit(mesh):
                 return b
@@ -167,7 +174,7 @@ class Concat(AbstractReducer):
     def shard_local(self, partial: Tree, axis: Any) -> Tree:
         return partial
 
-    def shard_collect(self, gathered: Tree, mesh: Mesh) -> Tree:
+    def shard_collect(self, gathered: Tree, mesh: Mesh | AbstractMesh) -> Tree:
         return gathered
 
 
@@ -237,7 +244,7 @@ class Sum(AbstractReducer):
     def shard_local(self, partial: Tree, axis: Any) -> Tree:
         return jax.lax.psum(partial, axis)
 
-    def shard_collect(self, gathered: Tree, mesh: Mesh) -> Tree:
+    def shard_collect(self, gathered: Tree, mesh: Mesh | AbstractMesh) -> Tree:
         return gathered
 
 
@@ -322,7 +329,7 @@ class Monoid(AbstractReducer):
     def shard_local(self, partial: Tree, axis: Any) -> Tree:
         return jax.tree_util.tree_map(lambda x: x[None], partial)
 
-    def shard_collect(self, gathered: Tree, mesh: Mesh) -> Tree:
+    def shard_collect(self, gathered: Tree, mesh: Mesh | AbstractMesh) -> Tree:
         return _fold_devices(self, gathered, mesh)
 
 

@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 from .._checks import as_in_axes, zero_in_axes
 from .._types import InAxes, RowMask
 from ._rows import map_mapped, mapped_length
-from ._sharding import default_mesh, is_explicit, place
+from ._sharding import call_mesh, is_explicit, mesh_of, on_mesh, place
 from .pad import split_rows
 from .reduce import AbstractReducer, reducer_of
 
@@ -44,7 +44,9 @@ class Shard(eqx.Module):
     **Arguments:**
 
     - `fn`: a batched function that returns the reducer's partial result.
-    - `mesh`: a `jax.sharding.Mesh`; `None` means every device on a 1-D mesh at call time.
+    - `mesh`: a `jax.sharding.Mesh`; `None`: the mesh set with `jax.set_mesh`, else the mesh
+      the inputs are already laid out on (a caller's Auto or Explicit mesh), else every device
+      on a 1-D mesh at call time.
     - `reducer`: by default the one `fn` holds, else [`chunkx.Concat`][].
     - `in_axes`: `0`, `None`, or one `0`/`None` per positional argument.
 
@@ -67,7 +69,16 @@ class Shard(eqx.Module):
         reducer_of("Shard", self.fn, self.reducer)
 
     def __call__(self, *args: Any, valid: RowMask | None = None) -> Any:
-        mesh = default_mesh() if self.mesh is None else self.mesh
+        mesh = call_mesh(self.mesh, args)
+        with on_mesh(mesh):
+            return self._call(mesh, args, valid)
+
+    def _call(self, mesh, args, valid):
+        if is_explicit(mesh):  # inputs on no mesh: replicated on it first (slices stay typed)
+            args = jax.tree_util.tree_map(
+                lambda x: place(x, mesh, P()) if eqx.is_array(x) and mesh_of(x) is None else x,
+                args,
+            )
         reducer = reducer_of("Shard", self.fn, self.reducer)
         axes = zero_in_axes("Shard", self.in_axes, len(args))
         n = mapped_length(args, axes, "Shard")
@@ -106,11 +117,14 @@ class Shard(eqx.Module):
             part = _call(self.fn, eqx.combine(dyn_args, static), v)
             return reducer.shard_local(part, axis)
 
-        # check_vma=False: the chunk loop inside `fn` starts its accumulator from constants
-        # (zeros, invariant across devices) and `lax.scan` would reject a carry that becomes
-        # device-varying. What the check guards, that a `P()` output really is replicated, the
-        # reducers guarantee: only `Sum` declares `P()`, and it returns a `psum`
-        # (tests/test_combinators.py::test_shard_sum_is_replicated checks every device's value).
+        # check_vma=False: `fn` is the user's code, and with the check on JAX types every value
+        # inside `shard_map` as device-varying or invariant. Ordinary per-example code that
+        # mixes a constant with device-varying rows in a typed slot then fails: a `jax.vjp`
+        # pulled back with `jnp.ones(...)`, a `lax.scan`/`fori_loop` carry started from zeros
+        # (chunkx's own chunk loop and `Pullback` do both). What the check guards -- that an
+        # output declared replicated (`P()`) really is -- the reducers guarantee: only `Sum`
+        # declares `P()`, and it returns a `psum`. tests/test_combinators.py::
+        # test_shard_sum_replicated_and_user_constants checks both sides.
         gathered = jax.shard_map(
             local, mesh=mesh, in_specs=(specs, v_spec), out_specs=reducer.shard_spec(axis),
             check_vma=False,

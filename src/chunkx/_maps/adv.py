@@ -11,6 +11,7 @@ from jaxtyping import jaxtyped
 
 from .._checks import as_in_axes, check_mesh_1d, in_axes_tuple, resolve_batch_size
 from .._combinators._rows import mapped_length
+from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.chunk import Chunk, Reduce
 from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
 from .._combinators.shard import Shard
@@ -21,9 +22,23 @@ from ._axes import move_axis, normalize_axis
 
 
 def reducer_for(
-    who: str, reduction: Callable | None, chunk_reduction: Callable
+    who: str,
+    reduction: Callable | None,
+    chunk_reduction: Callable,
+    reducer: AbstractReducer | None = None,
 ) -> tuple[AbstractReducer, Callable | None]:
-    """adv's `(reduction, chunk_reduction)` pair as a reducer plus an optional final map."""
+    """adv's `(reduction, chunk_reduction)` pair as a reducer plus an optional final map.
+
+    A chunkx reducer object (`reducer=`) is used as it is; it excludes the pair.
+    """
+    if reducer is not None:
+        if reduction is not None or chunk_reduction is not identity:
+            raise ValueError(
+                f"`{who}(reducer={reducer!r})`: give either a reducer or the (reduction, "
+                f"chunk_reduction) pair, not both; got reduction={reduction!r} and "
+                f"chunk_reduction={chunk_reduction!r} as well."
+            )
+        return reducer, None
     if reduction is None:
         return Concat(), (None if chunk_reduction is identity else chunk_reduction)
     if chunk_reduction is identity:
@@ -57,10 +72,9 @@ def compose(inner, axes, batch_size, reducer, shard, mesh, checkpoint=True, prog
     return piece
 
 
-def _ndev(shard: bool, mesh: Mesh | None) -> int:
-    if not shard:
-        return 1
-    return jax.device_count() if mesh is None else mesh.size
+def _ndev(shard: bool, mesh: Mesh | None, args: Any) -> int:
+    """Devices the rows are split over: those of the mesh `Shard` will run on."""
+    return call_mesh(mesh, args).size if shard else 1
 
 
 class BatchVmap(eqx.Module):
@@ -98,6 +112,10 @@ class BatchVmap(eqx.Module):
     progress: bool = eqx.field(static=True, default=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with on_inputs_mesh((args, kwargs)):
+            return self._call(args, kwargs)
+
+    def _call(self, args: tuple, kwargs: dict) -> Any:
         f, zero, args = self._prepare(args, kwargs)
         size = self.batch_size
         if size == "auto":
@@ -133,6 +151,7 @@ class BatchVmap(eqx.Module):
         )
         args = tuple(a if ax is None else move_axis(a, ax, 0) for a, ax in zip(args, axes))
         zero = tuple(None if a is None else 0 for a in axes)
+        mapped_length(args, zero, who)  # lengths and leaves checked here, named batch_vmap
         if not kwargs:
             return self.f, zero, args
         return _with_kwargs(self.f), zero + (None,), args + (kwargs,)
@@ -145,7 +164,7 @@ class BatchVmap(eqx.Module):
 
     def _plan(self, f, zero, args, **names: str) -> MemoryPlan:
         who = names.pop("who", "batch_vmap")
-        n = per_device_rows(mapped_length(args, zero, who), _ndev(self.shard, self.mesh))
+        n = per_device_rows(mapped_length(args, zero, who), _ndev(self.shard, self.mesh, args))
         key = (self.f, zero, self.reducer, self.shard, self.mesh, self.checkpoint, "batch_vmap")
         return plan_auto(
             who, lambda size: self._build(f, zero, size), args, n, self.memory_budget,
@@ -169,6 +188,7 @@ def batch_vmap(
     batch_size: int | Literal["auto"] | None = None,
     reduction: Callable[[Any, Any], Any] | None = None,
     chunk_reduction: Callable[[Any], Any] = identity,
+    reducer: AbstractReducer | None = None,
     shard: bool = False,
     mesh: Mesh | None = None,
     checkpoint: bool = True,
@@ -203,6 +223,9 @@ def batch_vmap(
     - `reduction`: binary associative fold of chunk results, or `None` to concatenate.
     - `chunk_reduction`: collapses one chunk's rows (required with `reduction`). Without a
       `reduction` it is applied once to the concatenated output.
+    - `reducer`: a chunkx reducer instead of the pair above, e.g. [`chunkx.Sum`][] (sums
+      every leaf of a pytree output over the mapped axis) or a [`chunkx.Monoid`][]; giving
+      it with `reduction` or `chunk_reduction` is an error.
     - `shard`: split the mapped rows over the devices of `mesh` (see [`chunkx.Shard`][]).
     - `mesh`: a one-dimensional mesh (Auto or Explicit axis); `None`: all devices.
     - `checkpoint`: rematerialise chunks in reverse mode.
@@ -210,7 +233,9 @@ def batch_vmap(
       largest fitting size is planned at trace time (see [`chunkx.plan_chunk_size`][]).
       `None`: half the device's memory where the backend reports it (a CPU needs a budget).
     - `progress`: show a progress bar over the chunks (also under `jit`; see
-      [`chunkx.Chunk`][]). Off, nothing is added to the compiled program.
+      [`chunkx.Chunk`][]). The bar is cleared when the loop finishes, so a map called at every
+      step of a training loop leaves no line behind per call. Off, nothing is added to the
+      compiled program.
 
     **Returns:**
 
@@ -233,7 +258,7 @@ def batch_vmap(
     """
     who = "batch_vmap"
     batch_size = check_options(who, batch_size, kwargs, memory_budget, shard, mesh)
-    reducer, post = reducer_for(who, reduction, chunk_reduction)
+    reducer, post = reducer_for(who, reduction, chunk_reduction, reducer)
     return BatchVmap(
         f, in_axes, batch_size, reducer, post, shard, mesh, checkpoint, memory_budget, progress
     )
@@ -262,6 +287,7 @@ def batch_map(
     *,
     reduction: Callable[[Any, Any], Any] | None = None,
     chunk_reduction: Callable[[Any], Any] = identity,
+    reducer: AbstractReducer | None = None,
     strip_dim0: bool = False,
     shard: bool = False,
     mesh: Mesh | None = None,
@@ -281,8 +307,8 @@ def batch_map(
 
     - `fun`: a vectorised function of one pytree.
     - `fun_input`: the pytree whose leaves are chunked along axis 0.
-    - `batch_size`, `reduction`, `chunk_reduction`, `shard`, `mesh`, `checkpoint`, `chunk_size`,
-      `memory_budget`, `progress`: as in [`chunkx.batch_vmap`][].
+    - `batch_size`, `reduction`, `chunk_reduction`, `reducer`, `shard`, `mesh`, `checkpoint`,
+      `chunk_size`, `memory_budget`, `progress`: as in [`chunkx.batch_vmap`][].
     - `strip_dim0`: with `batch_size=1`, call `fun` on single elements without their leading
       axis (no vmap: `lax.cond` stays a branch); with a `reduction`, the per-element results
       are folded and `chunk_reduction` is not used. Any other `batch_size` is an error.
@@ -310,7 +336,7 @@ def batch_map(
     n = _length(who, fun_input)
     return run_one_input(
         who, fun, fun_input, n, batch_size, reduction, chunk_reduction, strip_dim0, shard, mesh,
-        checkpoint, progress, memory_budget, key=(fun, who), arg="fun_input",
+        checkpoint, progress, memory_budget, key=(fun, who), arg="fun_input", reducer=reducer,
     )
 
 
@@ -324,7 +350,7 @@ def check_strip(who: str, strip_dim0: bool, batch_size: Any) -> None:
 
 def run_one_input(
     who, fun, x, n, batch_size, reduction, chunk_reduction, strip_dim0, shard, mesh,
-    checkpoint, progress, memory_budget, key, arg,
+    checkpoint, progress, memory_budget, key, arg, reducer=None,
 ):
     """The tail shared by `batch_map` and `sparse_pullback`: one chunked input pytree `x`.
 
@@ -340,17 +366,18 @@ def run_one_input(
                     "reduction has no identity element to return."
                 )
             chunk_reduction = _first_row
-    reducer, post = reducer_for(who, reduction, chunk_reduction)
+    reducer, post = reducer_for(who, reduction, chunk_reduction, reducer)
 
     def build(size):
         return compose(fun, (0,), size, reducer, shard, mesh, checkpoint, progress)
 
     if batch_size == "auto":
         key = key + (strip_dim0, reducer, shard, mesh, checkpoint)
-        rows = per_device_rows(n, _ndev(shard, mesh))
+        rows = per_device_rows(n, _ndev(shard, mesh, x))
         batch_size = plan_auto(who, build, (x,), rows, memory_budget, cache_on=key).chunk_size
-    out = build(batch_size)(x)
-    return out if post is None else post(out)
+    with on_inputs_mesh(x):
+        out = build(batch_size)(x)
+        return out if post is None else post(out)
 
 
 def _length(who, tree):

@@ -4,13 +4,13 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import equinox as eqx
-import jax
 from beartype import beartype
 from jax.sharding import Mesh
 from jaxtyping import jaxtyped
 
-from .._checks import as_in_axes, check_positive, in_axes_tuple
+from .._checks import as_in_axes, in_axes_tuple, resolve_batch_size
 from .._combinators._rows import array_leaves, mapped_length
+from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.chunk import Chunk
 from .._combinators.groups import Flatten, Groups
 from .._combinators.pad import Pad
@@ -48,13 +48,17 @@ class ChunkMap(eqx.Module):
     progress: bool = eqx.field(static=True, default=False)
 
     def __call__(self, *args: Any) -> Any:
+        with on_inputs_mesh(args):
+            return self._call(args)
+
+    def _call(self, args: tuple) -> Any:
         who = "chunk_map"
         axes = _arg_axes(who, self.in_axes, args)
         mapped = tuple(i for i, a in enumerate(axes) if a is not None)
         if not mapped or not any(array_leaves(args[i]) for i in mapped):
             return self.f(*args)
         mesh = self.mesh
-        ndev = mesh.size if mesh is not None else jax.device_count()
+        ndev = call_mesh(mesh, args).size  # the mesh Shard runs on, or lays the rows out for
         moved = tuple(a if ax is None else move_axis(a, ax, 0) for a, ax in zip(args, axes))
         zero = tuple(None if a is None else 0 for a in axes)
         n = mapped_length(moved, zero, who)
@@ -145,7 +149,9 @@ def chunk_map(
 ) -> Callable[..., Any]:
     """Evaluate an already-batched `f` in chunks of `chunk_size` rows per device (quantax 0.4.0).
 
-    With `D` devices (`mesh.size`, or all devices) and `b = n / D` rows per device, the loop is
+    With `D` devices (`mesh.size`; without a `mesh`, those of the mesh set with `jax.set_mesh`
+    or of the mesh the inputs are laid out on, else all devices) and `b = n / D` rows per
+    device, the loop is
 
     ```python
     for k in range(ceil(b / c)):       # c = chunk_size
@@ -171,7 +177,8 @@ def chunk_map(
     - `memory_budget`: with `chunk_size="auto"`, bytes of XLA temp memory per device; the
       size is planned at trace time (see [`chunkx.plan_chunk_size`][]); `None`: half the
       device's memory where the backend reports it.
-    - `progress`: show a progress bar over the chunks (see [`chunkx.Chunk`][]).
+    - `progress`: show a progress bar over the chunks (see [`chunkx.Chunk`][]); it is
+      cleared when the loop finishes (one live bar per call, no line left behind).
 
     **Returns:**
 
@@ -189,10 +196,7 @@ def chunk_map(
         ```
     """
     who = "chunk_map"
-    if chunk_size != "auto":
-        check_positive(who, "chunk_size", chunk_size)
-    if memory_budget is not None:
-        check_positive(who, "memory_budget", memory_budget)
+    resolve_batch_size(who, chunk_size, {}, memory_budget, name="chunk_size")
     axes_all_none = in_axes is None or (isinstance(in_axes, tuple | list) and all(
         a is None for a in in_axes))
     if isinstance(in_axes, list):
@@ -235,7 +239,28 @@ def jit_chunk_vmap(
         assert jnp.allclose(out, jax.vmap(g, (0, None))(x, w))
         ```
     """
-    vmapped = eqx.filter_vmap(f, in_axes=in_axes, out_axes=out_axes)
-    return eqx.filter_jit(
-        chunk_map(vmapped, in_axes, out_axes, chunk_size, True, shard_batch, False, mesh)
-    )
+    in_axes = as_in_axes(in_axes)  # a list works like a tuple
+    vmapped = eqx.filter_vmap(f, in_axes=_if_array(in_axes), out_axes=out_axes)
+    mapped = chunk_map(vmapped, in_axes, out_axes, chunk_size, True, shard_batch, False, mesh)
+    return eqx.filter_jit(_Checked(mapped, in_axes, "jit_chunk_vmap"))
+
+
+def _if_array(in_axes: Any) -> Any:
+    """Map array leaves only: non-array leaves (strings, Python numbers) pass through."""
+    if isinstance(in_axes, tuple):
+        return tuple(None if a is None else eqx.if_array(a) for a in in_axes)
+    return None if in_axes is None else eqx.if_array(in_axes)
+
+
+class _Checked(eqx.Module):
+    """Check the mapped arguments (lengths, array leaves) in the public map's name first."""
+
+    fn: Callable[..., Any]
+    in_axes: InAxes = eqx.field(static=True)
+    who: str = eqx.field(static=True)
+
+    def __call__(self, *args: Any) -> Any:
+        axes = _arg_axes(self.who, self.in_axes, args)
+        moved = tuple(a if ax is None else move_axis(a, ax, 0) for a, ax in zip(args, axes))
+        mapped_length(moved, tuple(None if a is None else 0 for a in axes), self.who)
+        return self.fn(*args)

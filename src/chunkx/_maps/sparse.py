@@ -6,9 +6,10 @@ from typing import Any, Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from beartype import beartype
 from jax.sharding import Mesh
-from jaxtyping import PRNGKeyArray, PyTree, jaxtyped
+from jaxtyping import PRNGKeyArray, PyTree, UInt32, jaxtyped
 
 from .._combinators._rows import mapped_length
 from .._combinators.pullback import Pullback, check_contract
@@ -54,7 +55,7 @@ def check_block_diagonal(
     fn: Callable[[Any], Any],
     y: PyTree,
     *,
-    key: PRNGKeyArray | None = None,
+    key: PRNGKeyArray | UInt32[np.ndarray, " 2"] | None = None,
     rtol: float = 1e-4,
     atol: float = 1e-6,
 ) -> Any:

@@ -162,11 +162,23 @@ class BatchVectorize(eqx.Module):
         for a, core in zip(args, in_core):
             _record_sizes(sizes, a.shape, core, context, is_input=True)
             loop_shapes.append(a.shape[: a.ndim - len(core)])
-        loop_shape = jnp.broadcast_shapes(*loop_shapes)
+        loop_shape = _broadcast(args, loop_shapes)
         if out_core is not None:
             fn = _CheckOutputs(fn, tuple(sizes.items()), tuple(out_core), context)
         _check_rank_promotion(args, loop_shapes, signature)
         return _vectorize(fn, args, loop_shapes, loop_shape, self.batch_size)
+
+
+def _broadcast(args, loop_shapes) -> tuple:
+    """The common loop shape; jnp.vectorize's broadcasting error, named `batch_vectorize`."""
+    try:
+        return jnp.broadcast_shapes(*loop_shapes)
+    except ValueError as e:
+        raise ValueError(
+            f"`{_WHO}`: the loop dimensions of the arguments must broadcast, got shapes "
+            f"{[tuple(a.shape) for a in args]} (loop dimensions {[tuple(s) for s in loop_shapes]})"
+            f": {e}"
+        ) from None
 
 
 def _check_rank_promotion(args, loop_shapes, signature):

@@ -1,0 +1,475 @@
+"""`vmap_chunked`, `apply_chunked`, `vjp_chunked`: netket 3.23 semantics, composed from the
+combinators (`Vmap`, `Chunk`, `Shard` with the `Concat` and `Sum` reducers)."""
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from beartype import beartype
+from jaxtyping import PyTree, jaxtyped
+
+from .._checks import check_positive
+from .._combinators.chunk import Chunk
+from .._combinators.reduce import AbstractReducer, Concat, Sum
+from .._combinators.shard import Shard
+from .._combinators.vmap import Vmap
+
+Argnums = int | tuple[int, ...]
+
+
+# -- argument checks particular to netket's API (sizes: `chunkx._checks.check_positive`) -------
+
+
+def _argnums(who: str, name: str, value: Argnums, nargs: int | None) -> tuple[int, ...]:
+    nums = (value,) if isinstance(value, int) else tuple(value)
+    for i in nums:
+        if isinstance(i, bool) or i < 0 or (nargs is not None and i >= nargs):
+            expected = ("be non-negative argument indices" if nargs is None else
+                        f"index the {nargs} primals (0 <= i < {nargs})")
+            raise ValueError(f"`{who}({name}={value!r})`: {name} must {expected}, got {i!r}.")
+    return nums
+
+
+def _chunk_in_axes(who: str, in_axes: Any) -> tuple[int | None, ...] | int | None:
+    """netket's rule: every `in_axes` entry is 0 (chunked) or None (passed whole)."""
+    entries = in_axes if isinstance(in_axes, tuple | list) else (in_axes,)
+    for a in entries:
+        if a is not None and (isinstance(a, bool) or a != 0):
+            raise NotImplementedError(f"`{who}(in_axes={in_axes!r})`: every in_axes entry must be "
+                                      f"0 or None (netket's rule), got {a!r}.")
+    return tuple(in_axes) if isinstance(in_axes, list) else in_axes
+
+
+def _sharded(axis_0_is_sharded: bool | None) -> bool:
+    """netket 3.23 shards by default (`netket_sharding`); with one device that is a no-op."""
+    if axis_0_is_sharded is None:
+        return jax.device_count() > 1
+    return axis_0_is_sharded
+
+
+def _context_mesh():
+    """A mesh like the one set with `jax.set_mesh` (netket sets one when imported), or `None`.
+
+    Rebuilt from its abstract form (axis names, sizes, types): the concrete mesh cannot be
+    read under `jax.jit`, and `shard_map` requires the context's axes.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return None
+    return jax.make_mesh(mesh.axis_sizes, mesh.axis_names, axis_types=mesh.axis_types)
+
+
+def _pipeline(fn, size, reducer, in_axes, shard):
+    """[Shard ∘] Chunk ∘ fn: full chunks in one scan, the `n % size` rest in one more call."""
+    piece = Chunk(fn, size, reducer=reducer, in_axes=in_axes, remainder="call")
+    if not shard:
+        return piece
+    return Shard(piece, _context_mesh(), reducer=reducer, in_axes=in_axes)
+
+
+# -- vmap_chunked / apply_chunked ---------------------------------------------------------------
+
+
+def _apply(who, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums, lift):
+    in_axes = _chunk_in_axes(who, in_axes)
+    check_positive(who, "chunk_size", chunk_size)
+    if pvary_argnums is not None:
+        _argnums(who, "pvary_argnums", pvary_argnums, None)
+    fn = Vmap(f, in_axes) if lift else f
+    if chunk_size is None:
+        return fn
+    return _pipeline(fn, chunk_size, Concat(), in_axes, _sharded(axis_0_is_sharded))
+
+
+@jaxtyped(typechecker=beartype)
+def apply_chunked(
+    f: Callable[..., Any],
+    in_axes: int | None | tuple[int | None, ...] | list[int | None] = 0,
+    *,
+    chunk_size: int | None,
+    axis_0_is_sharded: bool | None = None,
+    pvary_argnums: Argnums | None = None,
+) -> Callable[..., Any]:
+    """Evaluate an already-batched `f` in chunks of `chunk_size` rows (netket 3.23 API).
+
+    As a plain loop (`rows(i, j)` slices every argument whose `in_axes` entry is 0; the others
+    pass whole):
+
+    ```python
+    def g(*args):
+        parts = [f(*rows(i, min(i + chunk_size, n))) for i in range(0, n, chunk_size)]
+        return tree_map(lambda *p: jnp.concatenate(p), *parts)
+    ```
+
+    Full chunks run in one `jax.lax.scan`, the `n % chunk_size` rest in one more call; in reverse
+    mode each chunk is recomputed (see [`chunkx.Chunk`][]), so `jax.grad` keeps one chunk of
+    residuals.
+
+    **Arguments:**
+
+    - `f`: a batched function: `f(x)` equals `f` applied row by row and concatenated.
+    - `in_axes`: `0`, `None`, or one `0`/`None` per positional argument.
+    - `chunk_size`: rows per chunk (per device when sharded); `None`: `f` itself.
+    - `axis_0_is_sharded`: chunk each device's rows inside a [`chunkx.Shard`][] over the
+      mesh set with `jax.set_mesh` when the map is built (netket sets one), else over all
+      devices. `None` (netket's default, `netket_sharding=True`): when there is more than one
+      device.
+    - `pvary_argnums`: accepted for netket compatibility; no effect (chunkx's `shard_map` runs
+      with `check_vma=False`, so no implicit `psum` is inserted).
+
+    **Returns:**
+
+    `f` when `chunk_size` is `None`, else a [`chunkx.Chunk`][] (inside a [`chunkx.Shard`][]
+    when sharded): an equinox Module `g(*args)`.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        g = chunkx.apply_chunked(jax.vmap(jnp.sin), chunk_size=3, axis_0_is_sharded=False)
+        y = g(jnp.arange(10.0))   # == jnp.sin(jnp.arange(10.0))
+        ```
+    """
+    return _apply(
+        "apply_chunked", f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums, lift=False
+    )
+
+
+@jaxtyped(typechecker=beartype)
+def vmap_chunked(
+    f: Callable[..., Any],
+    in_axes: int | None | tuple[int | None, ...] | list[int | None] = 0,
+    *,
+    chunk_size: int | None,
+    axis_0_is_sharded: bool | None = None,
+    pvary_argnums: Argnums | None = None,
+) -> Callable[..., Any]:
+    """`jax.vmap(f, in_axes)` evaluated in chunks of `chunk_size` rows (netket 3.23 API).
+
+    As a plain loop (`rows(i, j)` slices every argument whose `in_axes` entry is 0):
+
+    ```python
+    def g(*args):
+        parts = [jax.vmap(f, in_axes)(*rows(i, min(i + chunk_size, n)))
+                 for i in range(0, n, chunk_size)]
+        return tree_map(lambda *p: jnp.concatenate(p), *parts)
+    ```
+
+    It is `apply_chunked(Vmap(f, in_axes), in_axes, chunk_size=chunk_size)`.
+
+    **Arguments:**
+
+    - `f`: the per-example function.
+    - `in_axes`, `chunk_size`, `axis_0_is_sharded`, `pvary_argnums`: as in
+      [`chunkx.apply_chunked`][].
+
+    **Returns:**
+
+    A [`chunkx.Vmap`][] when `chunk_size` is `None`, else a [`chunkx.Chunk`][] of it (inside a
+    [`chunkx.Shard`][] when sharded): an equinox Module `g(*args)`.
+
+    !!! Example
+
+        ```python
+        import jax.numpy as jnp, chunkx
+        g = chunkx.vmap_chunked(lambda x, w: x @ w, (0, None), chunk_size=4)
+        y = g(jnp.ones((10, 3)), jnp.ones((3, 2)))   # (10, 2)
+        ```
+    """
+    return _apply(
+        "vmap_chunked", f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums, lift=True
+    )
+
+
+# -- vjp_chunked: netket's vjp rules ------------------------------------------------------------
+
+
+def _is_complex(tree) -> bool:
+    return any(jnp.iscomplexobj(x) for x in jax.tree_util.tree_leaves(tree))
+
+
+def _float0(x) -> bool:
+    return x.dtype == jax.dtypes.float0
+
+
+def _real_cotangents(ys, ct):
+    """Cotangents `(a, b)` with `pull(a) + 1j * pull(b) == J^T ct` for real primals.
+
+    JAX's pullback from real primals keeps the real part, `pull(c) == Re(J^T c)`; for a complex
+    output leaf `Im(J^T c) == Re(J^T (-1j c))`, for a real one `J^T c == J^T Re c + 1j J^T Im c`.
+    """
+
+    def split(y, c):
+        c = jnp.asarray(c)
+        if jnp.iscomplexobj(y):
+            return c.astype(y.dtype), (-1j * c).astype(y.dtype)
+        return jnp.real(c).astype(y.dtype), jnp.imag(c).astype(y.dtype)
+
+    pairs = jax.tree_util.tree_map(split, ys, ct)
+    first = jax.tree_util.tree_map(lambda _, p: p[0], ys, pairs)
+    second = jax.tree_util.tree_map(lambda _, p: p[1], ys, pairs)
+    return first, second
+
+
+def _pull(pull, ys, ct, real_in: bool):
+    """netket's `vjp` product: `J^T ct` (complex whenever the output or `ct` is)."""
+    if not real_in:
+        return pull(jax.tree_util.tree_map(lambda y, c: jnp.asarray(c, y.dtype), ys, ct))
+    a, b = _real_cotangents(ys, ct)
+    g = pull(a)
+    if not (_is_complex(ys) or _is_complex(ct)):
+        return g
+    gi = pull(b)
+    return jax.tree_util.tree_map(lambda r, i: r if _float0(r) else r + 1j * i, g, gi)
+
+
+class _Closed(eqx.Module):
+    """`fun` with the arguments in `fixed` (positions `at`) bound: `fun(*all)`."""
+
+    fun: Callable[..., Any]
+    fixed: tuple
+    at: tuple[int, ...] = eqx.field(static=True)
+
+    def __call__(self, *free):
+        it_fixed, it_free = iter(self.fixed), iter(free)
+        n = len(self.fixed) + len(free)
+        return self.fun(*(next(it_fixed) if i in self.at else next(it_free) for i in range(n)))
+
+
+class _ChunkVjp(eqx.Module):
+    """One chunk's forward pass and pullback: `(rows, sums)` for the reducers to join.
+
+    `rows` (the forward output, the cotangents of chunked primals, aux) keep the mapped axis;
+    `sums` (the cotangents of unchunked primals) are already summed over the chunk's rows.
+    With `scatter=n`, rows are written at their row indices into zeros of `n` rows, so one
+    `Sum` reducer joins rows and sums in the same pass.
+    """
+
+    fun: Callable[..., Any]
+    chunk_argnums: tuple[int, ...] = eqx.field(static=True)
+    nondiff_argnums: tuple[int, ...] = eqx.field(static=True)
+    conjugate: bool = eqx.field(static=True)
+    has_aux: bool = eqx.field(static=True)
+    keep_y: bool = eqx.field(static=True)
+    keep_aux: bool = eqx.field(static=True)
+    scatter: int | None = eqx.field(static=True, default=None)
+
+    def __call__(self, ct, idx, *primals):
+        nd = self.nondiff_argnums
+        fixed = tuple(p for i, p in enumerate(primals) if i in nd)
+        free = tuple(p for i, p in enumerate(primals) if i not in nd)
+        out = jax.vjp(_Closed(self.fun, fixed, nd), *free, has_aux=self.has_aux)
+        ys, pull = out[0], out[1]
+        g = _pull(pull, ys, ct, not _is_complex(free))
+        if self.conjugate:
+            g = jax.tree_util.tree_map(lambda x: x if _float0(x) else jnp.conj(x), g)
+        diff = [i for i in range(len(primals)) if i not in nd]
+        chunked = tuple(gi if i in self.chunk_argnums else None for i, gi in zip(diff, g))
+        sums = tuple(None if i in self.chunk_argnums else gi for i, gi in zip(diff, g))
+        aux = out[2] if self.keep_aux else None
+        rows = (ys if self.keep_y else None, chunked, aux)
+        if self.scatter is not None:
+            rows = jax.tree_util.tree_map(lambda r: _scatter(r, idx[0], self.scatter), rows)
+        return rows, sums
+
+
+def _scatter(rows, start, n):
+    buf = jnp.zeros((n,) + rows.shape[1:], rows.dtype)
+    return jax.lax.dynamic_update_slice_in_dim(buf, rows, start, axis=0)
+
+
+class _Forward(eqx.Module):
+    """The forward pass alone, `(fun(*primals), None, aux)`, in the layout of `_ChunkVjp`."""
+
+    fun: Callable[..., Any]
+    has_aux: bool = eqx.field(static=True)
+
+    def __call__(self, ct, idx, *primals):
+        out = self.fun(*primals)
+        return (out[0], None, out[1]) if self.has_aux else (out, None, None)
+
+
+# -- vjp_chunked: the pullback Module ------------------------------------------------------------
+
+
+class ChunkedVjp(eqx.Module):
+    """The pullback returned by [`chunkx.vjp_chunked`][]; an equinox Module (a pytree).
+
+    Call it with the cotangents of `fun`'s output (the same rows as the chunked primals).
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        f = lambda w, x: jnp.tanh(x @ w)                      # (n, 3) rows -> (n,)
+        w, x = jnp.ones(3) * 0.1, jnp.ones((10, 3))
+        pull = chunkx.vjp_chunked(f, w, x, chunk_argnums=1, chunk_size=4)
+        assert isinstance(pull, chunkx.ChunkedVjp)
+        ct = jnp.arange(10.0)
+        gw, gx = pull(ct)
+        rw, rx = jax.vjp(f, w, x)[1](ct)
+        assert jnp.allclose(gw, rw) and jnp.allclose(gx, rx)
+        ```
+    """
+
+    fun: Callable[..., Any]
+    primals: tuple
+    chunk_argnums: tuple[int, ...] = eqx.field(static=True)
+    nondiff_argnums: tuple[int, ...] = eqx.field(static=True)
+    chunk_size: int | None = eqx.field(static=True)
+    chunk_size_bwd: int | None = eqx.field(static=True)
+    return_forward: bool = eqx.field(static=True)
+    conjugate: bool = eqx.field(static=True)
+    has_aux: bool = eqx.field(static=True)
+    shard: bool = eqx.field(static=True)
+
+    def __call__(self, cotangents: PyTree[Any]) -> Any:
+        fwd = self.chunk_size
+        bwd = fwd if self.chunk_size_bwd is None else self.chunk_size_bwd
+        split = self.return_forward and fwd != bwd  # the forward pass gets its own Chunk
+        # netket: no chunk size, no chunking and no sharding (the cotangents need no rows)
+        direct = not self.chunk_argnums or (fwd is None and bwd is None)
+        n = None if direct else _check_rows(self.primals, self.chunk_argnums, cotangents)
+        args = (cotangents, None) + tuple(self.primals)  # None: the row indices, if needed
+        axes = (0, 0) + tuple(0 if i in self.chunk_argnums else None for i in range(len(args) - 2))
+        rows, sums = self._backward(split, direct, args, axes, bwd, n)
+        if split:
+            y, _, aux = self._run(_Forward(self.fun, self.has_aux), fwd, Concat(), args, axes)
+            rows = (y, rows[1], aux)
+        return self._assemble(rows, sums)
+
+    def _backward(self, split, direct, args, axes, size, n):
+        diff = [i for i in range(len(self.primals)) if i not in self.nondiff_argnums]
+        has_sums = any(i not in self.chunk_argnums for i in diff)
+        keep_y = self.return_forward and not split
+        keep_aux = self.has_aux and not split
+        has_rows = keep_y or keep_aux or any(i in self.chunk_argnums for i in diff)
+        # rows and sums from one pass: rows are scattered into n-row zeros and summed
+        scatter = n if has_rows and has_sums and not direct else None
+        piece = _ChunkVjp(self.fun, self.chunk_argnums, self.nondiff_argnums, self.conjugate,
+                          self.has_aux, keep_y, keep_aux, scatter)
+        if direct:
+            return piece(*args)
+        reducer = Sum(presummed=True) if has_sums else Concat()
+        if scatter is not None:
+            args = (args[0], jnp.arange(n, dtype=jnp.int32)) + args[2:]
+        return self._run(piece, size, reducer, args, axes)
+
+    def _run(self, fn, size, reducer: AbstractReducer, args, axes):
+        return _pipeline(fn, size, reducer, axes, self.shard)(*args)
+
+    def _assemble(self, rows, sums):
+        y, chunked, aux = rows
+        grads = tuple(c if i in self.chunk_argnums else s for i, c, s in zip(
+            [i for i in range(len(self.primals)) if i not in self.nondiff_argnums], chunked, sums))
+        if self.return_forward:
+            return (y, grads, aux) if self.has_aux else (y, grads)
+        return (grads, aux) if self.has_aux else grads
+
+
+def _check_rows(primals, chunk_argnums, ct) -> int:
+    """The common leading length of the chunked primals and the cotangents."""
+    lengths = {}
+    for name, tree in [(f"primals[{i}]", primals[i]) for i in chunk_argnums] + [("cotangents", ct)]:
+        for leaf in jax.tree_util.tree_leaves(tree):
+            shape = jnp.shape(leaf)
+            lengths.setdefault(shape[0] if shape else None, (name, shape))
+    if len(lengths) != 1 or None in lengths:
+        seen = ", ".join(f"{name} {shape}" for name, shape in lengths.values())
+        raise ValueError(
+            f"`vjp_chunked(chunk_argnums={chunk_argnums})`: the chunked primals and the "
+            f"cotangents must share one leading length, got shapes {seen}."
+        )
+    return next(iter(lengths))
+
+
+@jaxtyped(typechecker=beartype)
+def vjp_chunked(
+    fun: Callable[..., Any],
+    *primals: PyTree[Any],
+    has_aux: bool = False,
+    chunk_argnums: Argnums = (),
+    chunk_size: int | None = None,
+    nondiff_argnums: Argnums = (),
+    return_forward: bool = False,
+    conjugate: bool = False,
+    chunk_size_bwd: int | None = None,
+    axis_0_is_sharded: bool | None = None,
+) -> ChunkedVjp:
+    """The pullback of a row-wise `fun` at `primals`, computed in chunks (netket 3.23 API).
+
+    `fun` maps rows of the primals in `chunk_argnums` to rows of its output; the others pass
+    whole. With `pull_i(c)` netket's product `J_i^T c` for the Jacobian `J_i` of the chunk's
+    rows (complex whenever the output or the cotangent is, also for real primals, unlike
+    `jax.vjp`, which keeps the real part; conjugated with `conjugate=True`), the pullback is
+
+    ```python
+    def pullback(ct):
+        ys, rows, sums = [], [], 0
+        for i in range(0, n, chunk_size):
+            args = [p[i : i + chunk_size] if k in chunk_argnums else p
+                    for k, p in enumerate(primals)]
+            y_i, pull_i = vjp(fun, *args)          # one forward pass per chunk
+            g_i = pull_i(ct[i : i + chunk_size])   # {k: cotangent} for k not in nondiff_argnums
+            ys.append(y_i)
+            rows.append({k: g for k, g in g_i.items() if k in chunk_argnums})        # Concat
+            sums = sums + {k: g for k, g in g_i.items() if k not in chunk_argnums}   # Sum
+        grads = tuple((concatenate(rows) | sums)[k] for k in sorted(g_i))
+        return (concatenate(ys), grads) if return_forward else grads
+    ```
+
+    Each chunk's forward pass runs once: its output and its cotangents come from the same
+    `jax.vjp`. Full chunks run in one `jax.lax.scan` (a [`chunkx.Chunk`][]), the rest in one
+    more call. Where both row outputs and sums are returned (e.g. `return_forward=True` with
+    parameters' cotangents), one `Sum` reducer carries an `n`-row buffer into which every
+    chunk adds its rows at their offset (XLA updates the chunk's rows in place).
+
+    **Arguments:**
+
+    - `fun`: the batched function; with `has_aux=True` it returns `(out, aux)`, `aux` with rows.
+    - `primals`: the point of linearisation.
+    - `has_aux`: return `fun`'s `aux` (its rows concatenated) after the cotangents.
+    - `chunk_argnums`: the primals chunked along axis 0 (an int or a tuple); `()`: no chunking.
+    - `chunk_size`: rows per chunk (per device when sharded); `None` or `>= n`: one call.
+    - `nondiff_argnums`: primals that get no cotangent (integers, samples).
+    - `return_forward`: also return `fun(*primals)`.
+    - `conjugate`: conjugate the cotangents (netket's `conjugate`).
+    - `chunk_size_bwd` (chunkx's extension): rows per chunk of the backward pass. With
+      `return_forward=True` and a different size, the forward output comes from its own
+      [`chunkx.Chunk`][] of `chunk_size` rows (one more forward pass, in large chunks).
+    - `axis_0_is_sharded` (chunkx's extension; netket reads its `netket_sharding` flag):
+      split the chunked rows over the devices with a [`chunkx.Shard`][] (the mesh set with
+      `jax.set_mesh` when the pullback is called, else all devices), chunking each device's
+      rows, and `psum` the cotangents of the unchunked primals. `None`: when there is more
+      than one device.
+
+    **Returns:**
+
+    A [`chunkx.ChunkedVjp`][] Module `pullback(cotangents)` returning the tuple of cotangents
+    of the differentiated primals; `(out, cotangents)` with `return_forward=True`; `aux` last
+    with `has_aux=True`.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        f = jax.vmap(lambda w, x: jnp.tanh(x @ w), in_axes=(None, 0))
+        w, x = jnp.ones(3), jnp.ones((10, 3))
+        pullback = chunkx.vjp_chunked(f, w, x, chunk_argnums=1, chunk_size=4, nondiff_argnums=1)
+        (g_w,) = pullback(jnp.ones(10))   # == jax.vjp(f, w, x)[1](jnp.ones(10))[0]
+        ```
+    """
+    who = "vjp_chunked"
+    check_positive(who, "chunk_size", chunk_size)
+    check_positive(who, "chunk_size_bwd", chunk_size_bwd)
+    chunk_argnums = _argnums(who, "chunk_argnums", chunk_argnums, len(primals))
+    nondiff_argnums = _argnums(who, "nondiff_argnums", nondiff_argnums, len(primals))
+    shard = bool(chunk_argnums) and _sharded(axis_0_is_sharded)
+    if chunk_argnums:
+        n = _check_rows(primals, chunk_argnums, None)
+        if not shard:  # netket: a chunk as large as the batch means no chunking
+            chunk_size = None if chunk_size is not None and chunk_size >= n else chunk_size
+    return ChunkedVjp(fun, tuple(primals), chunk_argnums, nondiff_argnums, chunk_size,
+                      chunk_size_bwd, return_forward, conjugate, has_aux, shard)

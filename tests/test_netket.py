@@ -1,0 +1,334 @@
+"""`vmap_chunked`, `apply_chunked`, `vjp_chunked`: against netket 3.23, `jax.vmap`, `jax.vjp`.
+
+netket runs only in a subprocess (`netket_worker.py`): importing it turns on x64 and changes
+other global JAX state, which must not leak into the rest of the suite.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import chunkx
+import netket_worker as W
+
+HERE = os.path.dirname(__file__)
+
+
+def _run_worker(path):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "..", "src"), HERE])
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "netket_worker.py"), path],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    if proc.returncode:
+        with open(path + ".err", "w") as fh:
+            fh.write(proc.stdout + proc.stderr)
+
+
+@pytest.fixture(scope="module")
+def netket_results(tmp_path_factory):
+    """netket's answers, computed once per test session (shared by the xdist workers)."""
+    if importlib.util.find_spec("netket") is None:  # find it without importing it
+        pytest.skip("netket is not installed")
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # popen-gwN: the session's folder is shared
+        root = root.parent
+    path = str(root / "netket_results")
+    try:
+        os.close(os.open(path + ".lock", os.O_CREAT | os.O_EXCL))
+        _run_worker(path)
+        with open(path + ".done", "w"):
+            pass
+    except FileExistsError:  # another worker runs it: wait
+        deadline = time.time() + 600
+        while not os.path.exists(path + ".done") and time.time() < deadline:
+            time.sleep(0.2)
+    if os.path.exists(path + ".err"):
+        pytest.fail("netket worker failed:\n" + open(path + ".err").read()[-3000:])
+    with open(path + ".json") as fh:
+        meta = json.load(fh)
+    return dict(np.load(path + ".npz")), meta["trees"]
+
+
+def _chunkx(case, shard):
+    primals, ct = W.inputs(case)
+    f, in_axes = W.batched(case)
+    kw = dict(case["kw"], axis_0_is_sharded=shard)
+
+    @jax.jit  # one compilation per case
+    def run(primals, ct):
+        if case["api"] == "vjp":
+            return chunkx.vjp_chunked(jax.vmap(f, in_axes=in_axes), *primals, **kw)(ct)
+        if case["api"] == "vmap":
+            return chunkx.vmap_chunked(f, in_axes, **kw)(*primals)
+        return chunkx.apply_chunked(jax.vmap(f, in_axes=in_axes), in_axes, **kw)(*primals)
+
+    return run(primals, ct)
+
+
+SHARDED = ("phase_cs4_rf", "aux_rf", "mixed_rf", "vmap_cs4")  # default: Shard over 4 devices
+
+
+@pytest.mark.parametrize(
+    "name,shard", [(n, False) for n in W.cases()] + [(n, None) for n in SHARDED]
+)
+def test_conformance_netket(netket_results, name, shard):
+    """Same values, dtypes and output structure as netket 3.23 on the same inputs."""
+    results, trees = netket_results
+    out = _chunkx(W.cases()[name], shard)
+    leaves, treedef = jax.tree_util.tree_flatten(out)
+    assert str(treedef) == trees[name]
+    for i, leaf in enumerate(leaves):
+        ref = results[f"{name}/{i}"]
+        assert leaf.shape == ref.shape and leaf.dtype == ref.dtype, (i, leaf.dtype, ref.dtype)
+        np.testing.assert_allclose(leaf, ref, rtol=1e-12, atol=1e-13)
+
+
+def test_netket_stays_out_of_the_test_process():
+    assert "netket" not in sys.modules
+
+
+# -- in-process references: jax.vmap, jax.vjp, a dense Jacobian, the docstring loop ------------
+
+P_REAL, P_CPLX, S = W.params("float64"), W.params("complex128"), W.samples()
+N = W.N
+F = jax.vmap(W.rbm, in_axes=(None, 0))
+
+
+def _dense_pull(fun, primals, argnum, ct, conjugate):
+    """netket's product `J^T ct` from a dense Jacobian (complex `J` for a complex output)."""
+    x = primals[argnum]
+    holo = any(jnp.iscomplexobj(leaf) for leaf in jax.tree_util.tree_leaves(x))
+    jac = jax.jit(jax.jacfwd(fun, argnums=argnum, holomorphic=holo))(*primals)
+    out = jax.tree_util.tree_map(lambda j: jnp.tensordot(ct, j, axes=(0, 0)), jac)
+    return jax.tree_util.tree_map(jnp.conj, out) if conjugate else out
+
+
+VJP_CASES = [  # R -> R, R -> C, C -> C; real and complex cotangents; chunk sizes; conjugate
+    (W.rbm, P_REAL, "real", None, False),
+    (W.rbm, P_REAL, "complex", 3, False),
+    (W.rbm_phase, P_REAL, "real", 11, False),
+    (W.rbm_phase, P_REAL, "complex", 3, True),
+    (W.rbm, P_CPLX, "real", 3, False),
+    (W.rbm, P_CPLX, "complex", 64, True),
+]
+
+
+@pytest.mark.parametrize("fun,p,ct,cs,conj", VJP_CASES)
+def test_vjp_chunked_matches_dense_jacobian(fun, p, ct, cs, conj):
+    f = jax.vmap(fun, in_axes=(None, 0))
+    c = W.cotangent(ct)
+    y, (g,) = jax.jit(lambda p, c: chunkx.vjp_chunked(
+        f, p, S, chunk_argnums=1, chunk_size=cs, nondiff_argnums=1, conjugate=conj,
+        return_forward=True, axis_0_is_sharded=False)(c))(p, c)
+    np.testing.assert_allclose(y, f(p, S), rtol=1e-13)
+    ref = _dense_pull(f, (p, S), 0, c, conj)
+    for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(ref)):
+        assert a.dtype == b.dtype
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12)
+
+
+def test_vjp_chunked_equals_jax_vjp_and_the_docstring_loop():
+    """Real-to-real: `jax.vjp`; and the plain loop of the docstring, chunk by chunk."""
+    f = jax.vmap(W.rbm, in_axes=(None, 0))
+    c = W.cotangent("real")
+    y, (g_p, g_s) = jax.jit(lambda c: chunkx.vjp_chunked(
+        f, P_REAL, S, chunk_argnums=1, chunk_size=8, return_forward=True)(c))(c)
+    y_ref, pull = jax.vjp(f, P_REAL, S)
+    ref_p, ref_s = pull(c)
+    np.testing.assert_allclose(y, y_ref, rtol=1e-13)
+    np.testing.assert_allclose(g_s, ref_s, rtol=1e-12)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-12), g_p, ref_p)
+    loop_p = jax.tree_util.tree_map(jnp.zeros_like, P_REAL)
+    chunk_vjp = jax.jit(lambda s, c: jax.vjp(f, P_REAL, s)[1](c))
+    for i in range(0, N, 8):
+        gp_i, gs_i = chunk_vjp(S[i : i + 8], c[i : i + 8])
+        loop_p = jax.tree_util.tree_map(jnp.add, loop_p, gp_i)
+        np.testing.assert_allclose(g_s[i : i + 8], gs_i, rtol=1e-13)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-13), g_p, loop_p)
+
+
+def test_vjp_chunked_has_aux_and_pytree_rows():
+    """aux rows are concatenated; chunked primals may be pytrees."""
+
+    def f(p, batch):
+        out = jax.vmap(W.rbm_phase, in_axes=(None, 0))(p, batch["s"]) * batch["w"]
+        return out, {"twice": 2 * batch["w"]}
+
+    batch = {"s": S, "w": jnp.linspace(0.5, 1.5, N)}
+    c = W.cotangent("complex")
+    y, (g,), aux = jax.jit(lambda c: chunkx.vjp_chunked(
+        f, P_REAL, batch, chunk_argnums=1, chunk_size=6, nondiff_argnums=1, has_aux=True,
+        return_forward=True)(c))(c)
+    y_ref, aux_ref = f(P_REAL, batch)
+    np.testing.assert_allclose(y, y_ref, rtol=1e-13)
+    np.testing.assert_allclose(aux["twice"], aux_ref["twice"])
+    ref = _dense_pull(lambda p, b: f(p, b)[0], (P_REAL, batch), 0, c, False)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-11), g, ref)
+
+
+def test_has_aux_with_two_differentiated_primals():
+    """netket 3.23 fails here (`Tuple arity mismatch`); chunkx returns `(grads, aux)`."""
+
+    def f(w, x):
+        return x @ w, 2 * x[:, 0]
+
+    w, x, c = jnp.arange(3.0), jnp.linspace(0.0, 1.0, 30).reshape(10, 3), jnp.arange(10.0)
+    (g_w, g_x), aux = jax.jit(lambda c: chunkx.vjp_chunked(
+        f, w, x, chunk_argnums=1, chunk_size=4, has_aux=True, axis_0_is_sharded=False)(c))(c)
+    ref_w, ref_x = jax.vjp(lambda w, x: f(w, x)[0], w, x)[1](c)
+    np.testing.assert_allclose(g_w, ref_w, rtol=1e-13)
+    np.testing.assert_allclose(g_x, ref_x, rtol=1e-13)
+    np.testing.assert_allclose(aux, 2 * x[:, 0])
+
+
+@pytest.mark.parametrize("shard", [False, True])
+def test_no_chunk_size_is_plain_vjp(shard):
+    """chunk_size=None: one jax.vjp, also for an output without rows (as in netket)."""
+    f = lambda w, x: jnp.sum(jnp.sin(x @ w))  # noqa: E731
+    w, x = jnp.arange(3.0), jnp.linspace(0.0, 1.0, 30).reshape(10, 3)
+    y, (g_w, g_x) = chunkx.vjp_chunked(f, w, x, chunk_argnums=1, return_forward=True,
+                                       axis_0_is_sharded=shard)(2.0)
+    ref_y, pull = jax.vjp(f, w, x)
+    ref_w, ref_x = pull(2.0)
+    np.testing.assert_allclose(y, ref_y, rtol=1e-14)
+    np.testing.assert_allclose(g_w, ref_w, rtol=1e-14)
+    np.testing.assert_allclose(g_x, ref_x, rtol=1e-14)
+
+
+def _recording(sizes):
+    def f(p, s):
+        sizes.append(s.shape[0])  # trace-time record of the rows each call sees
+        return jax.vmap(W.rbm_phase, in_axes=(None, 0))(p, s)
+
+    return f
+
+
+def test_chunk_size_bwd_has_its_own_chunks():
+    """Forward rows in chunks of 8 (+6), backward in chunks of 3 (+1); same values as fused."""
+    c = W.cotangent("complex")
+
+    def run(sizes, **kw):
+        return jax.jit(lambda c: chunkx.vjp_chunked(
+            _recording(sizes), P_REAL, S, chunk_argnums=1, chunk_size=8, nondiff_argnums=1,
+            axis_0_is_sharded=False, **kw)(c))(c)
+
+    fused = run([], return_forward=True)
+    sizes = []
+    out = run(sizes, chunk_size_bwd=3, return_forward=True)
+    assert sorted(set(sizes)) == [1, 3, 6, 8]
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-12), out, fused)
+    sizes.clear()
+    (g,) = run(sizes, chunk_size_bwd=3)
+    assert sorted(set(sizes)) == [1, 3]  # no forward pass of its own without return_forward
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-12), g, out[1][0])
+
+
+def test_vjp_chunked_is_a_module_that_jits():
+    pb = chunkx.vjp_chunked(F, P_REAL, S, chunk_argnums=1,
+                            chunk_size=4, nondiff_argnums=1, return_forward=True)
+    assert isinstance(pb, chunkx.ChunkedVjp) and isinstance(pb, eqx.Module)
+    c = W.cotangent("real")
+    jitted = eqx.filter_jit(lambda m, c: m(c))(pb, c)  # the Module is an argument (a pytree)
+    y, pull = jax.vjp(F, P_REAL, S)
+    np.testing.assert_allclose(jitted[0], y, rtol=1e-13)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-12),
+                           jitted[1][0], pull(c)[0])
+
+
+@pytest.mark.parametrize("cs,shard", [(None, False), (4, False), (4, True), (30, True)])
+def test_vmap_and_apply_chunked_match_jax_vmap(cs, shard):
+    f = lambda p, s: {"y": W.rbm_phase(p, s), "s2": s * 2}  # noqa: E731
+    ref = jax.vmap(f, in_axes=(None, 0))(P_REAL, S)
+    g = chunkx.vmap_chunked(f, (None, 0), chunk_size=cs, axis_0_is_sharded=shard)
+    h = chunkx.apply_chunked(jax.vmap(f, in_axes=(None, 0)), [None, 0], chunk_size=cs,
+                             axis_0_is_sharded=shard)
+    for out in (eqx.filter_jit(g)(P_REAL, S), eqx.filter_jit(h)(P_REAL, S)):
+        jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-13), out, ref)
+    assert isinstance(g, eqx.Module)
+    if cs != 4:
+        return
+    loss = lambda m: lambda p: jnp.sum(jnp.abs(m(p, S)["y"]) ** 2)  # noqa: E731
+    grad = jax.jit(jax.grad(loss(g)))(P_REAL)
+    ref_grad = jax.jit(jax.grad(loss(jax.vmap(f, in_axes=(None, 0)))))(P_REAL)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-12), grad,
+                           ref_grad)
+
+
+def test_sharded_under_a_context_mesh():
+    """netket sets a global mesh (axis "S") when imported; the default sharding uses it."""
+    x = jnp.linspace(0.0, 1.0, 22)
+    with jax.set_mesh(jax.make_mesh((4,), ("S",))):
+        y = chunkx.vmap_chunked(jnp.sin, chunk_size=3)(x)
+        (g,) = jax.jit(lambda x: chunkx.vjp_chunked(
+            jax.vmap(jnp.multiply, (None, 0)), 2.0, x, chunk_argnums=1, chunk_size=2,
+            nondiff_argnums=1)(x))(x)
+    np.testing.assert_allclose(y, jnp.sin(x), rtol=1e-14)
+    np.testing.assert_allclose(g, jnp.sum(x * x), rtol=1e-13)
+
+
+def test_vmap_chunked_int_in_axes_maps_every_argument():
+    """netket turns `in_axes=0` into a 1-tuple (fails for two arguments); chunkx broadcasts."""
+    x, w = jnp.ones((10, 3)), jnp.arange(30.0).reshape(10, 3)
+    out = chunkx.vmap_chunked(jnp.dot, 0, chunk_size=4)(x, w)
+    np.testing.assert_allclose(out, jax.vmap(jnp.dot)(x, w))
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [0, -2, True])
+def test_chunk_sizes_validated(bad):
+    for who in ("vmap_chunked", "apply_chunked"):
+        with pytest.raises(ValueError, match=rf"`{who}\(chunk_size={bad}\)`: chunk_size must be a positive int or None, got {bad} \("):
+            getattr(chunkx, who)(W.rbm, chunk_size=bad)
+    for name in ("chunk_size", "chunk_size_bwd"):
+        with pytest.raises(ValueError, match=rf"`vjp_chunked\({name}={bad}\)`: {name} must be a positive int or None, got {bad} \("):
+            chunkx.vjp_chunked(F, P_REAL, S, chunk_argnums=1, **{name: bad})
+
+
+def test_chunk_size_type_checked():
+    with pytest.raises(TypeError, match=r"vmap_chunked(.|\n)*parameter 'chunk_size'(.|\n)*2\.5"):
+        chunkx.vmap_chunked(W.rbm, chunk_size=2.5)
+
+
+def test_in_axes_other_than_zero_or_none():
+    with pytest.raises(NotImplementedError, match=r"`vmap_chunked\(in_axes=\(None, 1\)\)`: every in_axes entry must be 0 or None \(netket's rule\), got 1\."):
+        chunkx.vmap_chunked(W.rbm, (None, 1), chunk_size=2)
+    with pytest.raises(NotImplementedError, match=r"`apply_chunked\(in_axes=-1\)`: every in_axes entry must be 0 or None"):
+        chunkx.apply_chunked(F, -1, chunk_size=2)
+
+
+def test_not_callable():
+    """Caught by the runtime type check (beartype), which names the function and parameter."""
+    with pytest.raises(TypeError, match=r"vmap_chunked(.|\n)*parameter 'f'(.|\n)*Actual value: 3"):
+        chunkx.vmap_chunked(3, chunk_size=2)
+    with pytest.raises(TypeError, match=r"vjp_chunked(.|\n)*parameter 'fun'(.|\n)*Actual value: 'f'"):
+        chunkx.vjp_chunked("f", P_REAL, S)
+
+
+def test_argnums_validated():
+    with pytest.raises(ValueError, match=r"`vjp_chunked\(chunk_argnums=2\)`: chunk_argnums must index the 2 primals \(0 <= i < 2\), got 2\."):
+        chunkx.vjp_chunked(F, P_REAL, S, chunk_argnums=2, chunk_size=2)
+    with pytest.raises(ValueError, match=r"`vjp_chunked\(nondiff_argnums=\(0, -1\)\)`: nondiff_argnums must index the 2 primals \(0 <= i < 2\), got -1\."):
+        chunkx.vjp_chunked(F, P_REAL, S, chunk_argnums=1, nondiff_argnums=(0, -1))
+    with pytest.raises(ValueError, match=r"`vmap_chunked\(pvary_argnums=-1\)`: pvary_argnums must be non-negative argument indices, got -1\."):
+        chunkx.vmap_chunked(W.rbm, chunk_size=2, pvary_argnums=-1)
+
+
+def test_rows_validated():
+    with pytest.raises(ValueError, match=r"`vjp_chunked\(chunk_argnums=\(1, 2\)\)`: the chunked primals and the cotangents must share one leading length, got shapes primals\[1\] \(22, 6\), primals\[2\] \(5,\)\."):
+        chunkx.vjp_chunked(lambda p, s, w: F(p, s), P_REAL, S, jnp.ones(5), chunk_argnums=(1, 2))
+    pb = chunkx.vjp_chunked(F, P_REAL, S, chunk_argnums=1, chunk_size=4)
+    with pytest.raises(ValueError, match=r"`vjp_chunked\(chunk_argnums=\(1,\)\)`: the chunked primals and the cotangents must share one leading length, got shapes primals\[1\] \(22, 6\), cotangents \(21,\)\."):
+        pb(jnp.ones(21))
