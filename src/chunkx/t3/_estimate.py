@@ -82,7 +82,10 @@ def _plan(who, N, n, r, order, w_local, n_tangent, stack, dtype_name, budget) ->
         budget = 2 * _resident_bytes(args)
 
     def measure(size: int) -> int:
-        return _temp(who, N, n, r, order, w_local, n_tangent, stack, dtype_name, size)
+        # the summed transpose evens its chunk out itself: sizes with the same number of chunks
+        # compile the same program, measured once
+        even = equal_chunks(w_local, size)
+        return _temp(who, N, n, r, order, w_local, n_tangent, stack, dtype_name, even)
 
     name = "target_bytes" if who == "max_chunk_size_within" else "budget"
     plan = fit_memory(measure, w_local, int(budget), who=who,
