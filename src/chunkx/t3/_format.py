@@ -92,7 +92,11 @@ class TuckerTensorTrain(eqx.Module):
         stack_shape: Sequence[int] = (),
         dtype=jnp.float32,
     ) -> "TuckerTensorTrain":
-        """A T3 with i.i.d. `N(0, 1)` cores.
+        """A T3 with i.i.d. `N(0, 1)` cores (as t3toolbox).
+
+        Probed values then grow like `sqrt(prod_i n_i r_i N_i)` (about 1e5 for d=6, N=40,
+        n=r=8): for a well-conditioned fit, divide the Tucker cores by `sqrt(N_i)` and the TT
+        cores by `sqrt(r_i n_i)` (see `examples/t3_fit.py`).
 
         **Arguments:**
 
