@@ -11,12 +11,10 @@ from jaxtyping import Array, ArrayLike, Float
 from ._format import TuckerTensorTrain, as_core_pair, prod
 from ._forward import t3_probe_derivatives
 from ._pipeline import chunk_rows, normal_pipeline
-from ._sampling import (
-    _samples,
+from ._sampling import _samples, t3_apply_derivatives, t3_entries_derivatives
+from ._sampling_transpose import (
     t3_apply_corewise_derivatives_transpose,
-    t3_apply_derivatives,
     t3_entries_corewise_derivatives_transpose,
-    t3_entries_derivatives,
 )
 from ._stacks import KINDS, flat_lead
 from ._transpose import t3_probe_corewise_derivatives_transpose
