@@ -126,13 +126,13 @@ class Chunk(eqx.Module):
             piece = jax.checkpoint(piece, prevent_cse=False)
         part = jax.eval_shape(piece, *struct_of(rows(source, 0, s)))
         acc = self.reducer.init(part, n)
-        acc = self._loop(piece, source, acc, n, k, shift)
+        acc, stacked = self._loop(piece, source, acc, n, k, shift)
         if r:  # remainder="call": the leftover rows are one more piece
-            acc = self.reducer.accumulate(acc, piece(*rows(source, k * s, r)), k * s, k)
-        return acc
+            acc, _ = self.reducer.accumulate(acc, piece(*rows(source, k * s, r)), k * s, k)
+        return self.reducer.finish(acc, stacked)
 
     def _loop(self, piece, source, acc, n, k, shift):
-        """Chunks `0..k-1` in one scan, each accumulated into `acc` at its first row."""
+        """Chunks `0..k-1` in one scan: `(acc, stacked)` as the reducer accumulates them."""
         s, reducer = self.size, self.reducer
         if n == k * s:  # whole chunks: scan over a free reshape of the input
             xs = jax.tree_util.tree_map(lambda x: x.reshape((k, s) + x.shape[1:]), source)
@@ -149,8 +149,8 @@ class Chunk(eqx.Module):
             if shift:  # rows before i * s belong to the previous chunk: mask them out
                 fresh = jnp.arange(s) + start >= i * s
                 valid = fresh if valid is None else valid & fresh
-            return reducer.accumulate(acc, piece(mapped, valid), start, i), None
+            return reducer.accumulate(acc, piece(mapped, valid), start, i)
 
         steps = (xs, jnp.arange(k))
-        return scan(step, acc, steps, k, unroll=self.unroll, progress=self.progress)[0]
+        return scan(step, acc, steps, k, unroll=self.unroll, progress=self.progress)
 

@@ -2,9 +2,9 @@
 
 One reducer object answers every question the pipeline asks about joining rows: what one piece
 of rows contributes (`reduce_rows`), how two partial results join (`combine`), how a chunk loop
-accumulates (`init`/`accumulate`), how padded rows are kept out (`call_masked`/`trim`), and how
-the devices of a mesh are joined (`shard_spec`/`shard_local`/`shard_collect`). The combinators
-ask; they never test which reducer they hold.
+accumulates (`init`/`accumulate`/`finish`), how padded rows are kept out (`call_masked`/`trim`),
+and how the devices of a mesh are joined (`shard_spec`/`shard_local`/`shard_collect`). The
+combinators ask; they never test which reducer they hold.
 """
 
 import abc
@@ -57,8 +57,16 @@ class AbstractReducer(eqx.Module):
         """The accumulator of a chunk loop over `n` rows, given one chunk's partial struct."""
 
     @abc.abstractmethod
-    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> Tree:
-        """Add chunk `index` (rows from `start`) to the accumulator (traced indices allowed)."""
+    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
+        """Add chunk `index` (rows from `start`; traced indices allowed) to the accumulator.
+
+        Returns `(acc, stacked)`: `stacked` is what the loop stacks for this chunk (`None` for
+        nothing), handed to `finish` with a leading chunk axis.
+        """
+
+    @abc.abstractmethod
+    def finish(self, acc: Tree, stacked: Tree) -> Tree:
+        """The loop's result from the final accumulator and the stacked per-chunk outputs."""
 
     @abc.abstractmethod
     def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
@@ -141,6 +149,10 @@ class Concat(AbstractReducer):
         return jax.tree_util.tree_map(lambda x, y: jnp.concatenate([x, y], axis=0), a, b)
 
     def init(self, part: Tree, n: int) -> Tree:
+        leaves = jax.tree_util.tree_leaves(part)
+        if not leaves or n % leaves[0].shape[0] == 0:
+            return None  # whole chunks: stacked by the loop (no carried buffer, also in grad)
+
         def buffer(t):
             b = jnp.zeros((n,) + tuple(t.shape[1:]), t.dtype)
             sharding = _sharding_of(t)
@@ -153,11 +165,19 @@ class Concat(AbstractReducer):
 
         return jax.tree_util.tree_map(buffer, part)
 
-    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> Tree:
+    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
+        if acc is None:
+            return None, part
+
         def write(b, y):
             return jax.lax.dynamic_update_slice_in_dim(b, _layout_like(y, b), start, 0)
 
-        return jax.tree_util.tree_map(write, acc, part)
+        return jax.tree_util.tree_map(write, acc, part), None
+
+    def finish(self, acc: Tree, stacked: Tree) -> Tree:
+        if acc is not None:
+            return acc
+        return jax.tree_util.tree_map(lambda y: y.reshape((-1,) + y.shape[2:]), stacked)
 
     def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
         return fn(*args)  # every row is computed; `trim` cuts the padded ones off
@@ -226,8 +246,11 @@ class Sum(AbstractReducer):
     def init(self, part: Tree, n: int) -> Tree:
         return zeros_like_struct(part)
 
-    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> Tree:
-        return self.combine(acc, part)
+    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
+        return self.combine(acc, part), None
+
+    def finish(self, acc: Tree, stacked: Tree) -> Tree:
+        return acc
 
     def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
         return _call(fn, args, valid)
@@ -291,10 +314,13 @@ class Monoid(AbstractReducer):
     def init(self, part: Tree, n: int) -> Tree:
         return zeros_like_struct(part)  # a placeholder: chunk 0 replaces it
 
-    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> Tree:
+    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
         if isinstance(index, int):
-            return part if index == 0 else self.combine(acc, part)
-        return jax.lax.cond(index == 0, lambda a, p: p, self.combine, acc, part)
+            return (part if index == 0 else self.combine(acc, part)), None
+        return jax.lax.cond(index == 0, lambda a, p: p, self.combine, acc, part), None
+
+    def finish(self, acc: Tree, stacked: Tree) -> Tree:
+        return acc
 
     def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
         return _call(fn, args, valid)

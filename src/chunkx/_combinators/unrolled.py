@@ -4,6 +4,7 @@ from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -39,14 +40,17 @@ class Unrolled(eqx.Module):
             return evaluate(self.fn, reducer, args, None, "Unrolled")
         starts = range(0, n, s)
         tick = ticker(len(starts), chained=True) if self.progress else None
-        acc = None
+        acc, stacked = None, []
         for j, i in enumerate(starts):
             start = min(i, n - s)
             chunk = map_mapped(lambda x, a=start: x[a : a + s], args, axes)
             valid = None if start == i else jnp.asarray(np.arange(s) + start >= i)
             part = evaluate(self.fn, reducer, chunk, valid, "Unrolled")
-            acc = reducer.init(part, n) if acc is None else acc
-            acc = reducer.accumulate(acc, part, start, j)
+            acc = reducer.init(part, n) if j == 0 else acc
+            acc, y = reducer.accumulate(acc, part, start, j)
+            stacked.append(y)
             if tick is not None:
                 tick(j)
-        return acc
+        if stacked[0] is None:
+            return reducer.finish(acc, None)
+        return reducer.finish(acc, jax.tree_util.tree_map(lambda *ys: jnp.stack(ys), *stacked))

@@ -12,7 +12,7 @@ from .._checks import as_in_axes, in_axes_tuple, resolve_batch_size
 from .._combinators._rows import array_leaves, mapped_length
 from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.chunk import Chunk
-from .._combinators.groups import Flatten, Groups
+from .._combinators.groups import Groups
 from .._combinators.pad import Pad
 from .._combinators.shard import Shard
 from .._combinators.unrolled import Unrolled
@@ -95,9 +95,10 @@ class ChunkMap(eqx.Module):
             return Shard(local, self.mesh, in_axes=zero)
         if ndev == 1:
             piece = self._chunk(inner, size, zero, loop)
-        else:
-            piece = Groups(self._chunk(Flatten(inner, ndev, zero), size, zero, loop), ndev, zero)
-        multiple = ndev * size if small else ndev
+            multiple = size if small else 1
+        else:  # every block padded to whole chunks: f always sees D * c rows
+            piece = Groups(self._chunk(inner, ndev * size, zero, loop), ndev, size, zero)
+            multiple = ndev * size
         return Pad(piece, multiple, in_axes=zero) if n % multiple else piece
 
     def _chunk(self, inner, size, zero, loop):
