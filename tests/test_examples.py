@@ -22,6 +22,13 @@ def _loss_falls(out: str) -> None:
     assert len(losses) >= 2 and losses[-1] < 0.1 * losses[0], losses
 
 
+def _residual_converges(out: str) -> None:
+    """Both Levenberg-Marquardt fits: relative residual <= 1e-6 within 20 outer iterations."""
+    for kind in ("probe", "entries"):
+        res = [float(x) for x in re.findall(rf"{kind} +iter +\d+ +relative residual ([0-9.eE+-]+)", out)]
+        assert 1 <= len(res) <= 20 and res[-1] <= 1e-6 < res[0], (kind, res)
+
+
 def _prints(text: str):
     def check(out: str) -> None:
         assert text in out, out
@@ -32,7 +39,7 @@ def _prints(text: str):
 # Extra checks on the printed output (an example that asserts nothing itself needs one here).
 CHECKS = {
     "quickstart.py": _prints("results agree"),  # after its assert against jax.vmap
-    "t3_fit.py": _loss_falls,
+    "t3_fit.py": _residual_converges,
 }
 
 

@@ -74,3 +74,42 @@ def test_dense_oracle(case):
 
 def test_binomial_combine_tensor(case):
     assert max_relerr(t3.binomial_combine_tensor(case.K), case.get("trs")) == 0.0
+
+
+@functools.partial(jax.jit, static_argnums=(7,))
+def _sampling(c, ww, index, pp, x, frame, var, order):
+    out = {}
+    for pre, kind, s in (("ap", "apply", ww), ("en", "entries", index)):
+        cw = getattr(t3, f"t3_{kind}_corewise_derivatives_transpose")
+        tvT = getattr(t3, f"tv_{kind}_derivatives_transpose")
+        out[f"{pre}_y"] = getattr(t3, f"t3_{kind}_derivatives")(s, pp, x, order)
+        out[f"{pre}_cw_sum"] = cw(c, s, pp, x, order, True, 4)
+        out[f"{pre}_cw_kept"] = cw(c, s, pp, x, order, False, 4)
+        if frame is not None:
+            out[f"{pre}_tvT_sum"] = tvT(c, s, pp, frame, order, True, 4)
+            out[f"{pre}_tvT_kept"] = tvT(c, s, pp, frame, order, False, None)
+            out[f"{pre}_tv_y"] = getattr(t3, f"tv_{kind}_derivatives")(s, pp, var, frame, order)
+    return out
+
+
+SAMPLING_CASES = [c for c in CASES if c.name in ("d3_K2_W2x3_bdry", "d3_K2_W4_C2")]
+
+
+@pytest.mark.parametrize("case", SAMPLING_CASES, ids=[c.name for c in SAMPLING_CASES])
+def test_apply_and_entries(case):
+    if not case.has("ap_y"):
+        pytest.skip("reference file without the apply/entries outputs")
+    frame = case.frame if case.has("frame_U_0") else None
+    var = case.variation if frame is not None else None
+    got = _sampling(case.get("c_sample"), case.seq("ww"), case.get("index"), case.seq("pp"),
+                    case.cores, frame, var, case.K)
+    for pre in ("ap", "en"):
+        assert max_relerr(got[f"{pre}_y"], case.get(f"{pre}_y")) < RTOL
+        for tag in ("sum", "kept"):
+            want = (case.seq(f"{pre}_cw_{tag}_gU"), case.seq(f"{pre}_cw_{tag}_gG"))
+            assert max_relerr(got[f"{pre}_cw_{tag}"], want) < RTOL
+            if frame is not None:
+                want = (case.seq(f"{pre}_tvT_{tag}_dU"), case.seq(f"{pre}_tvT_{tag}_dG"))
+                assert max_relerr(got[f"{pre}_tvT_{tag}"], want) < RTOL
+        if frame is not None:
+            assert max_relerr(got[f"{pre}_tv_y"], case.get(f"{pre}_tv_y")) < RTOL

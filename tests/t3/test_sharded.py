@@ -1,9 +1,10 @@
 """The transposes sharded over 4 CPU devices (`mesh=`): psum for the summed gradient, W-sharded
-output for kept mode; compared with the single-device pipeline."""
+output for kept mode; compared with `jax.vjp` of the forward jets (an independent reference)."""
 
 import functools
 
 import jax
+import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -20,29 +21,42 @@ def mesh():
     return jax.make_mesh((4,), ("w",))
 
 
-def test_sharded_matches_single_device(mesh):
-    W = 12  # 3 rows per device: chunks of 2 are padded (summed: zeros; kept: Chunk's pad)
+def test_sharded_corewise_vs_vjp(mesh):
+    W = 12  # 3 rows per device: chunks of 2 are zero-padded (summed) or shifted (kept)
     x, ww, pp, zt = random_problem(W, N, n, r, K, (W,))
     f = t3.t3_probe_corewise_derivatives_transpose
 
-    @functools.partial(jax.jit, static_argnums=4)
-    def both(zt, ww, pp, x, m):
-        return (f(zt, ww, pp, x, K, True, 2, mesh=m), f(zt, ww, pp, x, K, False, 2, mesh=m))
+    @jax.jit
+    def run(zt, ww, pp, x):
+        _, vjp = jax.vjp(lambda c: t3.t3_probe_derivatives(ww, pp, c, K), x)
 
-    summed, kept = both(zt, ww, pp, x, mesh)
-    summed_1, kept_1 = both(zt, ww, pp, x, None)
-    assert max_relerr(summed, summed_1) < 1e-13
-    assert max_relerr(kept, kept_1) < 1e-13
+        def one(z, w, p):
+            w1, p1 = [a[None] for a in w], [a[None] for a in p]
+            _, vjp1 = jax.vjp(lambda c: t3.t3_probe_derivatives(w1, p1, c, K), x)
+            return vjp1(tuple(a[:, None] for a in z))[0]
+
+        kept_ref = jax.vmap(one)([jnp.moveaxis(a, 1, 0) for a in zt], ww, pp)
+        return (f(zt, ww, pp, x, K, True, 2, mesh=mesh), f(zt, ww, pp, x, K, False, 2, mesh=mesh),
+                vjp(tuple(zt))[0], kept_ref)
+
+    summed, kept, summed_ref, kept_ref = run(zt, ww, pp, x)
+    assert max_relerr(summed, summed_ref) < 1e-13
+    assert max_relerr(kept, kept_ref) < 1e-13
     leaf = jax.tree_util.tree_leaves(kept)[0]
     assert leaf.sharding.spec[0] == "w"
     assert leaf.sharding.is_equivalent_to(jax.sharding.NamedSharding(mesh, P("w")), leaf.ndim)
 
 
-def test_sharded_tangent_transpose(mesh):
+def test_sharded_tangent_transpose_vs_vjp(mesh):
     x, ww, pp, zt = random_problem(7, N, n, r, K, (12,))
     U, G = x
     frame = (U, G, G, G)
-    f = jax.jit(t3.tv_probe_derivatives_transpose, static_argnums=(4, 5, 6),
-                static_argnames="mesh")
-    got = f(zt, ww, pp, frame, K, True, 3, mesh=mesh)
-    assert max_relerr(got, f(zt, ww, pp, frame, K, True, None)) < 1e-13
+
+    @functools.partial(jax.jit, static_argnames="m")
+    def run(zt, ww, pp, frame, m):
+        _, vjp = jax.vjp(lambda v: t3.tv_probe_derivatives(ww, pp, v, frame, K), (U, G))
+        return t3.tv_probe_derivatives_transpose(zt, ww, pp, frame, K, True, 3, mesh=m), \
+            vjp(tuple(zt))[0]
+
+    got, want = run(zt, ww, pp, frame, mesh)
+    assert max_relerr(got, want) < 1e-13

@@ -112,3 +112,24 @@ def test_other_errors():
     with pytest.raises(ValueError, match=r"`TuckerTensorTrain.randn\(tucker_ranks, tt_ranks\)`"):
         import jax
         t3.TuckerTensorTrain.randn(jax.random.key(0), (3, 4), (2,), (1, 2, 1))
+
+
+def test_sampling_kind_errors():
+    import numpy as np
+
+    x, pp = cores(), [np.zeros((5, Ni)) for Ni in N]
+    with pytest.raises(ValueError, match=r"`t3_entries_derivatives\(index\)`: expected an integer "
+                                         r"array of shape \(d,\) \+ W with d=2, got int64 \(3, 5\)"):
+        t3.t3_entries_derivatives(np.zeros((3, 5), np.int64), pp, x, 1)
+    with pytest.raises(ValueError, match=r"`t3_entries_derivatives\(pp\)`: pp\[1\] must have shape "
+                                         r"W \+ \(N_1,\) = \(5, 4\) .* got \(4, 4\)"):
+        t3.t3_entries_derivatives(np.zeros((2, 5), int), [pp[0], np.zeros((4, 4))], x, 1)
+    with pytest.raises(ValueError, match=r"`t3_apply_corewise_derivatives_transpose\(c\)`: expected "
+                                         r"shape \(order\+1,\) \+ W \+ B \+ C with order\+1=2, W=\(5,\)"):
+        t3.t3_apply_corewise_derivatives_transpose(np.zeros((3, 5)), pp, pp, x, 1)
+    with pytest.raises(ValueError, match=r"`t3_apply_corewise_derivatives_transpose\(c\)`: expected "
+                                         r"shape \(order\+1,\) \+ W \+ C .* \(extra axes \(2,\)\)"):
+        t3.t3_apply_corewise_derivatives_transpose(np.zeros((2, 5, 2)), pp, pp, x, 1)
+    with pytest.raises(ValueError, match=r"`max_chunk_size_within\(target_bytes=0.5\)`: must be at "
+                                         r"least 1 byte, got 0.5"):
+        t3.max_chunk_size_within((3, 4), (2, 3), (1, 2, 1), 1, 10, 0.5)

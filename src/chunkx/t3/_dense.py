@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 import jax.numpy as jnp
 from beartype import beartype
-from jaxtyping import Array, Float, jaxtyped
+from jaxtyping import Array, ArrayLike, Float, jaxtyped
 
 from ._jets import binomial_table
-from ._validate import check_order
+from ._validate import as_arrays, check_order
 
 
 @jaxtyped(typechecker=beartype)
@@ -27,6 +27,14 @@ def binomial_combine_tensor(order: int, *, dtype=None) -> Float[Array, "T T T"]:
     **Returns:**
 
     An array `(T, T, T)`.
+
+    !!! Example
+
+        ```python
+        import chunkx.t3 as t3
+        trs = t3.binomial_combine_tensor(2)
+        assert trs.shape == (3, 3, 3) and float(trs[2, 1, 1]) == 2.0  # C(2, 1)
+        ```
     """
     order = check_order("binomial_combine_tensor", order)
     return binomial_table(order, jnp.zeros((), dtype).dtype)
@@ -34,9 +42,9 @@ def binomial_combine_tensor(order: int, *, dtype=None) -> Float[Array, "T T T"]:
 
 @jaxtyped(typechecker=beartype)
 def dense_probe_derivatives(
-    ww: Sequence[Float[Array, " _N"]],
-    pp: Sequence[Float[Array, " _N"]],
-    T: Float[Array, "..."],
+    ww: Sequence[Float[ArrayLike, " _N"]],
+    pp: Sequence[Float[ArrayLike, " _N"]],
+    T: Float[ArrayLike, "..."],
     order: int,
 ) -> list[Float[Array, "_T _N"]]:
     """Probe-derivative jets of a dense tensor by the multilinear subset expansion (test oracle).
@@ -53,9 +61,22 @@ def dense_probe_derivatives(
     **Returns:**
 
     A list of `d` arrays `(order + 1, N_i)`.
+
+    !!! Example
+
+        ```python
+        import jax, numpy as np
+        import chunkx.t3 as t3
+        x = t3.TuckerTensorTrain.randn(jax.random.key(0), (4, 5), (2, 3), (1, 2, 1))
+        w, p = [np.ones(4), np.ones(5)], [np.ones(4), np.zeros(5)]
+        dense = t3.dense_probe_derivatives(w, p, x.to_dense(), 1)
+        jets = t3.t3_probe_derivatives(w, p, x, 1)
+        assert np.allclose(dense[0], jets[0], rtol=1e-4, atol=1e-4)
+        ```
     """
     fn = "dense_probe_derivatives"
     order = check_order(fn, order)
+    ww, pp, T = as_arrays(ww), as_arrays(pp), jnp.asarray(T)
     d = T.ndim
     if len(ww) != d or len(pp) != d:
         raise ValueError(

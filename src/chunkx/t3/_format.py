@@ -6,14 +6,15 @@ from collections.abc import Sequence
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from beartype import beartype
-from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, jaxtyped
 
 from ._validate import check_cores
 
 # Per-core ranks differ, so only the frame stack `*C` is shared across the cores of one T3.
-TuckerCore = Float[Array, "*C _n _N"]
-TTCore = Float[Array, "*C _rl _n _rr"]
+TuckerCore = Float[ArrayLike, "*C _n _N"]
+TTCore = Float[ArrayLike, "*C _rl _n _rr"]
 CorePair = tuple[Sequence[TuckerCore], Sequence[TTCore]]
 
 
@@ -46,8 +47,8 @@ class TuckerTensorTrain(eqx.Module):
     tt_cores: tuple[TTCore, ...]
 
     def __init__(self, tucker_cores: Sequence[TuckerCore], tt_cores: Sequence[TTCore]):
-        self.tucker_cores = tuple(tucker_cores)
-        self.tt_cores = tuple(tt_cores)
+        self.tucker_cores = _arrays(tucker_cores)
+        self.tt_cores = _arrays(tt_cores)
 
     def __check_init__(self):
         check_cores("TuckerTensorTrain", "tucker_cores, tt_cores", self.tucker_cores, self.tt_cores)
@@ -91,7 +92,11 @@ class TuckerTensorTrain(eqx.Module):
         stack_shape: Sequence[int] = (),
         dtype=jnp.float32,
     ) -> "TuckerTensorTrain":
-        """A T3 with i.i.d. `N(0, 1)` cores.
+        """A T3 with i.i.d. `N(0, 1)` cores (as t3toolbox).
+
+        Probed values then grow like `sqrt(prod_i n_i r_i N_i)` (about 1e5 for d=6, N=40,
+        n=r=8): for a well-conditioned fit, divide the Tucker cores by `sqrt(N_i)` and the TT
+        cores by `sqrt(r_i n_i)` (see `examples/t3_fit.py`).
 
         **Arguments:**
 
@@ -147,11 +152,18 @@ def as_core_pair(fn: str, name: str, x):
     if isinstance(x, TuckerTensorTrain):
         return x.data
     if isinstance(x, Sequence) and len(x) == 2:
-        return tuple(x[0]), tuple(x[1])
+        return _arrays(x[0]), _arrays(x[1])
     raise ValueError(
         f"`{fn}({name})`: expected a TuckerTensorTrain or a (tucker_cores, tt_cores) pair, "
         f"got {type(x).__name__}."
     )
+
+
+def _arrays(cores) -> tuple:
+    """NumPy arrays and lists become jax arrays; jax arrays, tracers and structs stay as is."""
+    if not isinstance(cores, Sequence):
+        return cores
+    return tuple(jnp.asarray(a) if isinstance(a, np.ndarray | list) else a for a in cores)
 
 
 def prod(shape) -> int:

@@ -3,7 +3,7 @@
 from collections.abc import Sequence
 
 from beartype import beartype
-from jaxtyping import Array, Float, jaxtyped
+from jaxtyping import Array, ArrayLike, Float, jaxtyped
 
 from ._format import CorePair, TuckerTensorTrain, as_core_pair
 from ._stacks import (
@@ -15,6 +15,9 @@ from ._stacks import (
     tangent_rows_fn,
 )
 from ._validate import (
+    as_arrays,
+    as_frame,
+    as_variation,
     check_cores,
     check_frame,
     check_modes,
@@ -23,12 +26,12 @@ from ._validate import (
     check_variation,
 )
 
-Probes = Sequence[Float[Array, "*W _N"]]
+Probes = Sequence[Float[ArrayLike, "*W _N"]]
 # pp's shape is checked against ww by hand, for a message that names both.
-Directions = Sequence[Float[Array, "..."]]
+Directions = Sequence[Float[ArrayLike, "..."]]
 # (U, O, P, Q); its length and shapes are checked by hand.
-Frame = Sequence[Sequence[Float[Array, "..."]]]
-Variation = tuple[Sequence[Array], Sequence[Array]]
+Frame = Sequence[Sequence[Float[ArrayLike, "..."]]]
+Variation = Sequence[Sequence[Float[ArrayLike, "..."]]]
 Jets = tuple[Float[Array, "_T ..."], ...]
 
 
@@ -61,10 +64,22 @@ def t3_probe_derivatives(
     **Returns:**
 
     A tuple of `d` arrays `(order + 1,) + W + C + (N_i,)`.
+
+    !!! Example
+
+        ```python
+        import jax, numpy as np
+        import chunkx.t3 as t3
+        x = t3.TuckerTensorTrain.randn(jax.random.key(0), (4, 5), (2, 3), (1, 2, 1))
+        ww = [np.ones((7, 4)), np.ones((7, 5))]      # NumPy or JAX arrays
+        z = t3.t3_probe_derivatives(ww, ww, x, 2)
+        assert [a.shape for a in z] == [(3, 7, 4), (3, 7, 5)]
+        ```
     """
     fn = "t3_probe_derivatives"
     order = check_order(fn, order)
     tucker, tt = as_core_pair(fn, "x", x)
+    ww, pp = as_arrays(ww), as_arrays(pp)
     d, C = check_cores(fn, "x", tucker, tt)
     W = check_probes(fn, ww, pp, d)
     check_modes(fn, "Tucker", ww, tucker, len(C))
@@ -95,9 +110,23 @@ def tv_probe_derivatives(
     **Returns:**
 
     A tuple of `d` arrays `(order + 1,) + W + B + C + (N_i,)`.
+
+    !!! Example
+
+        ```python
+        import jax, numpy as np
+        import chunkx.t3 as t3
+        x = t3.TuckerTensorTrain.randn(jax.random.key(0), (4, 5), (2, 3), (1, 2, 1))
+        U, G = x.data
+        ww = [np.ones((7, 4)), np.ones((7, 5))]
+        z = t3.tv_probe_derivatives(ww, ww, (U, G), (U, G, G, G), 1)  # variation = the cores
+        assert [a.shape for a in z] == [(2, 7, 4), (2, 7, 5)]
+        ```
     """
     fn = "tv_probe_derivatives"
     order = check_order(fn, order)
+    frame, ww, pp = as_frame(frame), as_arrays(ww), as_arrays(pp)
+    variation = as_variation(variation)
     d, C = check_frame(fn, frame)
     W = check_probes(fn, ww, pp, d)
     check_modes(fn, "frame Tucker", ww, frame[0], len(C))

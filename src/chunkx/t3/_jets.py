@@ -131,3 +131,38 @@ def tangent_jets(dtucker, dtt, frame, x, p, order):
         )
         out.append(deta @ U[i] + eta @ dtucker[i])
     return tuple(out)
+
+
+def entry_inputs(tucker, index, p, order):
+    """Entry input jets: Tucker fibers `U_i[:, index_i]` gathered (no one-hot), and `U_i p_i`."""
+    xi0 = [jnp.moveaxis(jnp.take(U, idx, axis=1), 0, -1) for U, idx in zip(tucker, index)]
+    xi1 = [None] * len(index) if order == 0 else [pv @ U.T for U, pv in zip(tucker, p)]
+    return xi0, xi1
+
+
+def sample_jets(tt, xi0, xi1, order):
+    """All-modes jets `w + (T,)`: the left sweep to its terminal bond, summed (apply/entries)."""
+    X = _unit_jet(xi0[0].shape[:-1], tt[0].shape[0], order, tt[0].dtype)
+    for G, a, b in zip(tt, xi0, xi1):
+        X = _push(X, _mats(G, a, b))
+    return X.sum(-1)
+
+
+def tangent_sample_jets(dtt, frame, xis, dxis, order):
+    """All-modes jets of the tangent vector `(dU, dG)` (given as `dG` and its input jets `dxis`).
+
+    One left-to-right pass: the frame sweep `L` via the left cores `P` and the variation sweep
+    `S_{i+1} = S_i Q_i(xi) + L_i (dG_i(xi) + O_i(dxi))`, summed at the terminal bond.
+    """
+    _, Dn, P, Q = frame
+    (xi0, xi1), (dxi0, dxi1) = xis, dxis
+    batch, dtype = xi0[0].shape[:-1], Dn[0].dtype
+    L = _unit_jet(batch, P[0].shape[0], order, dtype)
+    S = jnp.zeros(batch + (order + 1, Q[0].shape[0]), dtype)
+    for i in range(len(P)):
+        a0, a1 = _mats(dtt[i], xi0[i], xi1[i])
+        b0, b1 = _mats(Dn[i], dxi0[i], dxi1[i])
+        MV = (a0 + b0, None if a1 is None else a1 + b1)
+        S = _push(S, _mats(Q[i], xi0[i], xi1[i])) + _push(L, MV)
+        L = _push(L, _mats(P[i], xi0[i], xi1[i]))
+    return S.sum(-1)

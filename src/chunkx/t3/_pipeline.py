@@ -5,32 +5,47 @@ The row layout is internal (see `_stacks`): residual rows `(w, [Bf,] Cf, T, N_i)
 """
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from chunkx import Chunk, Concat, Shard, Sum, Vmap
+from chunkx import Chunk, Concat, Pad, Shard, Sum, Vmap
 
 from ._stacks import corewise_rows_fn, tangent_rows_fn
+
+
+def _pull(vjp, out, zt):
+    """`vjp(zt)` with the residuals cast to the forward's output dtypes (as the VJP requires)."""
+    return vjp(jax.tree_util.tree_map(lambda z, o: z.astype(o.dtype), zt, out))
 
 
 def _rows1(a):
     return jax.tree_util.tree_map(lambda v: v[None], a)
 
 
-def _assemble(chunk_fn, per_probe_fn, n_fixed, sum_over_probes, chunk_size, mesh):
-    """`Chunk` over the probe axis (then `Shard`), summing or concatenating."""
-    in_axes = (0, 0, 0) + (None,) * n_fixed
+def _assemble(chunk_fn, per_probe_fn, n_fixed, sum_over_probes, chunk_size, mesh, n_mapped=3):
+    """`Chunk` over the probe axis (then `Shard`), summing or concatenating.
+
+    Summed rows: `Pad(fill="zero")` in front pads the probes to whole chunks on every device.
+    A zero residual row (or zero weight) contributes exactly zero to a summed gradient (the
+    map is linear in it), so no mask is needed and one chunk body is compiled (no remainder
+    program, no off-mesh tail). `chunk_size` comes evened out from `chunk_rows`.
+    """
+    in_axes = (0,) * n_mapped + (None,) * n_fixed
     if sum_over_probes:
         inner, reducer = chunk_fn, Sum(presummed=True)
     else:
         inner, reducer = Vmap(per_probe_fn, in_axes=in_axes), Concat()
     # Kept rows: Chunk shifts the last chunk back onto real rows (remainder='shift'),
-    # so one chunk body is compiled. Summed rows are zero-padded by `run` instead (see there).
+    # so one chunk body is compiled.
     remainder = "call" if sum_over_probes else "shift"
     pipe = Chunk(inner, chunk_size, reducer=reducer, in_axes=in_axes, remainder=remainder)
     if mesh is not None:
         pipe = Shard(pipe, mesh, in_axes=in_axes)
-    return pipe
+    if not sum_over_probes:
+        return pipe
+    ndev = 1 if mesh is None else mesh.size
+    # chunk_size None: one chunk per device; Pad then only evens the rows over the devices
+    multiple = ndev if chunk_size is None else chunk_size * ndev
+    return Pad(pipe, multiple, reducer=reducer, in_axes=in_axes, fill="zero")
 
 
 def corewise_pipeline(
@@ -39,17 +54,18 @@ def corewise_pipeline(
     chunk_size: int | None,
     c_stacked: bool,
     mesh: Mesh | None = None,
+    kind: str = "probe",
 ):
-    """`(zt_rows, x_rows, p_rows, tucker_f, tt_f) -> (tucker_grads, tt_grads)`.
+    """`(zt_rows, a_rows, p_rows, tucker_f, tt_f) -> (tucker_grads, tt_grads)`.
 
     Summed: the chunk's gradient is the VJP of the batched forward (a GEMM over the chunk's
     probes). Kept: one VJP per probe, vmapped over the chunk.
     """
-    fwd = corewise_rows_fn(order, c_stacked)
+    fwd = corewise_rows_fn(order, c_stacked, kind)
 
     def chunk_sum(zt, x, p, U, G):
-        _, vjp = jax.vjp(lambda U, G: fwd(x, p, U, G), U, G)
-        return vjp(zt)
+        out, vjp = jax.vjp(lambda U, G: fwd(x, p, U, G), U, G)
+        return _pull(vjp, out, zt)
 
     def per_probe(zt, x, p, U, G):
         return chunk_sum(_rows1(zt), _rows1(x), _rows1(p), U, G)
@@ -64,18 +80,19 @@ def tangent_pipeline(
     b_stacked: bool,
     c_stacked: bool,
     mesh: Mesh | None = None,
+    kind: str = "probe",
 ):
-    """`(zt_rows, x_rows, p_rows, frame_f, var_structs) -> (dU_grads, dG_grads)`.
+    """`(zt_rows, a_rows, p_rows, frame_f, var_structs) -> (dU_grads, dG_grads)`.
 
     The tangent forward is linear in the variation, so its VJP (taken at a zero variation) is
     exactly the transpose; `var_zero` only carries the variation shapes.
     """
-    fwd = tangent_rows_fn(order, b_stacked, c_stacked)
+    fwd = tangent_rows_fn(order, b_stacked, c_stacked, kind)
 
     def chunk_sum(zt, x, p, frame, var_zero):
         dU0, dG0 = var_zero
-        _, vjp = jax.vjp(lambda dU, dG: fwd(x, p, dU, dG, frame), dU0, dG0)
-        return vjp(zt)
+        out, vjp = jax.vjp(lambda dU, dG: fwd(x, p, dU, dG, frame), dU0, dG0)
+        return _pull(vjp, out, zt)
 
     def per_probe(zt, x, p, frame, var_zero):
         return chunk_sum(_rows1(zt), _rows1(x), _rows1(p), frame, var_zero)
@@ -83,21 +100,35 @@ def tangent_pipeline(
     return _assemble(chunk_sum, per_probe, 2, sum_over_probes, chunk_size, mesh)
 
 
-def run(pipe, mapped, fixed, chunk_size, mesh, sum_over_probes):
-    """Call `pipe(*mapped, *fixed)`; summed: probe rows zero-padded to whole chunks per device.
+def normal_pipeline(order, chunk_size, c_stacked, mesh=None, kind="probe"):
+    """`(wt_rows, a_rows, p_rows, tucker_f, tt_f, v_f) -> J^T diag(wt) J v` (summed over probes).
 
-    Zero residual rows contribute exactly zero to a summed gradient (the map is linear in
-    them), so padding keeps one compiled chunk body (no remainder program, no off-mesh tail).
-    At most `chunk_size * devices - 1` rows are padded.
+    Per chunk: `J v` by `jax.jvp` of the batched forward at the cores, weighted per probe, then
+    pulled back by the VJP. Zero-weight rows (the padding of `run`) contribute exactly zero.
     """
-    if not sum_over_probes:
-        return pipe(*mapped, *fixed)
-    n = jax.tree_util.tree_leaves(mapped)[0].shape[0]
+    fwd = corewise_rows_fn(order, c_stacked, kind)
+
+    def chunk_sum(wt, a, p, U, G, v):
+        f = lambda U, G: fwd(a, p, U, G)  # noqa: E731
+        _, jv = jax.jvp(f, (U, G), tuple(v))
+        scaled = tuple(z * wt.reshape(wt.shape + (1,) * (z.ndim - 1)).astype(z.dtype) for z in jv)
+        _, vjp = jax.vjp(f, U, G)
+        return vjp(scaled)
+
+    return _assemble(chunk_sum, None, 3, True, chunk_size, mesh)
+
+
+def chunk_rows(n, chunk_size, mesh, sum_over_probes):
+    """The chunk size the pipeline is built with for `n` probe rows.
+
+    Kept rows: `chunk_size` as given (`Chunk` shifts the last chunk onto real rows). Summed
+    rows are zero-padded by `Pad` (see `_assemble`), so the chunk is evened out to
+    `ceil(m / ceil(m / chunk_size))` for the `m` rows per device: never larger than
+    `chunk_size`, fewer than one padded row per chunk, never a mostly-zero last chunk.
+    """
+    if not sum_over_probes or chunk_size is None:
+        return chunk_size
     ndev = 1 if mesh is None else mesh.size
-    per_dev = -(-n // ndev)
-    size = per_dev if chunk_size is None or chunk_size >= per_dev else chunk_size
-    total = -(-per_dev // size) * size * ndev
-    if total != n:
-        pad = lambda a: jnp.pad(a, [(0, total - n)] + [(0, 0)] * (a.ndim - 1))  # noqa: E731
-        mapped = jax.tree_util.tree_map(pad, mapped)
-    return pipe(*mapped, *fixed)
+    per_dev = max(1, -(-n // ndev))
+    return -(-per_dev // -(-per_dev // chunk_size))
+

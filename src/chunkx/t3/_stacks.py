@@ -8,7 +8,16 @@ import jax
 import jax.numpy as jnp
 
 from ._format import prod
-from ._jets import probe_jets, tangent_jets
+from ._jets import (
+    _inputs,
+    entry_inputs,
+    probe_jets,
+    sample_jets,
+    tangent_jets,
+    tangent_sample_jets,
+)
+
+KINDS = ("probe", "apply", "entries")
 
 
 def flat_lead(arrays, lead):
@@ -58,20 +67,45 @@ def _lift(fn, axes, stacked):
     return squeezed
 
 
-def corewise_rows_fn(order, c_stacked=True):
-    """Batched forward: `(x_rows, p_rows, tucker_f, tt_f)` -> jets `(w, Cf, T, N_i)` per mode."""
-
-    def one(x, p, U, G):
-        return probe_jets(U, G, x, p, order)
-
-    return _lift(one, (None, None, 0, 0), c_stacked)
+def rows_to_scalar_jets(rows, W):
+    """`(Wf,) + mid + (T,)` -> `(T,) + W + mid` (apply/entries jets)."""
+    z = rows.reshape(tuple(W) + tuple(rows.shape[1:]))
+    return jnp.moveaxis(z, -1, 0)
 
 
-def tangent_rows_fn(order, b_stacked=True, c_stacked=True):
-    """Batched tangent forward: `(x_rows, p_rows, dU_f, dG_f, frame_f)` -> `(w, Bf, Cf, T, N_i)`."""
+def scalar_jets_to_rows(c, W):
+    """`(T,) + W + mid` -> `(Wf,) + mid + (T,)`."""
+    z = jnp.moveaxis(c, 0, -1)
+    return z.reshape((prod(W),) + tuple(z.shape[len(W):]))
 
-    def one(x, p, dU, dG, frame):
-        return tangent_jets(dU, dG, frame, x, p, order)
 
-    per_frame = _lift(one, (None, None, 0, 0, 0), c_stacked)
+def _forward(kind, order):
+    """Per-frame forward `(a, p, U, G) -> tuple of jets` for one kind (`a`: probes or indices)."""
+    if kind == "probe":
+        return lambda x, p, U, G: probe_jets(U, G, x, p, order)
+    inputs = entry_inputs if kind == "entries" else _inputs
+    return lambda a, p, U, G: (sample_jets(G, *inputs(U, a, p, order), order),)
+
+
+def _tangent_forward(kind, order):
+    """Per-frame tangent forward `(a, p, dU, dG, frame) -> tuple of jets`."""
+    if kind == "probe":
+        return lambda x, p, dU, dG, frame: tangent_jets(dU, dG, frame, x, p, order)
+    inputs = entry_inputs if kind == "entries" else _inputs
+
+    def one(a, p, dU, dG, frame):
+        xis, dxis = inputs(frame[0], a, p, order), inputs(dU, a, p, order)
+        return (tangent_sample_jets(dG, frame, xis, dxis, order),)
+
+    return one
+
+
+def corewise_rows_fn(order, c_stacked=True, kind="probe"):
+    """Batched forward: `(a_rows, p_rows, tucker_f, tt_f)` -> jets `(w, Cf, T[, N_i])`."""
+    return _lift(_forward(kind, order), (None, None, 0, 0), c_stacked)
+
+
+def tangent_rows_fn(order, b_stacked=True, c_stacked=True, kind="probe"):
+    """Batched tangent forward: `(a, p, dU_f, dG_f, frame_f)` -> `(w, Bf, Cf, T[, N_i])`."""
+    per_frame = _lift(_tangent_forward(kind, order), (None, None, 0, 0, 0), c_stacked)
     return _lift(per_frame, (None, None, 0, 0, None), b_stacked)

@@ -6,6 +6,8 @@ expected and what arrived.
 
 from collections.abc import Sequence
 
+import jax.numpy as jnp
+
 
 def _shape(a) -> tuple[int, ...]:
     return tuple(int(s) for s in a.shape)
@@ -175,3 +177,55 @@ def check_ztildes(fn: str, ztildes, order: int, W, C, ww, d: int):
                 f" with W={W}, C={C}, N_{i}={N}, B={B if B is not None else '(any)'}, got {s}."
             )
     return B
+
+
+def as_arrays(seq):
+    """`jnp.asarray` every element of a sequence (NumPy arrays and lists are accepted)."""
+    return tuple(jnp.asarray(a) for a in seq)
+
+
+def check_index(fn: str, index, pp, N):
+    """Grid points `index`: ints `(d,) + W` with `0 <= index_i < N_i` (static shapes only);
+    `pp`: `d` arrays `W + (N_i,)`. Returns W."""
+    d = len(N)
+    s = _shape(index)
+    if not jnp.issubdtype(index.dtype, jnp.integer) or len(s) < 1 or s[0] != d:
+        raise ValueError(
+            f"`{fn}(index)`: expected an integer array of shape (d,) + W with d={d}, "
+            f"got {index.dtype} {s}."
+        )
+    W = s[1:]
+    _check_len(fn, "pp", pp, d)
+    for i, p in enumerate(pp):
+        if _shape(p) != W + (N[i],):
+            raise ValueError(
+                f"`{fn}(pp)`: pp[{i}] must have shape W + (N_{i},) = {W + (N[i],)} (W from "
+                f"index {s}), got {_shape(p)}."
+            )
+    return W
+
+
+def check_sample_jets(fn: str, c, order: int, W, C):
+    """Scalar residual jets `c`: `(order+1,) + W + B + C`; returns B."""
+    s = _shape(c)
+    nb = len(s) - 1 - len(W) - len(C)
+    if nb < 0 or s[0] != order + 1 or s[1 : 1 + len(W)] != W or s[len(s) - len(C) :] != C:
+        raise ValueError(
+            f"`{fn}(c)`: expected shape (order+1,) + W + B + C with order+1={order + 1}, W={W}, "
+            f"C={C}, got {s}."
+        )
+    return s[1 + len(W) : 1 + len(W) + nb]
+
+
+def as_frame(frame):
+    """`(U, O, P, Q)` with every core a jax array (left as is if it is not a 4-sequence)."""
+    if isinstance(frame, Sequence) and len(frame) == 4:
+        return tuple(as_arrays(part) if isinstance(part, Sequence) else part for part in frame)
+    return frame
+
+
+def as_variation(variation):
+    """`(dU, dG)` with every core a jax array (left as is if it is not a pair of sequences)."""
+    if isinstance(variation, Sequence) and len(variation) == 2:
+        return tuple(as_arrays(v) if isinstance(v, Sequence) else v for v in variation)
+    return variation

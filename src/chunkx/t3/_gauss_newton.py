@@ -1,0 +1,171 @@
+"""The Gauss-Newton normal operator of a T3 sampling map, matrix-free, chunked and shardable."""
+
+from collections.abc import Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+from jaxtyping import Array, ArrayLike, Float
+
+from ._format import TuckerTensorTrain, as_core_pair, prod
+from ._forward import t3_probe_derivatives
+from ._pipeline import chunk_rows, normal_pipeline
+from ._sampling import _samples, t3_apply_derivatives, t3_entries_derivatives
+from ._sampling_transpose import (
+    t3_apply_corewise_derivatives_transpose,
+    t3_entries_corewise_derivatives_transpose,
+)
+from ._stacks import KINDS, flat_lead
+from ._transpose import t3_probe_corewise_derivatives_transpose
+from ._validate import as_arrays, check_chunk_size, check_cores, check_order
+
+_FORWARD = {"probe": t3_probe_derivatives, "apply": t3_apply_derivatives,
+            "entries": t3_entries_derivatives}
+_TRANSPOSE = {"probe": t3_probe_corewise_derivatives_transpose,
+              "apply": t3_apply_corewise_derivatives_transpose,
+              "entries": t3_entries_corewise_derivatives_transpose}
+
+
+def _check_kind(kind):
+    if kind not in KINDS:
+        raise ValueError(
+            f"`GaussNewton(kind={kind!r})`: kind must be one of {KINDS}, got {kind!r}."
+        )
+    return kind
+
+
+def _weighted(residual, weights, W):
+    """Multiply residual jets `(T,) + W + ...` by per-sample weights `W`."""
+    def one(r):
+        return r * weights.reshape((1,) + W + (1,) * (r.ndim - 1 - len(W))).astype(r.dtype)
+
+    return jax.tree_util.tree_map(one, residual)
+
+
+class GaussNewton(eqx.Module):
+    """The Gauss-Newton normal operator `v -> J^T diag(weights) J v + damping * v`.
+
+    `J` is the Jacobian, w.r.t. the cores, of a sampling map at the cores `x`: `kind="probe"`
+    (`t3_probe_derivatives(samples, pp, x, order)`), `"apply"` or `"entries"` (then `samples`
+    is the index array). Matrix-free: per chunk of samples, `J v` by `jax.jvp` and its pullback
+    by the VJP, summed (`Chunk` + `Sum`, then `Shard` over `mesh`), so memory is bounded by
+    `chunk_size` samples. As a plain loop:
+
+    ```python
+    out = damping * v
+    for w in W:
+        Jv = jvp(lambda cores: forward(samples[w], pp[w], cores, order), x, v)
+        out += vjp(lambda cores: forward(samples[w], pp[w], cores, order), x)(weights[w] * Jv)
+    ```
+
+    Symmetric positive semi-definite (definite with `damping > 0`): use it with
+    `jax.scipy.sparse.linalg.cg` (operands are `TuckerTensorTrain`s). `gradient(residual)` gives
+    `J^T diag(weights) residual` and `forward()` the sampled jets at `x`, so one
+    Levenberg-Marquardt step is `cg(op, -op.gradient(op.forward() - data))`.
+
+    **Fields:**
+
+    - `kind`: `"probe"`, `"apply"` or `"entries"` (static).
+    - `samples`: probes `ww` (`d` arrays `W + (N_i,)`) or indices `(d,) + W`.
+    - `pp`: `d` directions `W + (N_i,)`.
+    - `x`: the cores, a `TuckerTensorTrain`.
+    - `order`: highest derivative order (static).
+    - `weights`: per-sample weights `W` (default ones).
+    - `damping`: the Levenberg-Marquardt term (a scalar array: changing it does not recompile).
+    - `chunk_size`, `mesh`: as in the transposes (static).
+
+    !!! Example
+
+        ```python
+        import jax, numpy as np
+        from jax.scipy.sparse.linalg import cg
+        import chunkx.t3 as t3
+        x = t3.TuckerTensorTrain.randn(jax.random.key(0), (4, 5), (2, 3), (1, 2, 1))
+        index = np.array([[0, 1, 2, 3, 0, 1], [4, 3, 2, 1, 0, 0]])
+        pp = [np.zeros((6, 4)), np.zeros((6, 5))]
+        op = t3.GaussNewton("entries", index, pp, x, 0, damping=1e-3)
+        b = op.gradient(op.forward() - 1.0)
+        dx, _ = cg(op, b, maxiter=50)
+        assert isinstance(dx, t3.TuckerTensorTrain)
+        ```
+    """
+
+    kind: str = eqx.field(static=True)
+    samples: tuple[Array, ...] | Array
+    pp: tuple[Float[Array, "*W _N"], ...]
+    x: TuckerTensorTrain
+    order: int = eqx.field(static=True)
+    weights: Float[Array, "*W"]
+    damping: Float[Array, ""]
+    chunk_size: int | None = eqx.field(static=True)
+    mesh: Mesh | None = eqx.field(static=True)
+
+    def __init__(
+        self,
+        kind: str,
+        samples: Sequence[Float[ArrayLike, "..."]] | ArrayLike,
+        pp: Sequence[Float[ArrayLike, "..."]],
+        x: TuckerTensorTrain,
+        order: int,
+        *,
+        weights: Float[ArrayLike, "..."] | None = None,
+        damping: float | Float[ArrayLike, ""] = 0.0,
+        chunk_size: int | None = 100,
+        mesh: Mesh | None = None,
+    ):
+        fn = "GaussNewton"
+        self.kind = _check_kind(kind)
+        self.order = check_order(fn, order)
+        self.chunk_size = check_chunk_size(fn, chunk_size)
+        self.mesh = mesh
+        self.x = x if isinstance(x, TuckerTensorTrain) else TuckerTensorTrain(*x)
+        self.samples = (jnp.asarray(samples) if kind == "entries" else as_arrays(samples))
+        self.pp = as_arrays(pp)
+        (W, _, _), _ = self._rows()
+        dtype = self.x.tt_cores[0].dtype
+        self.weights = (jnp.ones(W, dtype) if weights is None else jnp.asarray(weights, dtype))
+        if self.weights.shape != W:
+            raise ValueError(
+                f"`{fn}(weights)`: expected one weight per sample, shape W={W}, got "
+                f"{self.weights.shape}."
+            )
+        self.damping = jnp.asarray(damping, dtype)
+
+    def _rows(self):
+        tucker, tt = self.x.data
+        _, C = check_cores("GaussNewton", "x", tucker, tt)
+        N = tuple(int(U.shape[len(C) + 1]) for U in tucker)
+        return _samples("GaussNewton", self.kind, self.samples, self.pp, N), C
+
+    def forward(self):
+        """The sampled jets at `x` (the kind's `t3_*_derivatives`)."""
+        return _FORWARD[self.kind](self.samples, self.pp, self.x, self.order)
+
+    def gradient(self, residual) -> TuckerTensorTrain:
+        """`J^T diag(weights) residual` (residual jets laid out like `forward()`)."""
+        (W, _, _), _ = self._rows()
+        res = _weighted(residual, self.weights, W)
+        return _TRANSPOSE[self.kind](res, self.samples, self.pp, self.x, self.order, True,
+                                     self.chunk_size, mesh=self.mesh)
+
+    def __call__(self, v: TuckerTensorTrain) -> TuckerTensorTrain:
+        """`J^T diag(weights) J v + damping * v` for a direction `v` shaped like `x`."""
+        vU, vG = as_core_pair("GaussNewton.__call__", "v", v)
+        check_cores("GaussNewton.__call__", "v", vU, vG)
+        tucker, tt = self.x.data
+        if [a.shape for a in vU + vG] != [a.shape for a in tucker + tt]:
+            raise ValueError(
+                "`GaussNewton.__call__(v)`: v must have the core shapes of x "
+                f"{[a.shape for a in tucker + tt]}, got {[a.shape for a in vU + vG]}."
+            )
+        (W, a_rows, p_rows), C = self._rows()
+        cs = chunk_rows(prod(W), self.chunk_size, self.mesh, True)
+        pipe = normal_pipeline(self.order, cs, C != (), self.mesh, self.kind)
+        fixed = (flat_lead(tucker, C), flat_lead(tt, C), (flat_lead(vU, C), flat_lead(vG, C)))
+        wt = self.weights.reshape(prod(W))
+        gU, gG = pipe(wt, a_rows, p_rows, *fixed)
+        out = TuckerTensorTrain([g.reshape(a.shape) for g, a in zip(gU, tucker)],
+                                [g.reshape(a.shape) for g, a in zip(gG, tt)])
+        return jax.tree_util.tree_map(lambda o, a: o + self.damping * a, out,
+                                      TuckerTensorTrain(vU, vG))
