@@ -18,6 +18,7 @@ from beartype import beartype
 from jaxtyping import jaxtyped
 
 from chunkx import MemoryPlan, compiled_temp_bytes, fit_memory
+from chunkx._checks import check_positive
 
 from ._format import prod
 from ._transpose import tv_probe_derivatives_transpose
@@ -34,11 +35,10 @@ def _check(fn, mode_shapes, tucker_ranks, tt_ranks, order, n_probes, n_tangent, 
             f"`{fn}(mode_shapes, tucker_ranks, tt_ranks)`: expected d, d and d+1 entries, got "
             f"{len(mode_shapes)}, {len(tucker_ranks)} and {len(tt_ranks)}."
         )
-    for name, v in (("order", order), ("n_probes", n_probes), ("n_tangent", n_tangent),
-                    ("n_shards", n_shards)):
-        low = 0 if name == "order" else 1
-        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < low:
-            raise ValueError(f"`{fn}({name}={v!r})`: {name} must be an int >= {low}, got {v!r}.")
+    if isinstance(order, bool) or not isinstance(order, int | np.integer) or order < 0:
+        raise ValueError(f"`{fn}(order={order!r})`: order must be an int >= 0, got {order!r}.")
+    for name, v in (("n_probes", n_probes), ("n_tangent", n_tangent), ("n_shards", n_shards)):
+        check_positive(fn, name, v, allow_none=False)
 
 
 def equal_chunks(n: int, size: int) -> int:

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 import jax.numpy as jnp
 
+from chunkx._checks import check_positive
+
 
 def _shape(a) -> tuple[int, ...]:
     return tuple(int(s) for s in a.shape)
@@ -22,14 +24,7 @@ def check_order(fn: str, order) -> int:
 
 
 def check_chunk_size(fn: str, chunk_size):
-    if chunk_size is None:
-        return None
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(
-            f"`{fn}(chunk_size={chunk_size!r})`: chunk_size must be a positive int or None, "
-            f"got {chunk_size!r}."
-        )
-    return chunk_size
+    return check_positive(fn, "chunk_size", chunk_size)
 
 
 def _check_len(fn: str, name: str, seq, d: int):
