@@ -5,20 +5,13 @@ from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 
 from .._checks import as_in_axes, check_choice, check_positive, zero_in_axes
-from .._progress import scan
-from .._types import InAxes, Remainder, RowMask
-from ._rows import join_args, mapped_length, rows, split_args, struct_of
+from .._types import GradPolicy, InAxes, Remainder, RowMask
+from ._rows import join_args, mapped_length, split_args
+from .fused import fused_call, grad_policy, regrad_call
+from .loop import chunk_loop, evaluate
 from .reduce import AbstractReducer, Concat
-
-
-def evaluate(fn: Callable, reducer: AbstractReducer, args: tuple, valid, who: str) -> Any:
-    """One piece: the batched `fn` on `args`, reduced to a partial result."""
-    out = fn(*args)
-    reducer.check_rows(struct_of(out), who)
-    return reducer.reduce_rows(out, valid)
 
 
 class Reduce(eqx.Module):
@@ -99,6 +92,8 @@ class Chunk(eqx.Module):
     in_axes: InAxes = eqx.field(static=True, default=0, converter=as_in_axes)
     remainder: Remainder = eqx.field(static=True, default="call")
     checkpoint: bool = eqx.field(static=True, default=True)
+    grad: GradPolicy = eqx.field(static=True, default="auto")
+    grad_size: int | None = eqx.field(static=True, default=None)
     unroll: int = eqx.field(static=True, default=1)
     progress: bool = eqx.field(static=True, default=False)
 
@@ -106,70 +101,37 @@ class Chunk(eqx.Module):
         check_positive("Chunk", "size", self.size)
         check_positive("Chunk", "unroll", self.unroll, allow_none=False)
         check_choice("Chunk", "remainder", self.remainder, ("call", "shift"))
+        check_choice("Chunk", "grad", self.grad, ("auto", "fused", "recompute", "store"))
+        check_positive("Chunk", "grad_size", self.grad_size)
+        if self.grad_size is not None and self.grad == "store":
+            raise ValueError(
+                f"`Chunk(grad='store', grad_size={self.grad_size})`: a backward chunk size needs "
+                "a reverse pass that runs chunk by chunk; use grad='fused', 'recompute' or "
+                "'auto', or leave grad_size=None."
+            )
 
     def __call__(self, *args: Any, valid: RowMask | None = None) -> Any:
         axes = zero_in_axes("Chunk", self.in_axes, len(args))
         n = mapped_length(args, axes, "Chunk")
         s = self.size
-        if s is None or n <= s:
+        if s is None or n <= min(s, self.grad_size or s):
             return evaluate(self.fn, self.reducer, args, valid, "Chunk")
-        shift = self.remainder == "shift" and n % s != 0
-        k, r = (-(-n // s), 0) if shift else divmod(n, s)
         mapped, fixed, static = split_args(args, axes)
-        source = (mapped, valid)
+        policy = grad_policy(self, mapped, fixed, static, valid, n)
+        if policy == "fused":
+            return fused_call(self, mapped, fixed, static, valid, n)
+        if self.grad_size is not None:
+            return regrad_call(self, mapped, fixed, static, valid, n)
+        return self.plain(mapped, fixed, static, valid, n, s, policy == "recompute")
+
+    def plain(self, mapped, fixed, static, valid, n, size, checkpoint):
+        """The chunk loop itself, at chunk size `size` (`n > size`)."""
+        fn, reducer = self.fn, self.reducer
 
         def piece(chunk_rows, chunk_valid):
             full = join_args(chunk_rows, fixed, static)
-            return evaluate(self.fn, self.reducer, full, chunk_valid, "Chunk")
+            return evaluate(fn, reducer, full, chunk_valid, "Chunk")
 
-        if self.checkpoint:
+        if checkpoint:
             piece = jax.checkpoint(piece, prevent_cse=False)
-        part = jax.eval_shape(piece, *struct_of(rows(source, 0, s)))
-        acc = _varying_like(self.reducer.init(part, n), (mapped, fixed, valid))
-        acc = self._loop(piece, source, acc, n, k, shift)
-        if r:  # remainder="call": the leftover rows are one more piece
-            acc = self.reducer.accumulate(acc, piece(*rows(source, k * s, r)), k * s, k)
-        return acc
-
-    def _loop(self, piece, source, acc, n, k, shift):
-        """Chunks `0..k-1` in one scan, each accumulated into `acc` at its first row."""
-        s, reducer = self.size, self.reducer
-        if n == k * s:  # whole chunks: scan over a free reshape of the input
-            xs = jax.tree_util.tree_map(lambda x: x.reshape((k, s) + x.shape[1:]), source)
-        else:  # slice chunks inside the loop (x[: k * s] would copy the input)
-            xs = None
-
-        def step(acc, x):
-            chunk, i = x
-            start = i * s
-            if chunk is None:
-                start = jnp.minimum(start, n - s) if shift else start
-                chunk = rows(source, start, s)
-            mapped, valid = chunk
-            if shift:  # rows before i * s belong to the previous chunk: mask them out
-                fresh = jnp.arange(s) + start >= i * s
-                valid = fresh if valid is None else valid & fresh
-            return reducer.accumulate(acc, piece(mapped, valid), start, i), None
-
-        steps = (xs, jnp.arange(k))
-        return scan(step, acc, steps, k, unroll=self.unroll, progress=self.progress)[0]
-
-
-def _varying_like(acc: Any, inputs: Any) -> Any:
-    """Inside `shard_map`, mark the accumulator device-varying where the inputs are.
-
-    The accumulator starts from constants, which are invariant across devices; a chunk's
-    partial computed from device-varying rows is varying, and `lax.scan` (like
-    `dynamic_update_slice`) needs the carry's type to match the update's.
-    """
-    vma = set()
-    for x in jax.tree_util.tree_leaves(inputs):
-        vma |= set(getattr(jax.typeof(x), "vma", ()))
-    if not vma:
-        return acc
-
-    def cast(a):
-        missing = tuple(sorted(vma - set(getattr(jax.typeof(a), "vma", ()))))
-        return jax.lax.pcast(a, missing, to="varying") if missing else a
-
-    return jax.tree_util.tree_map(cast, acc)
+        return chunk_loop(piece, reducer, (mapped, valid), (mapped, fixed, valid), n, size, self)

@@ -8,6 +8,7 @@ ask; they never test which reducer they hold.
 """
 
 import abc
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,9 @@ from .._types import RowMask, Tree
 from ._rows import zeros_like_struct
 from ._sharding import is_explicit, place
 
+#: Reductions known to be `+`: a Monoid folding with one of them sums its chunks' partials.
+_ADDITIONS = (jnp.add, operator.add, jax.lax.add)
+
 
 def identity(x: Any) -> Any:
     """Return `x` unchanged (the default `chunk_reduction`)."""
@@ -33,6 +37,14 @@ class AbstractReducer(eqx.Module):
     A *partial result* is what a piece of rows contributes: the rows themselves for
     [`chunkx.Concat`][], a reduced value otherwise.
     """
+
+    def is_additive(self) -> bool:
+        """Whether partial results join by `+` alone (the result is the sum of the chunks').
+
+        Then a chunk's derivative is its own contribution to the derivative of the result,
+        which lets [`chunkx.Chunk`][] fuse each chunk's value and gradient (`grad="fused"`).
+        """
+        return False
 
     @abc.abstractmethod
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
@@ -186,6 +198,9 @@ class Sum(AbstractReducer):
 
     presummed: bool = eqx.field(static=True, default=False)
 
+    def is_additive(self) -> bool:
+        return True
+
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
         if self.presummed:
             if valid is not None:
@@ -259,6 +274,10 @@ class Monoid(AbstractReducer):
 
     reduction: Callable[[Tree, Tree], Tree]
     chunk_reduction: Callable[[Tree], Tree] = identity
+
+    def is_additive(self) -> bool:
+        """True when `reduction` is `+` (`jnp.add`, `operator.add`, `jax.lax.add`)."""
+        return any(self.reduction is add for add in _ADDITIONS)
 
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
         if valid is not None:

@@ -9,14 +9,21 @@ from beartype import beartype
 from jax.sharding import Mesh
 from jaxtyping import jaxtyped
 
-from .._checks import as_in_axes, check_mesh_1d, in_axes_tuple, resolve_batch_size
+from .._checks import (
+    as_in_axes,
+    check_choice,
+    check_mesh_1d,
+    check_positive,
+    in_axes_tuple,
+    resolve_batch_size,
+)
 from .._combinators._rows import mapped_length
 from .._combinators.chunk import Chunk, Reduce
 from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
 from .._combinators.shard import Shard
 from .._combinators.vmap import Vmap
-from .._memory import MemoryPlan, per_device_rows, plan_auto
-from .._types import InAxes
+from .._memory import MemoryPlan, VjpProgram, per_device_rows, plan_auto
+from .._types import GradPolicy, InAxes
 from ._axes import move_axis, normalize_axis
 
 
@@ -43,14 +50,17 @@ def check_options(who: str, batch_size: Any, kwargs: dict, memory_budget, shard,
     return batch_size
 
 
-def compose(inner, axes, batch_size, reducer, shard, mesh, checkpoint=True, progress=False):
+def compose(
+    inner, axes, batch_size, reducer, shard, mesh, checkpoint=True, progress=False, grad="auto",
+    grad_size=None,
+):
     """The adv pipeline: [Shard ∘] (Chunk | Reduce) ∘ inner, all with one reducer."""
     if batch_size is None:
         piece = Reduce(inner, reducer)
     else:
         piece = Chunk(
             inner, batch_size, reducer=reducer, in_axes=axes, checkpoint=checkpoint,
-            progress=progress,
+            progress=progress, grad=grad, grad_size=grad_size,
         )
     if shard:
         piece = Shard(piece, mesh, in_axes=axes)
@@ -87,14 +97,34 @@ class BatchVmap(eqx.Module):
     checkpoint: bool = eqx.field(static=True)
     memory_budget: int | None = eqx.field(static=True, default=None)
     progress: bool = eqx.field(static=True, default=False)
+    grad: GradPolicy = eqx.field(static=True, default="auto")
+    grad_batch_size: int | Literal["auto"] | None = eqx.field(static=True, default=None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         f, zero, args = self._prepare(args, kwargs)
-        size = self.batch_size
+        size, grad_size = self.batch_size, self.grad_batch_size
         if size == "auto":
             size = self._plan(f, zero, args).chunk_size
-        out = self._build(f, zero, size)(*args)
+        if grad_size == "auto":
+            grad_size = self._plan_grad(f, zero, args, size).chunk_size
+        out = self._build(f, zero, size, grad_size)(*args)
         return out if self.post is None else self.post(out)
+
+    def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
+        """The [`chunkx.MemoryPlan`][] of the reverse pass: its `chunk_size` is the backward size.
+
+        With `batch_size="auto"` the backward chunk size is planned on the compiled VJP of the
+        map (value and gradient with respect to the unmapped floating arguments and the arrays
+        `f` holds; all floating arguments if none is unmapped), with the forward size fixed at
+        its own plan. Nothing is run; measurements are cached.
+        """
+        if self.grad_batch_size != "auto":
+            raise ValueError(
+                f"`batch_vmap(grad_batch_size={self.grad_batch_size!r}).grad_memory_plan`: only "
+                "a map whose backward size is planned (batch_size='auto') has a gradient plan."
+            )
+        f, zero, args = self._prepare(args, kwargs)
+        return self._plan_grad(f, zero, args, self._plan(f, zero, args).chunk_size)
 
     def memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
         """The [`chunkx.MemoryPlan`][] that `batch_size="auto"` follows for these arguments.
@@ -128,10 +158,10 @@ class BatchVmap(eqx.Module):
             return self.f, zero, args
         return _with_kwargs(self.f), zero + (None,), args + (kwargs,)
 
-    def _build(self, f, zero, size):
+    def _build(self, f, zero, size, grad_size=None):
         return compose(
             Vmap(f, zero), zero, size, self.reducer, self.shard, self.mesh, self.checkpoint,
-            self.progress,
+            self.progress, self.grad, grad_size,
         )
 
     def _plan(self, f, zero, args, **names: str) -> MemoryPlan:
@@ -141,6 +171,16 @@ class BatchVmap(eqx.Module):
         return plan_auto(
             who, lambda size: self._build(f, zero, size), args, n, self.memory_budget,
             cache_on=key, **names,
+        )
+
+    def _plan_grad(self, f, zero, args, size) -> MemoryPlan:
+        who = "batch_vmap"
+        n = per_device_rows(mapped_length(args, zero, who), _ndev(self.shard, self.mesh))
+        key = (self.f, zero, self.reducer, self.shard, self.mesh, self.grad, size, "grad")
+        return plan_auto(
+            who, lambda g: VjpProgram(self._build(f, zero, size, g), zero), args, min(n, size),
+            self.memory_budget, cache_on=key, arg="grad_batch_size",
+            what="the reverse pass of batch_vmap(batch_size='auto')",
         )
 
 
@@ -165,6 +205,8 @@ def batch_vmap(
     checkpoint: bool = True,
     memory_budget: int | None = None,
     progress: bool = False,
+    grad: GradPolicy = "auto",
+    grad_batch_size: int | None = None,
     **kwargs: Any,
 ) -> BatchVmap:
     """`jax.vmap(f, in_axes)` evaluated in chunks of `batch_size` rows (adv-jax-math 1.3 API).
@@ -219,9 +261,25 @@ def batch_vmap(
     who = "batch_vmap"
     batch_size = check_options(who, batch_size, kwargs, memory_budget, shard, mesh)
     reducer, post = reducer_for(who, reduction, chunk_reduction)
+    grad_batch_size = check_grad_options(who, batch_size, grad, grad_batch_size)
     return BatchVmap(
-        f, in_axes, batch_size, reducer, post, shard, mesh, checkpoint, memory_budget, progress
+        f, in_axes, batch_size, reducer, post, shard, mesh, checkpoint, memory_budget, progress,
+        grad, grad_batch_size,
     )
+
+
+def check_grad_options(who: str, batch_size: Any, grad: str, grad_batch_size: Any) -> Any:
+    """The reverse-mode options: a policy, and a backward size ("auto" with an "auto" map)."""
+    check_choice(who, "grad", grad, ("auto", "fused", "recompute", "store"))
+    check_positive(who, "grad_batch_size", grad_batch_size)
+    if grad_batch_size is not None and batch_size is None:
+        raise ValueError(
+            f"`{who}(grad_batch_size={grad_batch_size!r})`: a backward chunk size needs a "
+            "forward one; got batch_size=None (no chunking)."
+        )
+    if grad_batch_size is None and batch_size == "auto" and grad != "store":
+        return "auto"  # both passes are planned
+    return grad_batch_size
 
 
 class _Strip(eqx.Module):
