@@ -311,6 +311,8 @@ def batch_map(
     checkpoint: bool = True,
     memory_budget: int | None = None,
     progress: bool = False,
+    grad: GradPolicy = "auto",
+    grad_batch_size: int | None = None,
     **kwargs: Any,
 ) -> Any:
     """`chunk_reduction(fun(fun_input))` computed in chunks; `fun` is *not* vmapped.
@@ -326,6 +328,9 @@ def batch_map(
     - `fun_input`: the pytree whose leaves are chunked along axis 0.
     - `batch_size`, `reduction`, `chunk_reduction`, `shard`, `mesh`, `checkpoint`, `chunk_size`,
       `memory_budget`, `progress`: as in [`chunkx.batch_vmap`][].
+    - `grad`, `grad_batch_size`: as in [`chunkx.batch_vmap`][]; `fun`'s closed-over
+      parameters are invisible to the planner, so with `batch_size="auto"` the reverse pass
+      runs at the forward size unless `grad_batch_size` is given.
     - `strip_dim0`: with `batch_size=1`, call `fun` on single elements without their leading
       axis (no vmap: `lax.cond` stays a branch); with a `reduction`, the per-element results
       are folded and `chunk_reduction` is not used. Any other `batch_size` is an error.
@@ -337,10 +342,12 @@ def batch_map(
     who = "batch_map"
     batch_size = check_options(who, batch_size, kwargs, memory_budget, shard, mesh)
     check_strip(who, strip_dim0, batch_size)
+    grad_batch_size = check_grad_options(who, batch_size, grad, grad_batch_size)
     n = _length(who, fun_input)
     return run_one_input(
         who, fun, fun_input, n, batch_size, reduction, chunk_reduction, strip_dim0, shard, mesh,
         checkpoint, progress, memory_budget, key=(fun, who), arg="fun_input",
+        grad=(grad, None if grad_batch_size == "auto" else grad_batch_size),
     )
 
 
@@ -354,7 +361,7 @@ def check_strip(who: str, strip_dim0: bool, batch_size: Any) -> None:
 
 def run_one_input(
     who, fun, x, n, batch_size, reduction, chunk_reduction, strip_dim0, shard, mesh,
-    checkpoint, progress, memory_budget, key, arg,
+    checkpoint, progress, memory_budget, key, arg, grad=("auto", None),
 ):
     """The tail shared by `batch_map` and `sparse_pullback`: one chunked input pytree `x`.
 
@@ -373,10 +380,10 @@ def run_one_input(
     reducer, post = reducer_for(who, reduction, chunk_reduction)
 
     def build(size):
-        return compose(fun, (0,), size, reducer, shard, mesh, checkpoint, progress)
+        return compose(fun, (0,), size, reducer, shard, mesh, checkpoint, progress, *grad)
 
     if batch_size == "auto":
-        key = key + (strip_dim0, reducer, shard, mesh, checkpoint)
+        key = key + (strip_dim0, reducer, shard, mesh, checkpoint, grad)
         rows = per_device_rows(n, _ndev(shard, mesh))
         batch_size = plan_auto(who, build, (x,), rows, memory_budget, cache_on=key).chunk_size
     out = build(batch_size)(x)
