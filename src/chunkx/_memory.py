@@ -11,7 +11,6 @@ from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ._checks import check_positive
@@ -360,36 +359,3 @@ def plan_auto(
         build, args, n, memory_budget, who=who, what=what, name=name, cache_on=cache_on
     )
 
-
-class VjpProgram(eqx.Module):
-    """The reverse-mode program of a pipeline, for planning: `(out, vjp(ones))`.
-
-    Differentiates with respect to the floating arrays of the unmapped arguments (`axes`
-    entry `None`) and of the pipeline itself (arrays its function holds); with none of those,
-    with respect to every floating argument.
-    """
-
-    pipe: Callable[..., Any]
-    axes: tuple = eqx.field(static=True)
-
-    def __call__(self, *args: Any) -> Any:
-        wrt = tuple(a is None for a in self.axes)
-        has_unmapped = any(
-            eqx.is_inexact_array(x)
-            for arg, w in zip(args, wrt)
-            if w
-            for x in jax.tree_util.tree_leaves(arg)
-        )
-        if not has_unmapped:
-            wrt = (True,) * len(args)
-        dyn, static = eqx.partition(
-            (self.pipe, args),
-            (eqx.is_inexact_array, tuple(eqx.is_inexact_array if w else False for w in wrt)),
-        )
-
-        def run(d):
-            pipe, a = eqx.combine(d, static)
-            return pipe(*a)
-
-        out, pull = jax.vjp(run, dyn)
-        return out, pull(jax.tree_util.tree_map(jnp.ones_like, out))

@@ -59,9 +59,27 @@ class Chunk(eqx.Module):
     [`chunkx.Monoid`][] cannot mask and needs `"call"`). To pad instead, wrap in
     [`chunkx.Pad`][].
 
-    With `checkpoint=True` every chunk is wrapped in `jax.checkpoint`, so reverse mode stores
-    the chunk inputs only and recomputes one chunk at a time: the memory bound survives
-    `jax.grad`. Without differentiation the checkpoint costs nothing.
+    Reverse mode (`grad`) keeps the memory bound of one chunk in three ways:
+
+    - `"fused"`: for a reducer whose chunks add up ([`chunkx.Sum`][], a [`chunkx.Monoid`][]
+      folding with `jnp.add`), each chunk computes its value and the Jacobian of its partial
+      result in the same pass (one VJP per real output element), and the reverse pass only
+      contracts the summed Jacobians with the cotangent: one forward pass in total. Wins for
+      small reduced outputs (a loss, an energy): `jax.value_and_grad` costs what a hand-written
+      scan of per-chunk `value_and_grad` costs.
+    - `"recompute"`: each chunk is wrapped in `jax.checkpoint`; reverse mode stores the chunk
+      inputs only and reruns one chunk at a time (two forward passes). Wins for large outputs
+      (concatenated rows, a gradient-sized reduction), where a Jacobian would be large.
+    - `"store"`: no checkpoint; reverse mode keeps every chunk's residuals (fastest, but the
+      memory grows with the number of rows). The old `checkpoint=False`.
+
+    `"auto"` (the default) fuses an additive reducer's output of at most 16 real elements and
+    otherwise recomputes (`checkpoint=True`) or stores (`checkpoint=False`). Forward mode and
+    higher derivatives stay exact under every policy: the fused rule is a `jax.custom_jvp`
+    whose tangent map is linear (JAX transposes it for reverse mode), and its Jacobian pass is
+    itself checkpointed per chunk. `grad_size` gives the reverse pass its own, usually smaller,
+    chunks: the fused pass runs at `grad_size`; with `"recompute"`, the forward pass runs at
+    `size` and the recomputation at `grad_size`. Without differentiation neither costs anything.
 
     **Arguments:**
 
@@ -70,7 +88,10 @@ class Chunk(eqx.Module):
     - `reducer`: how chunk results join; [`chunkx.Concat`][] by default.
     - `in_axes`: `0`, `None`, or one `0`/`None` per positional argument.
     - `remainder`: `"call"` or `"shift"`.
-    - `checkpoint`: rematerialise each chunk in reverse mode.
+    - `checkpoint`: rematerialise each chunk in reverse mode (what `grad="auto"` does when it
+      does not fuse).
+    - `grad`: `"auto"`, `"fused"`, `"recompute"` or `"store"` (see above).
+    - `grad_size`: rows per chunk of the reverse pass, or `None` for `size`.
     - `unroll`: scan steps per loop iteration (fewer loop overheads for small chunks).
     - `progress`: show a progress bar over the chunks (tqdm, from compiled code through
       `jax.debug.callback`); off, nothing is added to the program.
@@ -83,6 +104,10 @@ class Chunk(eqx.Module):
                          in_axes=(0, None))
         x, w = jnp.ones((1000, 8)), jnp.ones((8, 3))
         assert jnp.allclose(f(x, w), jax.vmap(lambda x: jnp.tanh(x @ w))(x))
+
+        loss = chunkx.Chunk(chunkx.Vmap(lambda x, w: jnp.sum(jnp.tanh(x @ w)), (0, None)),
+                            256, reducer=chunkx.Sum(), in_axes=(0, None), grad_size=64)
+        value, grad_w = jax.value_and_grad(loss, argnums=1)(x, w)   # fused, chunks of 64
         ```
     """
 
@@ -134,4 +159,6 @@ class Chunk(eqx.Module):
 
         if checkpoint:
             piece = jax.checkpoint(piece, prevent_cse=False)
-        return chunk_loop(piece, reducer, (mapped, valid), (mapped, fixed, valid), n, size, self)
+        desc = f"chunkx: chunks of {size} rows"
+        inputs = (mapped, fixed, valid)
+        return chunk_loop(piece, reducer, (mapped, valid), inputs, n, size, self, desc)

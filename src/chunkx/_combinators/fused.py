@@ -112,12 +112,14 @@ class _Lifted:
 
         return piece
 
-    def loop(self, piece, reducer, row_leaves, whole_leaves, valid, size):
+    def loop(self, piece, reducer, row_leaves, whole_leaves, valid, size, what="chunkx"):
         inputs = (row_leaves, whole_leaves, valid)
         if self.n <= size:
             part = piece(row_leaves, valid)
             return reducer.accumulate(varying_like(reducer.init(part, self.n), inputs), part, 0, 0)
-        return chunk_loop(piece, reducer, (row_leaves, valid), inputs, self.n, size, self.chunk)
+        desc = f"{what}: chunks of {size} rows"
+        source = (row_leaves, valid)
+        return chunk_loop(piece, reducer, source, inputs, self.n, size, self.chunk, desc)
 
     def primal(self, row_leaves, whole_leaves, valid):
         piece = self.piece(whole_leaves)
@@ -153,7 +155,9 @@ def fused_call(chunk, mapped, fixed, static, valid, n) -> Any:
         wmask, _, wdots = _live(whole_leaves, tangents[1])
         vjp_piece = _vjp_piece(lifted, whole_leaves, rmask, wmask)
         acc = _FusedAcc(c)
-        vec, jw, jr = lifted.loop(vjp_piece, acc, row_leaves, whole_leaves, valid, c)
+        vec, jw, jr = lifted.loop(
+            vjp_piece, acc, row_leaves, whole_leaves, valid, c, "chunkx value+grad"
+        )
         dot = sum((_contract(j, t) for j, t in zip(jw + jr, wdots + rdots)), jnp.zeros_like(vec))
         return _unflat(vec, out_struct), _unflat(dot.astype(vec.dtype), out_struct)
 
@@ -253,7 +257,7 @@ def regrad_call(chunk, mapped, fixed, static, valid, n) -> Any:
         def small(rl, wl):
             r, w = _merge(row_leaves, rl, rmask), _merge(whole_leaves, wl, wmask)
             piece = jax.checkpoint(lifted.piece(w), prevent_cse=False)
-            return lifted.loop(piece, chunk.reducer, r, w, valid, g)
+            return lifted.loop(piece, chunk.reducer, r, w, valid, g, "chunkx grad")
 
         dot = jax.jvp(small, (rlive, wlive), (rdots, wdots))[1]
         return out, dot

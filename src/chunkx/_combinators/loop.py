@@ -21,23 +21,24 @@ def evaluate(
     return reducer.reduce_rows(out, valid)
 
 
-def chunk_loop(piece, reducer, source, inputs, n, s, opts) -> Any:
+def chunk_loop(piece, reducer, source, inputs, n, s, opts, desc: str = "chunkx") -> Any:
     """`piece(rows, valid)` over chunks of `s` rows of `source = (mapped, valid)`, accumulated.
 
     `reducer` needs only `init` and `accumulate`; `inputs` mark the accumulator device-varying
-    where they are; `opts` gives `remainder`, `unroll` and `progress`.
+    where they are; `opts` gives `remainder`, `unroll` and `progress`; `desc` names the
+    progress bar (the chunk sizes "auto" chose are visible there).
     """
     shift = opts.remainder == "shift" and n % s != 0
     k, r = (-(-n // s), 0) if shift else divmod(n, s)
     part = jax.eval_shape(piece, *struct_of(rows(source, 0, s)))
     acc = varying_like(reducer.init(part, n), inputs)
-    acc = _loop(piece, reducer, source, acc, n, s, k, shift, opts)
+    acc = _loop(piece, reducer, source, acc, n, s, k, shift, opts, desc)
     if r:  # remainder="call": the leftover rows are one more piece
         acc = reducer.accumulate(acc, piece(*rows(source, k * s, r)), k * s, k)
     return acc
 
 
-def _loop(piece, reducer, source, acc, n, s, k, shift, opts):
+def _loop(piece, reducer, source, acc, n, s, k, shift, opts, desc):
     """Chunks `0..k-1` in one scan, each accumulated into `acc` at its first row."""
     if n == k * s:  # whole chunks: scan over a free reshape of the input
         xs = jax.tree_util.tree_map(lambda x: x.reshape((k, s) + x.shape[1:]), source)
@@ -57,7 +58,8 @@ def _loop(piece, reducer, source, acc, n, s, k, shift, opts):
         return reducer.accumulate(acc, piece(mapped, valid), start, i), None
 
     steps = (xs, jnp.arange(k))
-    return scan(step, acc, steps, k, unroll=opts.unroll, progress=opts.progress)[0]
+    progress = opts.progress
+    return scan(step, acc, steps, k, unroll=opts.unroll, progress=progress, desc=desc)[0]
 
 
 def varying_like(acc: Any, inputs: Any) -> Any:

@@ -22,7 +22,8 @@ from .._combinators.chunk import Chunk, Reduce
 from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
 from .._combinators.shard import Shard
 from .._combinators.vmap import Vmap
-from .._memory import MemoryPlan, VjpProgram, per_device_rows, plan_auto
+from .._grad_plan import plan_grad
+from .._memory import MemoryPlan, per_device_rows, plan_auto
 from .._types import GradPolicy, InAxes
 from ._axes import move_axis, normalize_axis
 
@@ -84,6 +85,13 @@ class BatchVmap(eqx.Module):
         x = jnp.ones((4096, 64))
         plan = g.memory_plan(x)              # what "auto" chooses for these arguments
         assert plan.chunk_size <= 4096 and jnp.allclose(g(x), jnp.sin(x))
+
+        loss = chunkx.batch_vmap(lambda w, x: jnp.sum(jnp.sin(x * w)), (None, 0),
+                                 batch_size="auto", memory_budget=2**18,
+                                 reduction=jnp.add, chunk_reduction=jnp.sum)
+        w = jnp.ones(64)
+        fwd, bwd = loss.memory_plan(w, x), loss.grad_memory_plan(w, x)
+        assert bwd.chunk_size <= fwd.chunk_size   # the reverse pass has its own size
         ```
     """
 
@@ -177,10 +185,9 @@ class BatchVmap(eqx.Module):
         who = "batch_vmap"
         n = per_device_rows(mapped_length(args, zero, who), _ndev(self.shard, self.mesh))
         key = (self.f, zero, self.reducer, self.shard, self.mesh, self.grad, size, "grad")
-        return plan_auto(
-            who, lambda g: VjpProgram(self._build(f, zero, size, g), zero), args, min(n, size),
-            self.memory_budget, cache_on=key, arg="grad_batch_size",
-            what="the reverse pass of batch_vmap(batch_size='auto')",
+        return plan_grad(
+            who, lambda g: self._build(f, zero, size, g), zero, args, min(n, size),
+            self.memory_budget, cache_on=key,
         )
 
 
@@ -223,9 +230,10 @@ def batch_vmap(
         return out
     ```
 
-    Full chunks run in one `jax.lax.scan`, the remainder in one more call (no padding). Each
-    chunk is rematerialised in reverse mode (`checkpoint=True`), so `jax.grad` through the map
-    keeps one chunk of residuals instead of all of them.
+    Full chunks run in one `jax.lax.scan`, the remainder in one more call (no padding).
+    Reverse mode keeps one chunk of residuals instead of all of them: a small sum (a loss,
+    `reduction=jnp.add`) computes each chunk's value and gradient in one pass (`grad="fused"`),
+    anything else reruns one chunk at a time (`grad="recompute"`); see [`chunkx.Chunk`][].
 
     **Arguments:**
 
@@ -238,9 +246,15 @@ def batch_vmap(
       `reduction` it is applied once to the concatenated output.
     - `shard`: split the mapped rows over the devices of `mesh` (see [`chunkx.Shard`][]).
     - `mesh`: a one-dimensional mesh (Auto or Explicit axis); `None`: all devices.
-    - `checkpoint`: rematerialise chunks in reverse mode.
+    - `checkpoint`: rematerialise chunks in reverse mode (where `grad="auto"` does not fuse).
+    - `grad`: the reverse-mode policy, `"auto"`, `"fused"`, `"recompute"` or `"store"` (see
+      [`chunkx.Chunk`][]).
+    - `grad_batch_size`: rows per chunk of the reverse pass (netket's `chunk_size_bwd`);
+      `None`: the forward size, or with `batch_size="auto"` its own plan.
     - `memory_budget`: with `batch_size="auto"`, bytes of XLA temp memory per device; the
-      largest fitting size is planned at trace time (see [`chunkx.plan_chunk_size`][]).
+      largest fitting size is planned at trace time (see [`chunkx.plan_chunk_size`][]), for
+      the forward program and, separately, for the reverse program (`jax.vjp` of the map with
+      respect to its unmapped floating arguments): see `BatchVmap.grad_memory_plan`.
       `None`: half the device's memory where the backend reports it (a CPU needs a budget).
     - `progress`: show a progress bar over the chunks (also under `jit`; see
       [`chunkx.Chunk`][]). Off, nothing is added to the compiled program.
