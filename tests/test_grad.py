@@ -153,16 +153,17 @@ def test_auto_policy_fuses_small_sums_only():
     def outer(k):
         return lambda p, x: jnp.outer(x, jnp.ones(k)) * p["b"]
 
-    def fused(f, reducer=chunkx.Sum()):
+    def fused(f, reducer=chunkx.Sum(), join=lambda r: jnp.sum(r, 0)):
         g = chunkx.Chunk(chunkx.Vmap(f, (None, 0)), 4, reducer=reducer, in_axes=(None, 0))
-        ref = lambda p: jnp.sum(jnp.sin(summed(p, x, f)))  # noqa: E731
+        ref = lambda p: jnp.sum(jnp.sin(join(jax.vmap(f, (None, 0))(p, x))))  # noqa: E731
         close(jax.grad(lambda p: jnp.sum(jnp.sin(g(p, x))))(p), jax.grad(ref)(p))
         return "custom_jvp_call" in str(jax.make_jaxpr(g)(p, x))
 
     assert fused(outer(5))  # 15 outputs
     assert not fused(outer(6))  # 18 outputs: recompute
-    assert not fused(outer(1), chunkx.Concat())
-    assert not fused(outer(1), chunkx.Monoid(jnp.maximum, lambda r: jnp.max(r, 0)))
+    assert not fused(outer(1), chunkx.Concat(), lambda r: r)
+    top = lambda r: jnp.max(r, 0)  # noqa: E731
+    assert not fused(outer(1), chunkx.Monoid(jnp.maximum, top), top)
 
 
 def test_batch_vmap_and_batch_map_pass_the_policy():
@@ -225,3 +226,20 @@ def test_errors():
         chunkx.batch_vmap(jnp.sin, grad_batch_size=4)
     with pytest.raises(ValueError, match=r"`batch_vmap\(grad_batch_size=None\).grad_memory_plan`"):
         chunkx.batch_vmap(jnp.sin, batch_size=2).grad_memory_plan(jnp.ones(4))
+
+
+def test_chunk_map_chunk_size_bwd():
+    p, x = params(), rows(4096)
+    f = jax.vmap(lambda x, p: per_example(p, x)["e"], (0, None))
+
+    def loss(bwd):
+        g = chunkx.chunk_map(f, (0, None), chunk_size=2048, use_scan=True, chunk_size_bwd=bwd)
+        return lambda p: jnp.sum(jnp.sin(g(x, p)))
+
+    ref = jax.grad(lambda p: jnp.sum(jnp.sin(f(x, p))))(p)
+    close(jax.grad(loss(64))(p), ref)
+    temp = {b: jax.jit(jax.grad(loss(b))).lower(p).compile().memory_analysis().temp_size_in_bytes
+            for b in (None, 64)}
+    assert temp[64] < temp[None] / 4
+    with pytest.raises(ValueError, match=r"`chunk_map\(chunk_size_bwd=64\)`: a backward chunk"):
+        chunkx.chunk_map(f, (0, None), chunk_size=256, chunk_size_bwd=64)

@@ -34,6 +34,7 @@ class ChunkMap(eqx.Module):
     mesh: Mesh | None = eqx.field(static=True)
     memory_budget: int | None = eqx.field(static=True, default=None)
     progress: bool = eqx.field(static=True, default=False)
+    chunk_size_bwd: int | None = eqx.field(static=True, default=None)
 
     def __call__(self, *args: Any) -> Any:
         who = "chunk_map"
@@ -89,7 +90,10 @@ class ChunkMap(eqx.Module):
             return inner
         if loop == "python":
             return Unrolled(inner, size, in_axes=zero, progress=self.progress)
-        return Chunk(inner, size, in_axes=zero, remainder="shift", progress=self.progress)
+        return Chunk(
+            inner, size, in_axes=zero, remainder="shift", progress=self.progress,
+            grad_size=self.chunk_size_bwd,
+        )
 
 
 def _arg_axes(who, in_axes, args):
@@ -130,6 +134,7 @@ def chunk_map(
     *,
     memory_budget: int | None = None,
     progress: bool = False,
+    chunk_size_bwd: int | None = None,
 ) -> Callable[..., Any]:
     """Evaluate an already-batched `f` in chunks of `chunk_size` rows per device (quantax 0.4.0).
 
@@ -160,6 +165,8 @@ def chunk_map(
       size is planned at trace time (see [`chunkx.plan_chunk_size`][]); `None`: half the
       device's memory where the backend reports it.
     - `progress`: show a progress bar over the chunks (see [`chunkx.Chunk`][]).
+    - `chunk_size_bwd`: rows per device per chunk of the reverse pass (netket's name; see
+      [`chunkx.Chunk`][]'s `grad_size`); needs `use_scan=True`. `None`: `chunk_size`.
 
     **Returns:**
 
@@ -168,6 +175,13 @@ def chunk_map(
     who = "chunk_map"
     if chunk_size != "auto":
         check_positive(who, "chunk_size", chunk_size)
+    check_positive(who, "chunk_size_bwd", chunk_size_bwd)
+    if chunk_size_bwd is not None and not use_scan:
+        raise ValueError(
+            f"`{who}(chunk_size_bwd={chunk_size_bwd})`: a backward chunk size needs the scan "
+            "loop (use_scan=True); the Python loop (use_scan=False) differentiates each "
+            "unrolled chunk as a whole."
+        )
     if memory_budget is not None:
         check_positive(who, "memory_budget", memory_budget)
     axes_all_none = in_axes is None or (isinstance(in_axes, tuple | list) and all(
@@ -183,7 +197,7 @@ def chunk_map(
         )
     return ChunkMap(
         _CheckedOutAxes(f, out_axes), in_axes, out_axes, chunk_size, use_scan, shard_batch,
-        atleast_1chunk, mesh, memory_budget, progress,
+        atleast_1chunk, mesh, memory_budget, progress, chunk_size_bwd,
     )
 
 
