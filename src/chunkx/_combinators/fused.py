@@ -64,8 +64,8 @@ def grad_policy(chunk, mapped, fixed, static, valid, n) -> str:
     if chunk.grad == "fused" and not additive:
         raise ValueError(
             f"`Chunk(grad='fused')`: fusing value and gradient needs a reducer whose chunks "
-            f"add up (Sum, or a Monoid with reduction=jnp.add), got {chunk.reducer!r}; use "
-            "grad='recompute' or 'auto'."
+            f"add up (Sum, a Monoid with reduction=jnp.add or additive=True), got "
+            f"{chunk.reducer!r}; use grad='recompute' or 'auto'."
         )
     if additive:
         struct = _out_struct(chunk, mapped, fixed, static, n)

@@ -260,6 +260,9 @@ class Monoid(AbstractReducer):
     - `reduction`: binary, associative `(partial, partial) -> partial`.
     - `chunk_reduction`: `(rows) -> partial`; it must remove the mapped axis. This is checked
       at trace time: the partial's shapes may not depend on the number of rows.
+    - `additive`: `True` asserts that `reduction` adds its arguments (e.g. a pytree sum), so
+      that a [`chunkx.Chunk`][] may fuse value and gradient (`grad="fused"`); if it does not,
+      gradients are wrong. `None`: only `jnp.add`, `operator.add` and `jax.lax.add` count.
 
     !!! Example
 
@@ -274,9 +277,12 @@ class Monoid(AbstractReducer):
 
     reduction: Callable[[Tree, Tree], Tree]
     chunk_reduction: Callable[[Tree], Tree] = identity
+    additive: bool | None = eqx.field(static=True, default=None)
 
     def is_additive(self) -> bool:
-        """True when `reduction` is `+` (`jnp.add`, `operator.add`, `jax.lax.add`)."""
+        """`additive` if given, else whether `reduction` is `jnp.add`/`operator.add`/`lax.add`."""
+        if self.additive is not None:
+            return self.additive
         return any(self.reduction is add for add in _ADDITIONS)
 
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:

@@ -29,9 +29,12 @@ from ._axes import move_axis, normalize_axis
 
 
 def reducer_for(
-    who: str, reduction: Callable | None, chunk_reduction: Callable
+    who: str, reduction: Callable | None, chunk_reduction: Callable, grad: str = "auto"
 ) -> tuple[AbstractReducer, Callable | None]:
-    """adv's `(reduction, chunk_reduction)` pair as a reducer plus an optional final map."""
+    """adv's `(reduction, chunk_reduction)` pair as a reducer plus an optional final map.
+
+    `grad="fused"` with a `reduction` asserts that the reduction is a sum.
+    """
     if reduction is None:
         return Concat(), (None if chunk_reduction is identity else chunk_reduction)
     if chunk_reduction is identity:
@@ -40,7 +43,7 @@ def reducer_for(
             "axis (e.g. chunk_reduction=lambda out: jnp.sum(out, axis=0)); got the default "
             "identity, which would fold unreduced chunks of different lengths."
         )
-    return Monoid(reduction, chunk_reduction), None
+    return Monoid(reduction, chunk_reduction, True if grad == "fused" else None), None
 
 
 def check_options(who: str, batch_size: Any, kwargs: dict, memory_budget, shard, mesh) -> Any:
@@ -248,7 +251,8 @@ def batch_vmap(
     - `mesh`: a one-dimensional mesh (Auto or Explicit axis); `None`: all devices.
     - `checkpoint`: rematerialise chunks in reverse mode (where `grad="auto"` does not fuse).
     - `grad`: the reverse-mode policy, `"auto"`, `"fused"`, `"recompute"` or `"store"` (see
-      [`chunkx.Chunk`][]).
+      [`chunkx.Chunk`][]). `"fused"` with a `reduction` asserts that it is a sum (e.g. a
+      pytree sum); `"auto"` fuses only `reduction=jnp.add` (and small outputs).
     - `grad_batch_size`: rows per chunk of the reverse pass (netket's `chunk_size_bwd`);
       `None`: the forward size, or with `batch_size="auto"` its own plan.
     - `memory_budget`: with `batch_size="auto"`, bytes of XLA temp memory per device; the
@@ -274,8 +278,8 @@ def batch_vmap(
     """
     who = "batch_vmap"
     batch_size = check_options(who, batch_size, kwargs, memory_budget, shard, mesh)
-    reducer, post = reducer_for(who, reduction, chunk_reduction)
     grad_batch_size = check_grad_options(who, batch_size, grad, grad_batch_size)
+    reducer, post = reducer_for(who, reduction, chunk_reduction, grad)
     return BatchVmap(
         f, in_axes, batch_size, reducer, post, shard, mesh, checkpoint, memory_budget, progress,
         grad, grad_batch_size,
@@ -391,7 +395,7 @@ def run_one_input(
                     "reduction has no identity element to return."
                 )
             chunk_reduction = _first_row
-    reducer, post = reducer_for(who, reduction, chunk_reduction)
+    reducer, post = reducer_for(who, reduction, chunk_reduction, grad[0])
 
     def build(size):
         return compose(fun, (0,), size, reducer, shard, mesh, checkpoint, progress, *grad)
