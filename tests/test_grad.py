@@ -244,3 +244,19 @@ def test_chunk_map_chunk_size_bwd():
     assert temp[16] < temp[None]
     with pytest.raises(ValueError, match=r"`chunk_map\(chunk_size_bwd=64\)`: a backward chunk"):
         chunkx.chunk_map(f, (0, None), chunk_size=256, chunk_size_bwd=64)
+
+
+def test_sparse_pullback_grad_batch_size():
+    y = rows(4096)
+    fn = lambda y: jnp.sum(jnp.tanh(y) ** 2, axis=1)  # noqa: E731  per-row: block-diagonal
+
+    def loss(gbs):
+        return lambda y: jnp.sum(jnp.sin(chunkx.sparse_pullback(
+            fn, y, 1024, reduction=None, grad_batch_size=gbs)))
+
+    close(jax.grad(loss(64))(y), jax.grad(lambda y: jnp.sum(jnp.sin(fn(y))))(y))
+    temp = {b: jax.jit(jax.grad(loss(b))).lower(y).compile().memory_analysis().temp_size_in_bytes
+            for b in (None, 64)}
+    assert temp[64] < temp[None]
+    with pytest.raises(ValueError, match=r"`sparse_pullback\(grad_batch_size=0\)`: grad_batch"):
+        chunkx.sparse_pullback(fn, y, 1024, grad_batch_size=0)
