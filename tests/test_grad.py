@@ -260,3 +260,15 @@ def test_sparse_pullback_grad_batch_size():
     assert temp[64] < temp[None]
     with pytest.raises(ValueError, match=r"`sparse_pullback\(grad_batch_size=0\)`: grad_batch"):
         chunkx.sparse_pullback(fn, y, 1024, grad_batch_size=0)
+
+
+def test_auto_forward_only_map_whose_reverse_pass_does_not_fit():
+    x = jax.random.normal(jax.random.PRNGKey(0), (50, 6), jnp.float32)
+    w1, w2 = jnp.ones((6, 24), jnp.float32) / 6, jnp.ones((24, 5), jnp.float32) / 24
+    mlp = lambda x, w1, w2: jnp.tanh(x @ w1) @ w2  # noqa: E731
+    fixed = lambda *a: chunkx.batch_vmap(mlp, (0, None, None), batch_size=17)(*a)  # noqa: E731
+    budget = jax.jit(fixed).lower(x, w1, w2).compile().memory_analysis().temp_size_in_bytes
+    g = chunkx.batch_vmap(mlp, (0, None, None), batch_size="auto", memory_budget=budget)
+    close(g(x, w1, w2), jax.vmap(mlp, (0, None, None))(x, w1, w2), rtol=1e-6)  # runs forward
+    with pytest.raises(ValueError, match=r"`batch_vmap\(memory_budget=\d+\)`: the reverse pass"):
+        g.grad_memory_plan(x, w1, w2)

@@ -117,7 +117,7 @@ class BatchVmap(eqx.Module):
         if size == "auto":
             size = self._plan(f, zero, args).chunk_size
         if grad_size == "auto":
-            grad_size = self._plan_grad(f, zero, args, size).chunk_size
+            grad_size = self._grad_size(f, zero, args, size)
         out = self._build(f, zero, size, grad_size)(*args)
         return out if self.post is None else self.post(out)
 
@@ -183,6 +183,17 @@ class BatchVmap(eqx.Module):
             who, lambda size: self._build(f, zero, size), args, n, self.memory_budget,
             cache_on=key, **names,
         )
+
+    def _grad_size(self, f, zero, args, size) -> int | None:
+        """The planned backward size; `None` (the forward size) where no reverse pass fits.
+
+        The map may never be differentiated, so a budget too small for its reverse pass is
+        not an error here (`grad_memory_plan` raises it).
+        """
+        try:
+            return self._plan_grad(f, zero, args, size).chunk_size
+        except ValueError:
+            return None
 
     def _plan_grad(self, f, zero, args, size) -> MemoryPlan:
         who = "batch_vmap"
