@@ -190,8 +190,10 @@ def auto_section(params, samples, reps, results):
     )
     t0 = time.perf_counter()
     fwd = loss.memory_plan(params, samples)
+    t1 = time.perf_counter()
     bwd = loss.grad_memory_plan(params, samples)
-    plan_s = time.perf_counter() - t0
+    plan_f, plan_b = t1 - t0, time.perf_counter() - t1
+    plan_s = plan_f + plan_b
     f = jax.jit(lambda p, s: loss(p, s) / N)
     temp_f = f.lower(params, samples).compile().memory_analysis().temp_size_in_bytes
     gf = jax.jit(jax.grad(lambda p, s: loss(p, s) / N))
@@ -199,7 +201,7 @@ def auto_section(params, samples, reps, results):
     print(
         f"\n== auto, budget 4 MiB: forward chunk {fwd.chunk_size} (temp {temp_f / MiB:.2f} MiB),"
         f" backward chunk {bwd.chunk_size} (grad temp {temp_g / MiB:.2f} MiB), planned in "
-        f"{plan_s:.2f} s, {len(fwd.points)} + {len(bwd.points)} compilations"
+        f"{plan_f:.2f} + {plan_b:.2f} s, {len(fwd.points)} + {len(bwd.points)} compilations"
     )
     results["auto"] = dict(
         forward_chunk=fwd.chunk_size,
@@ -207,6 +209,8 @@ def auto_section(params, samples, reps, results):
         forward_temp_mib=temp_f / MiB,
         grad_temp_mib=temp_g / MiB,
         plan_s=plan_s,
+        plan_forward_s=plan_f,
+        plan_backward_s=plan_b,
         compilations=len(fwd.points) + len(bwd.points),
     )
 

@@ -50,12 +50,16 @@ class VjpProgram(eqx.Module):
         return out, pull(jax.tree_util.tree_map(jnp.ones_like, out))
 
 
-def fit_memory_quick(measure: Callable[[int], int], n: int, budget: int, who: str) -> MemoryPlan:
+def fit_memory_quick(
+    measure: Callable[[int], int], n: int, budget: int, who: str, rows: int | None = None
+) -> MemoryPlan:
     """The largest size in `[1, n]` that the line through two measurements allows, verified.
 
     Measures `n` (returned if it fits) and `p = max(1, n // 8)`, predicts the size at the
     budget, and measures it; a prediction over budget is refined along the secant (at most four
-    more compilations). Raises `ValueError` if one row does not fit.
+    more compilations). A divisor of `rows` (the rows the loop runs over) of at least half the
+    prediction is tried first: it runs no remainder chunk, whose own cost breaks the line.
+    Raises `ValueError` if one row does not fit.
     """
     seen: dict[int, int] = {}
 
@@ -69,7 +73,7 @@ def fit_memory_quick(measure: Callable[[int], int], n: int, budget: int, who: st
     lo = max(1, n // 8)
     a, b = fit_line([(lo, m(lo)), (n, m(n))])
     predicted = n - 1 if b == 0 else int(min(n - 1, max(1, (budget - a) // b)))
-    size, hi = predicted, n
+    size, hi = _divisor_near(predicted, rows), n
     for _ in range(4):
         if m(size) <= budget:
             break
@@ -85,6 +89,13 @@ def fit_memory_quick(measure: Callable[[int], int], n: int, budget: int, who: st
     return MemoryPlan(n, budget, tuple(seen.items()), a, b, predicted, size)
 
 
+def _divisor_near(size: int, rows: int | None) -> int:
+    """The largest divisor of `rows` in `[size / 2, size]`, else `size`."""
+    if rows is None:
+        return size
+    return next((d for d in range(size, max(size // 2, 1) - 1, -1) if rows % d == 0), size)
+
+
 def plan_grad(
     who: str,
     build: Callable[[int], Callable[..., Any]],
@@ -93,6 +104,7 @@ def plan_grad(
     n: int,
     memory_budget: int | None,
     cache_on: Any,
+    rows: int | None = None,
 ) -> MemoryPlan:
     """Plan the backward chunk size: `VjpProgram(build(g), axes)(*args)` within the budget."""
     budget = default_budget(who, "batch_size") if memory_budget is None else memory_budget
@@ -101,4 +113,4 @@ def plan_grad(
         return compiled_temp_bytes(VjpProgram(build(g), axes), *args, who=who)
 
     measure = cached(*signature(cache_on, args), measure)
-    return fit_memory_quick(measure, n, budget, who)
+    return fit_memory_quick(measure, n, budget, who, rows)

@@ -201,7 +201,7 @@ class BatchVmap(eqx.Module):
         key = (self.f, zero, self.reducer, self.shard, self.mesh, self.grad, size, "grad")
         return plan_grad(
             who, lambda g: self._build(f, zero, size, g), zero, args, min(n, size),
-            self.memory_budget, cache_on=key,
+            self.memory_budget, cache_on=key, rows=n,
         )
 
 
