@@ -194,18 +194,36 @@ def test_grad_batch_size_smaller_chunks_in_the_reverse_pass():
         assert temp(small) < temp(big) / gain
 
 
-def test_auto_plans_forward_and_reverse_within_the_budget():
+AUTO_CASES = {
+    "recompute": (per_example, add_tree, sum_rows),  # a pytree sum: auto recomputes
+    "fused": (energy, jnp.add, jnp.sum),  # a scalar jnp.add: auto fuses
+}
+
+
+@pytest.mark.parametrize("case", list(AUTO_CASES))
+def test_auto_plans_forward_and_reverse_within_the_budget(case):
+    f, reduction, chunk_reduction = AUTO_CASES[case]
     p, x = params(), rows(4096)
     budget = 2**16
-    g = chunkx.batch_vmap(per_example, (None, 0), batch_size="auto", memory_budget=budget,
-                          reduction=add_tree, chunk_reduction=sum_rows, grad="recompute")
+    g = chunkx.batch_vmap(f, (None, 0), batch_size="auto", memory_budget=budget,
+                          reduction=reduction, chunk_reduction=chunk_reduction)
     fwd, bwd = g.memory_plan(p, x), g.grad_memory_plan(p, x)
     assert fwd.chunk_size > bwd.chunk_size
-    f = lambda p, x: scalar(g(p, x))  # noqa: E731
-    temp_f = jax.jit(f).lower(p, x).compile().memory_analysis().temp_size_in_bytes
-    temp_g = jax.jit(jax.grad(f)).lower(p, x).compile().memory_analysis().temp_size_in_bytes
+    loss = lambda p, x: scalar(g(p, x))  # noqa: E731
+    temp_f = jax.jit(loss).lower(p, x).compile().memory_analysis().temp_size_in_bytes
+    temp_g = jax.jit(jax.grad(loss)).lower(p, x).compile().memory_analysis().temp_size_in_bytes
     assert temp_f <= budget and temp_g <= budget
-    close(jax.grad(f)(p, x), jax.grad(lambda p: scalar(summed(p, x)))(p))
+    close(jax.grad(loss)(p, x), jax.grad(lambda p: scalar(summed(p, x, f)))(p))
+
+
+def test_progress_bars_name_the_chunk_sizes(capfd):
+    p, x = params(), rows(2048)
+    g = chunkx.batch_vmap(energy, (None, 0), batch_size=1024, grad_batch_size=256,
+                          reduction=jnp.add, chunk_reduction=jnp.sum, progress=True)
+    jax.block_until_ready(g(p, x))
+    jax.block_until_ready(jax.grad(lambda p: g(p, x))(p))
+    err = capfd.readouterr().err
+    assert "chunks of 1024 rows" in err and "value+grad: chunks of 256 rows" in err
 
 
 def test_errors():
