@@ -390,3 +390,4 @@ def plan_auto(
     return plan_pipeline(
         build, args, n, memory_budget, who=who, what=what, name=name, cache_on=cache_on
     )
+

@@ -5,20 +5,13 @@ from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 
 from .._checks import as_in_axes, check_choice, check_positive, zero_in_axes
-from .._progress import scan
-from .._types import InAxes, Remainder, RowMask
-from ._rows import join_args, mapped_length, rows, split_args, struct_of
+from .._types import GradPolicy, InAxes, Remainder, RowMask
+from ._rows import join_args, mapped_length, split_args
+from .fused import fused_call, grad_policy, regrad_call
+from .loop import chunk_loop, evaluate
 from .reduce import AbstractReducer, Concat
-
-
-def evaluate(fn: Callable, reducer: AbstractReducer, args: tuple, valid, who: str) -> Any:
-    """One piece: the batched `fn` on `args`, reduced to a partial result."""
-    out = fn(*args)
-    reducer.check_rows(struct_of(out), who)
-    return reducer.reduce_rows(out, valid)
 
 
 class Reduce(eqx.Module):
@@ -66,9 +59,27 @@ class Chunk(eqx.Module):
     [`chunkx.Monoid`][] cannot mask and needs `"call"`). To pad instead, wrap in
     [`chunkx.Pad`][].
 
-    With `checkpoint=True` every chunk is wrapped in `jax.checkpoint`, so reverse mode stores
-    the chunk inputs only and recomputes one chunk at a time: the memory bound survives
-    `jax.grad`. Without differentiation the checkpoint costs nothing.
+    Reverse mode (`grad`) keeps the memory bound of one chunk in three ways:
+
+    - `"fused"`: for a reducer whose chunks add up ([`chunkx.Sum`][], a [`chunkx.Monoid`][]
+      folding with `jnp.add`), each chunk computes its value and the Jacobian of its partial
+      result in the same pass (one VJP per real output element), and the reverse pass only
+      contracts the summed Jacobians with the cotangent: one forward pass in total. Wins for
+      small reduced outputs (a loss, an energy): `jax.value_and_grad` costs what a hand-written
+      scan of per-chunk `value_and_grad` costs.
+    - `"recompute"`: each chunk is wrapped in `jax.checkpoint`; reverse mode stores the chunk
+      inputs only and reruns one chunk at a time (two forward passes). Wins for large outputs
+      (concatenated rows, a gradient-sized reduction), where a Jacobian would be large.
+    - `"store"`: no checkpoint; reverse mode keeps every chunk's residuals (fastest, but the
+      memory grows with the number of rows). The old `checkpoint=False`.
+
+    `"auto"` (the default) fuses an additive reducer's output of at most 16 real elements and
+    otherwise recomputes (`checkpoint=True`) or stores (`checkpoint=False`). Forward mode and
+    higher derivatives stay exact under every policy: the fused rule is a `jax.custom_jvp`
+    whose tangent map is linear (JAX transposes it for reverse mode), and its Jacobian pass is
+    itself checkpointed per chunk. `grad_size` gives the reverse pass its own, usually smaller,
+    chunks: the fused pass runs at `grad_size`; with `"recompute"`, the forward pass runs at
+    `size` and the recomputation at `grad_size`. Without differentiation neither costs anything.
 
     **Arguments:**
 
@@ -77,7 +88,10 @@ class Chunk(eqx.Module):
     - `reducer`: how chunk results join; [`chunkx.Concat`][] by default.
     - `in_axes`: `0`, `None`, or one `0`/`None` per positional argument.
     - `remainder`: `"call"` or `"shift"`.
-    - `checkpoint`: rematerialise each chunk in reverse mode.
+    - `checkpoint`: rematerialise each chunk in reverse mode (what `grad="auto"` does when it
+      does not fuse).
+    - `grad`: `"auto"`, `"fused"`, `"recompute"` or `"store"` (see above).
+    - `grad_size`: rows per chunk of the reverse pass, or `None` for `size`.
     - `unroll`: scan steps per loop iteration (fewer loop overheads for small chunks).
     - `progress`: show a progress bar over the chunks (tqdm, from compiled code through
       `jax.debug.callback`); off, nothing is added to the program.
@@ -90,6 +104,10 @@ class Chunk(eqx.Module):
                          in_axes=(0, None))
         x, w = jnp.ones((1000, 8)), jnp.ones((8, 3))
         assert jnp.allclose(f(x, w), jax.vmap(lambda x: jnp.tanh(x @ w))(x))
+
+        loss = chunkx.Chunk(chunkx.Vmap(lambda x, w: jnp.sum(jnp.tanh(x @ w)), (0, None)),
+                            256, reducer=chunkx.Sum(), in_axes=(0, None), grad_size=64)
+        value, grad_w = jax.value_and_grad(loss, argnums=1)(x, w)   # fused, chunks of 64
         ```
     """
 
@@ -99,6 +117,8 @@ class Chunk(eqx.Module):
     in_axes: InAxes = eqx.field(static=True, default=0, converter=as_in_axes)
     remainder: Remainder = eqx.field(static=True, default="call")
     checkpoint: bool = eqx.field(static=True, default=True)
+    grad: GradPolicy = eqx.field(static=True, default="auto")
+    grad_size: int | None = eqx.field(static=True, default=None)
     unroll: int = eqx.field(static=True, default=1)
     progress: bool = eqx.field(static=True, default=False)
 
@@ -106,51 +126,38 @@ class Chunk(eqx.Module):
         check_positive("Chunk", "size", self.size)
         check_positive("Chunk", "unroll", self.unroll, allow_none=False)
         check_choice("Chunk", "remainder", self.remainder, ("call", "shift"))
+        check_choice("Chunk", "grad", self.grad, ("auto", "fused", "recompute", "store"))
+        check_positive("Chunk", "grad_size", self.grad_size)
+        if self.grad_size is not None and self.grad == "store":
+            raise ValueError(
+                f"`Chunk(grad='store', grad_size={self.grad_size})`: a backward chunk size needs "
+                "a reverse pass that runs chunk by chunk; use grad='fused', 'recompute' or "
+                "'auto', or leave grad_size=None."
+            )
 
     def __call__(self, *args: Any, valid: RowMask | None = None) -> Any:
         axes = zero_in_axes("Chunk", self.in_axes, len(args))
         n = mapped_length(args, axes, "Chunk")
         s = self.size
-        if s is None or n <= s:
+        if s is None or n <= min(s, self.grad_size or s):
             return evaluate(self.fn, self.reducer, args, valid, "Chunk")
-        shift = self.remainder == "shift" and n % s != 0
-        k, r = (-(-n // s), 0) if shift else divmod(n, s)
         mapped, fixed, static = split_args(args, axes)
-        source = (mapped, valid)
+        policy = grad_policy(self, mapped, fixed, static, valid, n)
+        if policy == "fused":
+            return fused_call(self, mapped, fixed, static, valid, n)
+        if self.grad_size is not None:
+            return regrad_call(self, mapped, fixed, static, valid, n)
+        return self.plain(mapped, fixed, static, valid, n, s, policy == "recompute")
+
+    def plain(self, mapped, fixed, static, valid, n, size, checkpoint):
+        """The chunk loop itself, at chunk size `size` (`n > size`)."""
+        fn, reducer = self.fn, self.reducer
 
         def piece(chunk_rows, chunk_valid):
             full = join_args(chunk_rows, fixed, static)
-            return evaluate(self.fn, self.reducer, full, chunk_valid, "Chunk")
+            return evaluate(fn, reducer, full, chunk_valid, "Chunk")
 
-        if self.checkpoint:
+        if checkpoint:
             piece = jax.checkpoint(piece, prevent_cse=False)
-        part = jax.eval_shape(piece, *struct_of(rows(source, 0, s)))
-        acc = self.reducer.init(part, n)
-        acc, stacked = self._loop(piece, source, acc, n, k, shift)
-        if r:  # remainder="call": the leftover rows are one more piece
-            acc, _ = self.reducer.accumulate(acc, piece(*rows(source, k * s, r)), k * s, k)
-        return self.reducer.finish(acc, stacked)
-
-    def _loop(self, piece, source, acc, n, k, shift):
-        """Chunks `0..k-1` in one scan: `(acc, stacked)` as the reducer accumulates them."""
-        s, reducer = self.size, self.reducer
-        if n == k * s:  # whole chunks: scan over a free reshape of the input
-            xs = jax.tree_util.tree_map(lambda x: x.reshape((k, s) + x.shape[1:]), source)
-        else:  # slice chunks inside the loop (x[: k * s] would copy the input)
-            xs = None
-
-        def step(acc, x):
-            chunk, i = x
-            start = i * s
-            if chunk is None:
-                start = jnp.minimum(start, n - s) if shift else start
-                chunk = rows(source, start, s)
-            mapped, valid = chunk
-            if shift:  # rows before i * s belong to the previous chunk: mask them out
-                fresh = jnp.arange(s) + start >= i * s
-                valid = fresh if valid is None else valid & fresh
-            return reducer.accumulate(acc, piece(mapped, valid), start, i)
-
-        steps = (xs, jnp.arange(k))
-        return scan(step, acc, steps, k, unroll=self.unroll, progress=self.progress)
-
+        desc = f"chunkx: chunks of {size} rows"
+        return chunk_loop(piece, reducer, (mapped, valid), n, size, self, desc)

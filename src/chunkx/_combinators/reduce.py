@@ -8,6 +8,7 @@ combinators ask; they never test which reducer they hold.
 """
 
 import abc
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,9 @@ from jax.sharding import PartitionSpec as P
 from .._types import RowMask, Tree
 from ._rows import zeros_like_struct
 from ._sharding import is_explicit, place
+
+#: Reductions known to be `+`: a Monoid folding with one of them sums its chunks' partials.
+_ADDITIONS = (jnp.add, operator.add, jax.lax.add)
 
 
 def identity(x: Any) -> Any:
@@ -43,6 +47,14 @@ class AbstractReducer(eqx.Module):
         assert r.combine(a, b) == 6.0
         ```
     """
+
+    def is_additive(self) -> bool:
+        """Whether partial results join by `+` alone (the result is the sum of the chunks').
+
+        Then a chunk's derivative is its own contribution to the derivative of the result,
+        which lets [`chunkx.Chunk`][] fuse each chunk's value and gradient (`grad="fused"`).
+        """
+        return False
 
     @abc.abstractmethod
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
@@ -223,6 +235,9 @@ class Sum(AbstractReducer):
 
     presummed: bool = eqx.field(static=True, default=False)
 
+    def is_additive(self) -> bool:
+        return True
+
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
         if self.presummed:
             if valid is not None:
@@ -285,6 +300,9 @@ class Monoid(AbstractReducer):
     - `reduction`: binary, associative `(partial, partial) -> partial`.
     - `chunk_reduction`: `(rows) -> partial`; it must remove the mapped axis. This is checked
       at trace time: the partial's shapes may not depend on the number of rows.
+    - `additive`: `True` asserts that `reduction` adds its arguments (e.g. a pytree sum), so
+      that a [`chunkx.Chunk`][] may fuse value and gradient (`grad="fused"`); if it does not,
+      gradients are wrong. `None`: only `jnp.add`, `operator.add` and `jax.lax.add` count.
 
     !!! Example
 
@@ -299,6 +317,13 @@ class Monoid(AbstractReducer):
 
     reduction: Callable[[Tree, Tree], Tree]
     chunk_reduction: Callable[[Tree], Tree] = identity
+    additive: bool | None = eqx.field(static=True, default=None)
+
+    def is_additive(self) -> bool:
+        """`additive` if given, else whether `reduction` is `jnp.add`/`operator.add`/`lax.add`."""
+        if self.additive is not None:
+            return self.additive
+        return any(self.reduction is add for add in _ADDITIONS)
 
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
         if valid is not None:

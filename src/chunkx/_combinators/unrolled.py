@@ -12,7 +12,7 @@ from .._checks import as_in_axes, check_positive, zero_in_axes
 from .._progress import ticker
 from .._types import InAxes
 from ._rows import map_mapped, mapped_length
-from .chunk import evaluate
+from .loop import evaluate
 from .reduce import AbstractReducer, Concat
 
 

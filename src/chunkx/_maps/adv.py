@@ -9,15 +9,23 @@ from beartype import beartype
 from jax.sharding import Mesh
 from jaxtyping import jaxtyped
 
-from .._checks import as_in_axes, check_mesh_1d, in_axes_tuple, resolve_batch_size
+from .._checks import (
+    as_in_axes,
+    check_choice,
+    check_mesh_1d,
+    check_positive,
+    in_axes_tuple,
+    resolve_batch_size,
+)
 from .._combinators._rows import mapped_length
 from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.chunk import Chunk, Reduce
 from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
 from .._combinators.shard import Shard
 from .._combinators.vmap import Vmap
+from .._grad_plan import plan_grad
 from .._memory import MemoryPlan, per_device_rows, plan_auto
-from .._types import InAxes
+from .._types import GradPolicy, InAxes
 from ._axes import move_axis, normalize_axis
 
 
@@ -26,10 +34,12 @@ def reducer_for(
     reduction: Callable | None,
     chunk_reduction: Callable,
     reducer: AbstractReducer | None = None,
+    grad: str = "auto",
 ) -> tuple[AbstractReducer, Callable | None]:
     """adv's `(reduction, chunk_reduction)` pair as a reducer plus an optional final map.
 
     A chunkx reducer object (`reducer=`) is used as it is; it excludes the pair.
+    `grad="fused"` with a `reduction` asserts that the reduction is a sum.
     """
     if reducer is not None:
         if reduction is not None or chunk_reduction is not identity:
@@ -47,7 +57,7 @@ def reducer_for(
             "axis (e.g. chunk_reduction=lambda out: jnp.sum(out, axis=0)); got the default "
             "identity, which would fold unreduced chunks of different lengths."
         )
-    return Monoid(reduction, chunk_reduction), None
+    return Monoid(reduction, chunk_reduction, True if grad == "fused" else None), None
 
 
 def check_options(who: str, batch_size: Any, kwargs: dict, memory_budget, shard, mesh) -> Any:
@@ -58,14 +68,17 @@ def check_options(who: str, batch_size: Any, kwargs: dict, memory_budget, shard,
     return batch_size
 
 
-def compose(inner, axes, batch_size, reducer, shard, mesh, checkpoint=True, progress=False):
+def compose(
+    inner, axes, batch_size, reducer, shard, mesh, checkpoint=True, progress=False, grad="auto",
+    grad_size=None,
+):
     """The adv pipeline: [Shard ∘] (Chunk | Reduce) ∘ inner, all with one reducer."""
     if batch_size is None:
         piece = Reduce(inner, reducer)
     else:
         piece = Chunk(
             inner, batch_size, reducer=reducer, in_axes=axes, checkpoint=checkpoint,
-            progress=progress,
+            progress=progress, grad=grad, grad_size=grad_size,
         )
     if shard:
         piece = Shard(piece, mesh, in_axes=axes)
@@ -97,6 +110,13 @@ class BatchVmap(eqx.Module):
         x = jnp.ones((4096, 64))
         plan = g.memory_plan(x)              # what "auto" chooses for these arguments
         assert plan.chunk_size <= 4096 and jnp.allclose(g(x), jnp.sin(x))
+
+        loss = chunkx.batch_vmap(lambda w, x: jnp.sum(jnp.sin(x * w)), (None, 0),
+                                 batch_size="auto", memory_budget=2**18,
+                                 reduction=jnp.add, chunk_reduction=jnp.sum)
+        w = jnp.ones(64)
+        fwd, bwd = loss.memory_plan(w, x), loss.grad_memory_plan(w, x)
+        assert bwd.chunk_size <= fwd.chunk_size   # the reverse pass has its own size
         ```
     """
 
@@ -110,6 +130,8 @@ class BatchVmap(eqx.Module):
     checkpoint: bool = eqx.field(static=True)
     memory_budget: int | None = eqx.field(static=True, default=None)
     progress: bool = eqx.field(static=True, default=False)
+    grad: GradPolicy = eqx.field(static=True, default="auto")
+    grad_batch_size: int | Literal["auto"] | None = eqx.field(static=True, default=None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with on_inputs_mesh((args, kwargs)):
@@ -117,11 +139,29 @@ class BatchVmap(eqx.Module):
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
         f, zero, args = self._prepare(args, kwargs)
-        size = self.batch_size
+        size, grad_size = self.batch_size, self.grad_batch_size
         if size == "auto":
             size = self._plan(f, zero, args).chunk_size
-        out = self._build(f, zero, size)(*args)
+        if grad_size == "auto":
+            grad_size = self._grad_size(f, zero, args, size)
+        out = self._build(f, zero, size, grad_size)(*args)
         return out if self.post is None else self.post(out)
+
+    def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
+        """The [`chunkx.MemoryPlan`][] of the reverse pass: its `chunk_size` is the backward size.
+
+        With `batch_size="auto"` the backward chunk size is planned on the compiled VJP of the
+        map (value and gradient with respect to the unmapped floating arguments and the arrays
+        `f` holds; all floating arguments if none is unmapped), with the forward size fixed at
+        its own plan. Nothing is run; measurements are cached.
+        """
+        if self.grad_batch_size != "auto":
+            raise ValueError(
+                f"`batch_vmap(grad_batch_size={self.grad_batch_size!r}).grad_memory_plan`: only "
+                "a map whose backward size is planned (batch_size='auto') has a gradient plan."
+            )
+        f, zero, args = self._prepare(args, kwargs)
+        return self._plan_grad(f, zero, args, self._plan(f, zero, args).chunk_size)
 
     def memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
         """The [`chunkx.MemoryPlan`][] that `batch_size="auto"` follows for these arguments.
@@ -156,10 +196,10 @@ class BatchVmap(eqx.Module):
             return self.f, zero, args
         return _with_kwargs(self.f), zero + (None,), args + (kwargs,)
 
-    def _build(self, f, zero, size):
+    def _build(self, f, zero, size, grad_size=None):
         return compose(
             Vmap(f, zero), zero, size, self.reducer, self.shard, self.mesh, self.checkpoint,
-            self.progress,
+            self.progress, self.grad, grad_size,
         )
 
     def _plan(self, f, zero, args, **names: str) -> MemoryPlan:
@@ -169,6 +209,26 @@ class BatchVmap(eqx.Module):
         return plan_auto(
             who, lambda size: self._build(f, zero, size), args, n, self.memory_budget,
             cache_on=key, **names,
+        )
+
+    def _grad_size(self, f, zero, args, size) -> int | None:
+        """The planned backward size; `None` (the forward size) where no reverse pass fits.
+
+        The map may never be differentiated, so a budget too small for its reverse pass is
+        not an error here (`grad_memory_plan` raises it).
+        """
+        try:
+            return self._plan_grad(f, zero, args, size).chunk_size
+        except ValueError:
+            return None
+
+    def _plan_grad(self, f, zero, args, size) -> MemoryPlan:
+        who = "batch_vmap"
+        n = per_device_rows(mapped_length(args, zero, who), _ndev(self.shard, self.mesh, args))
+        key = (self.f, zero, self.reducer, self.shard, self.mesh, self.grad, size, "grad")
+        return plan_grad(
+            who, lambda g: self._build(f, zero, size, g), zero, args, min(n, size),
+            self.memory_budget, cache_on=key, rows=n,
         )
 
 
@@ -194,6 +254,8 @@ def batch_vmap(
     checkpoint: bool = True,
     memory_budget: int | None = None,
     progress: bool = False,
+    grad: GradPolicy = "auto",
+    grad_batch_size: int | None = None,
     **kwargs: Any,
 ) -> BatchVmap:
     """`jax.vmap(f, in_axes)` evaluated in chunks of `batch_size` rows (adv-jax-math 1.3 API).
@@ -210,9 +272,10 @@ def batch_vmap(
         return out
     ```
 
-    Full chunks run in one `jax.lax.scan`, the remainder in one more call (no padding). Each
-    chunk is rematerialised in reverse mode (`checkpoint=True`), so `jax.grad` through the map
-    keeps one chunk of residuals instead of all of them.
+    Full chunks run in one `jax.lax.scan`, the remainder in one more call (no padding).
+    Reverse mode keeps one chunk of residuals instead of all of them: a small sum (a loss,
+    `reduction=jnp.add`) computes each chunk's value and gradient in one pass (`grad="fused"`),
+    anything else reruns one chunk at a time (`grad="recompute"`); see [`chunkx.Chunk`][].
 
     **Arguments:**
 
@@ -228,9 +291,16 @@ def batch_vmap(
       it with `reduction` or `chunk_reduction` is an error.
     - `shard`: split the mapped rows over the devices of `mesh` (see [`chunkx.Shard`][]).
     - `mesh`: a one-dimensional mesh (Auto or Explicit axis); `None`: all devices.
-    - `checkpoint`: rematerialise chunks in reverse mode.
+    - `checkpoint`: rematerialise chunks in reverse mode (where `grad="auto"` does not fuse).
+    - `grad`: the reverse-mode policy, `"auto"`, `"fused"`, `"recompute"` or `"store"` (see
+      [`chunkx.Chunk`][]). `"fused"` with a `reduction` asserts that it is a sum (e.g. a
+      pytree sum); `"auto"` fuses only `reduction=jnp.add` (and small outputs).
+    - `grad_batch_size`: rows per chunk of the reverse pass (netket's `chunk_size_bwd`);
+      `None`: the forward size, or with `batch_size="auto"` its own plan.
     - `memory_budget`: with `batch_size="auto"`, bytes of XLA temp memory per device; the
-      largest fitting size is planned at trace time (see [`chunkx.plan_chunk_size`][]).
+      largest fitting size is planned at trace time (see [`chunkx.plan_chunk_size`][]), for
+      the forward program and, separately, for the reverse program (`jax.vjp` of the map with
+      respect to its unmapped floating arguments): see `BatchVmap.grad_memory_plan`.
       `None`: half the device's memory where the backend reports it (a CPU needs a budget).
     - `progress`: show a progress bar over the chunks (also under `jit`; see
       [`chunkx.Chunk`][]). The bar is cleared when the loop finishes, so a map called at every
@@ -258,10 +328,26 @@ def batch_vmap(
     """
     who = "batch_vmap"
     batch_size = check_options(who, batch_size, kwargs, memory_budget, shard, mesh)
-    reducer, post = reducer_for(who, reduction, chunk_reduction, reducer)
+    grad_batch_size = check_grad_options(who, batch_size, grad, grad_batch_size)
+    reducer, post = reducer_for(who, reduction, chunk_reduction, reducer, grad)
     return BatchVmap(
-        f, in_axes, batch_size, reducer, post, shard, mesh, checkpoint, memory_budget, progress
+        f, in_axes, batch_size, reducer, post, shard, mesh, checkpoint, memory_budget, progress,
+        grad, grad_batch_size,
     )
+
+
+def check_grad_options(who: str, batch_size: Any, grad: str, grad_batch_size: Any) -> Any:
+    """The reverse-mode options: a policy, and a backward size ("auto" with an "auto" map)."""
+    check_choice(who, "grad", grad, ("auto", "fused", "recompute", "store"))
+    check_positive(who, "grad_batch_size", grad_batch_size)
+    if grad_batch_size is not None and batch_size is None:
+        raise ValueError(
+            f"`{who}(grad_batch_size={grad_batch_size!r})`: a backward chunk size needs a "
+            "forward one; got batch_size=None (no chunking)."
+        )
+    if grad_batch_size is None and batch_size == "auto" and grad != "store":
+        return "auto"  # both passes are planned
+    return grad_batch_size
 
 
 class _Strip(eqx.Module):
@@ -294,6 +380,8 @@ def batch_map(
     checkpoint: bool = True,
     memory_budget: int | None = None,
     progress: bool = False,
+    grad: GradPolicy = "auto",
+    grad_batch_size: int | None = None,
     **kwargs: Any,
 ) -> Any:
     """`chunk_reduction(fun(fun_input))` computed in chunks; `fun` is *not* vmapped.
@@ -309,6 +397,9 @@ def batch_map(
     - `fun_input`: the pytree whose leaves are chunked along axis 0.
     - `batch_size`, `reduction`, `chunk_reduction`, `reducer`, `shard`, `mesh`, `checkpoint`,
       `chunk_size`, `memory_budget`, `progress`: as in [`chunkx.batch_vmap`][].
+    - `grad`, `grad_batch_size`: as in [`chunkx.batch_vmap`][]; `fun`'s closed-over
+      parameters are invisible to the planner, so with `batch_size="auto"` the reverse pass
+      runs at the forward size unless `grad_batch_size` is given.
     - `strip_dim0`: with `batch_size=1`, call `fun` on single elements without their leading
       axis (no vmap: `lax.cond` stays a branch); with a `reduction`, the per-element results
       are folded and `chunk_reduction` is not used. Any other `batch_size` is an error.
@@ -333,10 +424,12 @@ def batch_map(
     who = "batch_map"
     batch_size = check_options(who, batch_size, kwargs, memory_budget, shard, mesh)
     check_strip(who, strip_dim0, batch_size)
+    grad_batch_size = check_grad_options(who, batch_size, grad, grad_batch_size)
     n = _length(who, fun_input)
     return run_one_input(
         who, fun, fun_input, n, batch_size, reduction, chunk_reduction, strip_dim0, shard, mesh,
         checkpoint, progress, memory_budget, key=(fun, who), arg="fun_input", reducer=reducer,
+        grad=(grad, None if grad_batch_size == "auto" else grad_batch_size),
     )
 
 
@@ -350,7 +443,7 @@ def check_strip(who: str, strip_dim0: bool, batch_size: Any) -> None:
 
 def run_one_input(
     who, fun, x, n, batch_size, reduction, chunk_reduction, strip_dim0, shard, mesh,
-    checkpoint, progress, memory_budget, key, arg, reducer=None,
+    checkpoint, progress, memory_budget, key, arg, reducer=None, grad=("auto", None),
 ):
     """The tail shared by `batch_map` and `sparse_pullback`: one chunked input pytree `x`.
 
@@ -366,13 +459,13 @@ def run_one_input(
                     "reduction has no identity element to return."
                 )
             chunk_reduction = _first_row
-    reducer, post = reducer_for(who, reduction, chunk_reduction, reducer)
+    reducer, post = reducer_for(who, reduction, chunk_reduction, reducer, grad[0])
 
     def build(size):
-        return compose(fun, (0,), size, reducer, shard, mesh, checkpoint, progress)
+        return compose(fun, (0,), size, reducer, shard, mesh, checkpoint, progress, *grad)
 
     if batch_size == "auto":
-        key = key + (strip_dim0, reducer, shard, mesh, checkpoint)
+        key = key + (strip_dim0, reducer, shard, mesh, checkpoint, grad)
         rows = per_device_rows(n, _ndev(shard, mesh, x))
         batch_size = plan_auto(who, build, (x,), rows, memory_budget, cache_on=key).chunk_size
     with on_inputs_mesh(x):

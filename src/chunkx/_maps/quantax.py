@@ -8,7 +8,7 @@ from beartype import beartype
 from jax.sharding import Mesh
 from jaxtyping import jaxtyped
 
-from .._checks import as_in_axes, in_axes_tuple, resolve_batch_size
+from .._checks import as_in_axes, check_positive, in_axes_tuple, resolve_batch_size
 from .._combinators._rows import array_leaves, mapped_length
 from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.chunk import Chunk
@@ -46,6 +46,7 @@ class ChunkMap(eqx.Module):
     mesh: Mesh | None = eqx.field(static=True)
     memory_budget: int | None = eqx.field(static=True, default=None)
     progress: bool = eqx.field(static=True, default=False)
+    chunk_size_bwd: int | None = eqx.field(static=True, default=None)
 
     def __call__(self, *args: Any) -> Any:
         with on_inputs_mesh(args):
@@ -97,16 +98,21 @@ class ChunkMap(eqx.Module):
             piece = self._chunk(inner, size, zero, loop)
             multiple = size if small else 1
         else:  # every block padded to whole chunks: f always sees D * c rows
-            piece = Groups(self._chunk(inner, ndev * size, zero, loop), ndev, size, zero)
+            piece = Groups(self._chunk(inner, size, zero, loop, ndev), ndev, size, zero)
             multiple = ndev * size
         return Pad(piece, multiple, in_axes=zero) if n % multiple else piece
 
-    def _chunk(self, inner, size, zero, loop):
+    def _chunk(self, inner, size, zero, loop, blocks=1):
+        """Chunks of `size` rows of each of `blocks` device blocks (`Groups` lays them out)."""
         if size is None:
             return inner
         if loop == "python":
-            return Unrolled(inner, size, in_axes=zero, progress=self.progress)
-        return Chunk(inner, size, in_axes=zero, remainder="shift", progress=self.progress)
+            return Unrolled(inner, blocks * size, in_axes=zero, progress=self.progress)
+        bwd = None if self.chunk_size_bwd is None else blocks * self.chunk_size_bwd
+        return Chunk(
+            inner, blocks * size, in_axes=zero, remainder="shift", progress=self.progress,
+            grad_size=bwd,
+        )
 
 
 def _arg_axes(who, in_axes, args):
@@ -147,6 +153,7 @@ def chunk_map(
     *,
     memory_budget: int | None = None,
     progress: bool = False,
+    chunk_size_bwd: int | None = None,
 ) -> Callable[..., Any]:
     """Evaluate an already-batched `f` in chunks of `chunk_size` rows per device (quantax 0.4.0).
 
@@ -180,6 +187,8 @@ def chunk_map(
       device's memory where the backend reports it.
     - `progress`: show a progress bar over the chunks (see [`chunkx.Chunk`][]); it is
       cleared when the loop finishes (one live bar per call, no line left behind).
+    - `chunk_size_bwd`: rows per device per chunk of the reverse pass (netket's name; see
+      [`chunkx.Chunk`][]'s `grad_size`); needs `use_scan=True`. `None`: `chunk_size`.
 
     **Returns:**
 
@@ -198,6 +207,13 @@ def chunk_map(
     """
     who = "chunk_map"
     resolve_batch_size(who, chunk_size, {}, memory_budget, name="chunk_size")
+    check_positive(who, "chunk_size_bwd", chunk_size_bwd)
+    if chunk_size_bwd is not None and not use_scan:
+        raise ValueError(
+            f"`{who}(chunk_size_bwd={chunk_size_bwd})`: a backward chunk size needs the scan "
+            "loop (use_scan=True); the Python loop (use_scan=False) differentiates each "
+            "unrolled chunk as a whole."
+        )
     axes_all_none = in_axes is None or (isinstance(in_axes, tuple | list) and all(
         a is None for a in in_axes))
     if isinstance(in_axes, list):
@@ -211,7 +227,7 @@ def chunk_map(
         )
     return ChunkMap(
         _CheckedOutAxes(f, out_axes), in_axes, out_axes, chunk_size, use_scan, shard_batch,
-        atleast_1chunk, mesh, memory_budget, progress,
+        atleast_1chunk, mesh, memory_budget, progress, chunk_size_bwd,
     )
 
 

@@ -14,7 +14,7 @@ from jaxtyping import PRNGKeyArray, PyTree, UInt32, jaxtyped
 from .._combinators._rows import mapped_length
 from .._combinators.pullback import Pullback, check_contract
 from .._combinators.reduce import identity
-from .adv import check_options, check_strip, run_one_input
+from .adv import check_grad_options, check_options, check_strip, run_one_input
 
 
 def _mismatch(fn: Callable, y: Any, key: Any) -> tuple[Any, Any, Any]:
@@ -121,6 +121,7 @@ def sparse_pullback(
     check_block_diagonal: bool = False,
     memory_budget: int | None = None,
     progress: bool = False,
+    grad_batch_size: int | None = None,
     **kwargs: Any,
 ) -> Any:
     """`chunk_reduction(fn(y))` in chunks, differentiated through the diagonal blocks of `fn`.
@@ -154,6 +155,9 @@ def sparse_pullback(
       one block per row is kept for the backward pass. `True`: only the chunk inputs are kept
       and each chunk's `fn` and VJP are recomputed in the backward pass (less memory, bounded
       memory for `grad` of `grad`, one more `fn` per chunk). Forward mode is unaffected.
+    - `grad_batch_size`: rows per chunk of the reverse pass (its chunks recompute `fn` and
+      its blocks, as with `checkpoint=True`, at this smaller size); `None`: as `checkpoint`
+      says. See [`chunkx.Chunk`][]'s `grad_size`.
     - `check_block_diagonal`: compare the sparse rule with a dense VJP (random cotangent) on
       the first chunk and raise if they differ (see [`chunkx.check_block_diagonal`][]).
     - `memory_budget`, `progress`: as in [`chunkx.batch_map`][] (`batch_size="auto"` plans the
@@ -179,6 +183,8 @@ def sparse_pullback(
     who = "sparse_pullback"
     batch_size = check_options(who, batch_size, kwargs, memory_budget, shard, mesh)
     check_strip(who, strip_dim0, batch_size)
+    if grad_batch_size is not None:
+        check_grad_options(who, batch_size, "recompute", grad_batch_size)
     n = mapped_length((y,), (0,), who)
     if n:
         rows = n if batch_size in (None, "auto") else min(n, batch_size)
@@ -193,6 +199,7 @@ def sparse_pullback(
         who, Pullback(fn, higher_order), y, n, batch_size, reduction, chunk_reduction,
         strip_dim0, shard, mesh, checkpoint, progress, memory_budget,
         key=(fn, higher_order, who), arg="y",
+        grad=("auto", None) if grad_batch_size is None else ("recompute", grad_batch_size),
     )
     if check_block_diagonal and n:  # under jit: an equinox.error_if on the output
         out = _raise_if_mixed(where, out, err, scale, 1e-4, 1e-6)

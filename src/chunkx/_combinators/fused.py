@@ -1,0 +1,267 @@
+"""Reverse mode of a chunk loop: fused value-and-gradient, and a backward chunk size.
+
+Both rules are a `jax.custom_jvp` around the loop (as for `Pullback`), so forward mode works and
+reverse mode is JAX's transpose of a linear tangent map:
+
+- `grad="fused"` (additive reducers): the rule runs the loop once at the backward chunk size,
+  computing per chunk the partial result `p_k` and its Jacobian `J_k` (one VJP per real output
+  element, all in the same pass as the value). The result is `sum_k p_k`, so its Jacobian is
+  `sum_k J_k` for unmapped inputs and `J_k` on chunk `k`'s rows for mapped inputs; the tangent
+  map contracts it with the input tangents. Partial evaluation keeps only these Jacobians (the
+  size of the inputs times the output's size): the reverse pass is a contraction.
+- `grad="recompute"` with `grad_size`: the primal loop runs at `size`; the tangent is the JVP of
+  a checkpointed loop at `grad_size`, whose transpose recomputes one small chunk at a time.
+
+Arrays that `fn` closes over (or holds) are lifted to explicit inputs with
+`eqx.filter_closure_convert`, once per chunk shape, so their derivatives are exact too.
+"""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
+
+from ._rows import join_args, rows, struct_of
+from .loop import chunk_loop, evaluate
+
+#: `grad="auto"` fuses where the reduced output has at most this many real elements.
+FUSED_MAX_OUTPUTS = 16
+
+
+def piece_sizes(n: int, size: int, remainder: str) -> set[int]:
+    """The row counts the chunk loop calls its piece with."""
+    if size >= n:
+        return {n}
+    return {size} if remainder == "shift" else {size, n % size} - {0}
+
+
+def _row_structs(tree, k: int):
+    """Structs of `k` rows of every leaf of `tree`."""
+    return jax.tree_util.tree_map(
+        lambda s: jax.ShapeDtypeStruct((k,) + tuple(s.shape[1:]), s.dtype), struct_of(tree)
+    )
+
+
+def _out_struct(chunk, mapped, fixed, static, n):
+    def one(m):
+        return evaluate(chunk.fn, chunk.reducer, join_args(m, fixed, static), None, "Chunk")
+
+    return jax.eval_shape(one, _row_structs(mapped, min(n, chunk.size)))
+
+
+def _real_size(struct) -> int:
+    leaves = jax.tree_util.tree_leaves(struct)
+    return sum(x.size * (2 if jnp.iscomplexobj(x) else 1) for x in leaves)
+
+
+def grad_policy(chunk, mapped, fixed, static, valid, n) -> str:
+    """The reverse-mode policy a `Chunk` call follows: `"fused"`, `"recompute"` or `"store"`."""
+    if chunk.grad in ("recompute", "store"):
+        return chunk.grad
+    additive = chunk.reducer.is_additive()
+    if chunk.grad == "fused" and not additive:
+        raise ValueError(
+            f"`Chunk(grad='fused')`: fusing value and gradient needs a reducer whose chunks "
+            f"add up (Sum, a Monoid with reduction=jnp.add or additive=True), got "
+            f"{chunk.reducer!r}; use grad='recompute' or 'auto'."
+        )
+    if additive:
+        struct = _out_struct(chunk, mapped, fixed, static, n)
+        inexact = all(
+            jnp.issubdtype(x.dtype, jnp.inexact) for x in jax.tree_util.tree_leaves(struct)
+        )
+        if chunk.grad == "fused" and not inexact:
+            raise ValueError(
+                "`Chunk(grad='fused')`: every leaf of the reduced output must be floating or "
+                f"complex to be differentiated, got {struct}."
+            )
+        if inexact and (chunk.grad == "fused" or _real_size(struct) <= FUSED_MAX_OUTPUTS):
+            return "fused"
+    return "recompute" if chunk.checkpoint else "store"
+
+
+def _is_zero(t: Any) -> bool:
+    return isinstance(t, SymbolicZero)
+
+
+class _Lifted:
+    """A `Chunk` call with every array explicit: row leaves, whole leaves, the row mask."""
+
+    def __init__(self, chunk, mapped, fixed, static, n, sizes):
+        self.chunk, self.static, self.n = chunk, static, n
+        convs = {
+            k: eqx.filter_closure_convert(chunk.fn, *join_args(rows(mapped, 0, k), fixed, static))
+            for k in sorted(sizes)
+        }
+        self.rows, self.rows_tree = jax.tree_util.tree_flatten(mapped)
+        whole, self.whole_static = eqx.partition((fixed, convs), eqx.is_array)
+        self.whole, self.whole_tree = jax.tree_util.tree_flatten(whole)
+
+    def piece(self, whole_leaves):
+        fixed, convs = eqx.combine(
+            jax.tree_util.tree_unflatten(self.whole_tree, whole_leaves), self.whole_static
+        )
+
+        def piece(row_leaves, valid):
+            mapped = jax.tree_util.tree_unflatten(self.rows_tree, row_leaves)
+            fn = convs[row_leaves[0].shape[0]]
+            full = join_args(mapped, fixed, self.static)
+            return evaluate(fn, self.chunk.reducer, full, valid, "Chunk")
+
+        return piece
+
+    def loop(self, piece, reducer, row_leaves, whole_leaves, valid, size, what="chunkx"):
+        if self.n <= size:
+            return piece(row_leaves, valid)  # one piece: its partial is the result
+        desc = f"{what}: chunks of {size} rows"
+        source = (row_leaves, valid)
+        return chunk_loop(piece, reducer, source, self.n, size, self.chunk, desc)
+
+    def primal(self, row_leaves, whole_leaves, valid):
+        piece = self.piece(whole_leaves)
+        return self.loop(
+            piece, self.chunk.reducer, row_leaves, whole_leaves, valid, self.chunk.size
+        )
+
+
+def _merge(leaves, live, mask):
+    it = iter(live)
+    return [next(it) if m else x for x, m in zip(leaves, mask)]
+
+
+def _live(leaves, dots):
+    mask = [not _is_zero(t) for t in dots]
+    return mask, [x for x, m in zip(leaves, mask) if m], [t for t, m in zip(dots, mask) if m]
+
+
+def fused_call(chunk, mapped, fixed, static, valid, n) -> Any:
+    """`Chunk.__call__` with `grad="fused"` (see the module docstring)."""
+    c = chunk.grad_size or chunk.size
+    sizes = piece_sizes(n, chunk.size, chunk.remainder) | piece_sizes(n, c, chunk.remainder)
+    lifted = _Lifted(chunk, mapped, fixed, static, n, sizes)
+    out_struct = _out_struct(chunk, mapped, fixed, static, n)
+
+    @jax.custom_jvp
+    def f(row_leaves, whole_leaves, valid):
+        return lifted.primal(row_leaves, whole_leaves, valid)
+
+    def rule(primals, tangents):
+        row_leaves, whole_leaves, valid = primals
+        rmask, _, rdots = _live(row_leaves, tangents[0])
+        wmask, _, wdots = _live(whole_leaves, tangents[1])
+        vjp_piece = _vjp_piece(lifted, whole_leaves, rmask, wmask)
+        acc = _FusedAcc(c)
+        vec, jw, jr = lifted.loop(
+            vjp_piece, acc, row_leaves, whole_leaves, valid, c, "chunkx value+grad"
+        )
+        dot = sum((_contract(j, t) for j, t in zip(jw + jr, wdots + rdots)), jnp.zeros_like(vec))
+        return _unflat(vec, out_struct), _unflat(dot.astype(vec.dtype), out_struct)
+
+    f.defjvp(rule, symbolic_zeros=True)
+    return f(lifted.rows, lifted.whole, valid)
+
+
+def _vjp_piece(lifted, whole_leaves, rmask, wmask):
+    """`(rows, valid) -> (vec, J_whole, J_rows)`: one chunk's value and its Jacobian."""
+
+    def vjp_piece(row_leaves, valid):
+        def g(live_rows, live_whole):
+            wl = _merge(whole_leaves, live_whole, wmask)
+            rl = _merge(row_leaves, live_rows, rmask)
+            return _flat(lifted.piece(wl)(rl, valid))
+
+        live_rows = [x for x, m in zip(row_leaves, rmask) if m]
+        live_whole = [x for x, m in zip(whole_leaves, wmask) if m]
+        vec, pull = jax.vjp(g, live_rows, live_whole)
+        basis = jnp.eye(vec.size, dtype=vec.dtype)
+        if vec.size == 1:
+            jr, jw = jax.tree_util.tree_map(lambda x: x[None], pull(basis[0]))
+        else:
+            jr, jw = jax.vmap(pull)(basis)
+        return vec, jw, jr
+
+    return jax.checkpoint(vjp_piece, prevent_cse=False)  # bounded memory at second order
+
+
+class _FusedAcc:
+    """Accumulates `(vec, J_whole, J_rows)`: sums, and each chunk's row Jacobians in place."""
+
+    def __init__(self, size):
+        self.size = size
+
+    def init(self, part, n):
+        vec, jw, jr = jax.tree_util.tree_map(lambda t: jnp.zeros(t.shape, t.dtype), part)
+        jr = [jnp.zeros((j.shape[0], n) + j.shape[2:], j.dtype) for j in jr]
+        return vec, jw, jr
+
+    def accumulate(self, acc, part, start, index):
+        vec, jw = jax.tree_util.tree_map(jnp.add, acc[:2], part[:2])
+
+        def add_rows(buf, j):
+            old = jax.lax.dynamic_slice_in_dim(buf, start, j.shape[1], axis=1)
+            return jax.lax.dynamic_update_slice_in_dim(buf, old + j, start, axis=1)
+
+        return (vec, jw, [add_rows(b, j) for b, j in zip(acc[2], part[2])]), None
+
+    def finish(self, acc, stacked):
+        return acc
+
+
+def _contract(j, t):
+    """`sum over t's axes of Re(j[k] * t)`, for every output element `k`."""
+    prod = j * t[None]
+    prod = jnp.real(prod) if jnp.iscomplexobj(prod) else prod
+    return prod.reshape(prod.shape[0], -1).sum(axis=1)
+
+
+def _flat(out) -> jax.Array:
+    """The reduced output as one real vector (complex leaves as real and imaginary parts)."""
+    parts = []
+    for x in jax.tree_util.tree_leaves(out):
+        parts += [jnp.real(x).ravel(), jnp.imag(x).ravel()] if jnp.iscomplexobj(x) else [x.ravel()]
+    dtype = jnp.result_type(*parts)
+    return jnp.concatenate([p.astype(dtype) for p in parts])
+
+
+def _unflat(vec, struct):
+    leaves, tree = jax.tree_util.tree_flatten(struct)
+    out, i = [], 0
+    for s in leaves:
+        k = s.size
+        x = vec[i : i + k].reshape(s.shape)
+        i += k
+        if jnp.issubdtype(s.dtype, jnp.complexfloating):
+            x = x + 1j * vec[i : i + k].reshape(s.shape)
+            i += k
+        out.append(x.astype(s.dtype))
+    return jax.tree_util.tree_unflatten(tree, out)
+
+
+def regrad_call(chunk, mapped, fixed, static, valid, n) -> Any:
+    """`grad="recompute"` with `grad_size`: the tangent loop runs at the backward size."""
+    g = chunk.grad_size
+    sizes = piece_sizes(n, chunk.size, chunk.remainder) | piece_sizes(n, g, chunk.remainder)
+    lifted = _Lifted(chunk, mapped, fixed, static, n, sizes)
+
+    @jax.custom_jvp
+    def f(row_leaves, whole_leaves, valid):
+        return lifted.primal(row_leaves, whole_leaves, valid)
+
+    def rule(primals, tangents):
+        row_leaves, whole_leaves, valid = primals
+        out = lifted.primal(row_leaves, whole_leaves, valid)
+        rmask, rlive, rdots = _live(row_leaves, tangents[0])
+        wmask, wlive, wdots = _live(whole_leaves, tangents[1])
+
+        def small(rl, wl):
+            r, w = _merge(row_leaves, rl, rmask), _merge(whole_leaves, wl, wmask)
+            piece = jax.checkpoint(lifted.piece(w), prevent_cse=False)
+            return lifted.loop(piece, chunk.reducer, r, w, valid, g, "chunkx grad")
+
+        dot = jax.jvp(small, (rlive, wlive), (rdots, wdots))[1]
+        return out, dot
+
+    f.defjvp(rule, symbolic_zeros=True)
+    return f(lifted.rows, lifted.whole, valid)

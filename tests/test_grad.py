@@ -1,0 +1,292 @@
+"""Reverse mode of chunked maps: the grad policies, a backward chunk size, "auto" under grad.
+
+Every derivative is compared with the same derivative of plain `jax.vmap` (or with
+`jax.test_util.check_grads`); the planner with XLA's compiled memory analysis.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+import chunkx
+
+POLICIES = [("auto", None), ("fused", None), ("fused", 3), ("recompute", None),
+            ("recompute", 3), ("store", None)]
+
+
+def per_example(p, x):
+    """A pytree in (params dict, one row), a pytree out (scalar and a 2-vector)."""
+    h = jnp.tanh(x @ p["w"] + p["b"])
+    return {"e": jnp.sum(h**2), "v": h[:2] * p["b"]}
+
+
+def params(dtype=jnp.float64):
+    k = jax.random.split(jax.random.PRNGKey(0), 3)
+    return {
+        "w": jax.random.normal(k[0], (3, 4), dtype),
+        "b": jax.random.normal(k[1], (4,), dtype)[:1].reshape(()) + 0.5,
+    }
+
+
+def rows(n, dtype=jnp.float64):
+    return jax.random.normal(jax.random.PRNGKey(1), (n, 3), dtype)
+
+
+def energy(p, x):
+    return per_example(p, x)["e"]
+
+
+def summed(p, x, f=per_example):
+    return jax.tree_util.tree_map(lambda t: jnp.sum(t, 0), jax.vmap(f, (None, 0))(p, x))
+
+
+def add_tree(a, b):
+    return jax.tree_util.tree_map(jnp.add, a, b)
+
+
+def sum_rows(t):
+    return jax.tree_util.tree_map(lambda y: jnp.sum(y, 0), t)
+
+
+#: reducer -> (reducer, per-example function): a Monoid folding with jnp.add is additive too
+REDUCERS = {
+    "sum": (chunkx.Sum(), per_example),
+    "monoid_add": (chunkx.Monoid(jnp.add, sum_rows), energy),
+}
+
+
+def pipe(reducer, size, grad, grad_size, remainder="call", f=per_example):
+    return chunkx.Chunk(
+        chunkx.Vmap(f, (None, 0)), size, reducer=reducer, in_axes=(None, 0),
+        grad=grad, grad_size=grad_size, remainder=remainder,
+    )
+
+
+def scalar(out):
+    if not isinstance(out, dict):
+        return jnp.sin(out)
+    return out["e"] + jnp.sum(jnp.sin(out["v"]))
+
+
+def close(a, b, rtol=1e-10):
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=rtol)
+
+
+CASES = [(r, 10, 4, *pol) for r in REDUCERS for pol in POLICIES] + [
+    ("sum", 12, 4, "fused", 5), ("sum", 5, 8, "fused", 2), ("sum", 5, 8, "recompute", 2),
+]
+
+
+@pytest.mark.parametrize("reducer,n,size,grad,grad_size", CASES)
+def test_value_and_grad_vjp_jvp_match_vmap(reducer, n, size, grad, grad_size):
+    (red, f), p, x = REDUCERS[reducer], params(), rows(n)
+    g = pipe(red, size, grad, grad_size, f=f)
+    ref_f = lambda p, x: summed(p, x, f)  # noqa: E731
+    got = jax.value_and_grad(lambda p, x: scalar(g(p, x)), (0, 1))(p, x)
+    ref = jax.value_and_grad(lambda p, x: scalar(ref_f(p, x)), (0, 1))(p, x)
+    close(got, ref)
+    out, pull = jax.vjp(g, p, x)
+    ref_out, ref_pull = jax.vjp(ref_f, p, x)
+    ct = jax.tree_util.tree_map(lambda t: jnp.full(t.shape, 0.7, t.dtype), ref_out)
+    close((out, pull(ct)), (ref_out, ref_pull(ct)))
+    close(jax.jvp(g, (p, x), (p, x)), jax.jvp(ref_f, (p, x), (p, x)))
+
+
+@pytest.mark.parametrize("grad,grad_size", [("fused", None), ("fused", 3), ("recompute", 3)])
+def test_second_order_matches_vmap(grad, grad_size):
+    p, x = params(), rows(10)
+    g = pipe(chunkx.Sum(), 4, grad, grad_size, remainder="shift")
+    f = lambda p: scalar(g(p, x))  # noqa: E731
+    ref = lambda p: scalar(summed(p, x))  # noqa: E731
+    close(jax.hessian(f)(p), jax.hessian(ref)(p))
+    close(jax.grad(lambda p: jnp.sum(jax.grad(f)(p)["w"] ** 2))(p),
+          jax.grad(lambda p: jnp.sum(jax.grad(ref)(p)["w"] ** 2))(p))
+    close(jax.jacfwd(f)(p), jax.jacfwd(ref)(p))
+    check_grads(lambda p, x: scalar(g(p, x)), (p, x), order=2, modes=("fwd", "rev"))
+
+
+@pytest.mark.parametrize("grad,grad_size", [("auto", None), ("fused", 2), ("recompute", 2)])
+def test_shard_of_chunk_grad(grad, grad_size):
+    p, x = params(), rows(18)  # 4 devices: 4 rows each and 2 leftover rows
+    inner = pipe(chunkx.Sum(), 3, grad, grad_size)
+    g = chunkx.Shard(inner, reducer=chunkx.Sum(), in_axes=(None, 0))
+    got = jax.jit(jax.value_and_grad(lambda p, x: scalar(g(p, x)), (0, 1)))(p, x)
+    ref = jax.value_and_grad(lambda p, x: scalar(summed(p, x)), (0, 1))(p, x)
+    close(got, ref)
+
+
+@pytest.mark.parametrize("grad", ["fused", "recompute"])
+def test_complex_outputs_and_inputs(grad):
+    x = rows(9)
+    w = jax.random.normal(jax.random.PRNGKey(2), (3,)) * (1 + 0.5j)
+    f = lambda w, x: jnp.exp(1j * (x @ w)) * jnp.conj(w[0])  # noqa: E731  not holomorphic
+    g = chunkx.Chunk(chunkx.Vmap(f, (None, 0)), 4, reducer=chunkx.Sum(), in_axes=(None, 0),
+                     grad=grad, grad_size=2)
+    ref = lambda w, x: jnp.sum(jax.vmap(f, (None, 0))(w, x))  # noqa: E731
+    out, pull = jax.vjp(g, w, x)
+    r_out, r_pull = jax.vjp(ref, w, x)
+    ct = jnp.asarray(0.3 - 1.2j)
+    close((out, pull(ct)), (r_out, r_pull(ct)))
+    close(jax.jvp(g, (w, x), (w * 1j, x)), jax.jvp(ref, (w, x), (w * 1j, x)))
+    real_w = jnp.real(w)
+    loss = lambda w: jnp.abs(g(w, x)) ** 2  # noqa: E731
+    close(jax.grad(loss)(real_w), jax.grad(lambda w: jnp.abs(ref(w, x)) ** 2)(real_w))
+
+
+def test_closed_over_and_module_arrays_are_differentiated():
+    p, x = params(), rows(11)
+
+    def loss(p):
+        g = chunkx.Chunk(chunkx.Vmap(lambda x: per_example(p, x)), 4, reducer=chunkx.Sum(),
+                         grad="fused", grad_size=3)
+        return scalar(g(x))
+
+    close(jax.value_and_grad(loss)(p), jax.value_and_grad(lambda p: scalar(summed(p, x)))(p))
+
+
+def test_auto_policy_fuses_small_sums_only():
+    p, x = params(), rows(10)
+
+    def outer(k):
+        return lambda p, x: jnp.outer(x, jnp.ones(k)) * p["b"]
+
+    def fused(f, reducer=chunkx.Sum(), join=lambda r: jnp.sum(r, 0)):
+        g = chunkx.Chunk(chunkx.Vmap(f, (None, 0)), 4, reducer=reducer, in_axes=(None, 0))
+        ref = lambda p: jnp.sum(jnp.sin(join(jax.vmap(f, (None, 0))(p, x))))  # noqa: E731
+        close(jax.grad(lambda p: jnp.sum(jnp.sin(g(p, x))))(p), jax.grad(ref)(p))
+        return "custom_jvp_call" in str(jax.make_jaxpr(g)(p, x))
+
+    assert fused(outer(5))  # 15 outputs
+    assert not fused(outer(6))  # 18 outputs: recompute
+    assert not fused(outer(1), chunkx.Concat(), lambda r: r)
+    top = lambda r: jnp.max(r, 0)  # noqa: E731
+    assert not fused(outer(1), chunkx.Monoid(jnp.maximum, top), top)
+
+
+def test_batch_vmap_and_batch_map_pass_the_policy():
+    p, x = params(), rows(10)
+    for grad, gbs in [("fused", 3), ("recompute", 2), ("auto", None)]:
+        g = chunkx.batch_vmap(per_example, (None, 0), batch_size=4, reduction=add_tree,
+                              chunk_reduction=sum_rows, grad=grad, grad_batch_size=gbs)
+        close(jax.value_and_grad(lambda p: scalar(g(p, x)))(p),
+              jax.value_and_grad(lambda p: scalar(summed(p, x)))(p))
+        m = lambda p, g=grad, b=gbs: chunkx.batch_map(  # noqa: E731
+            lambda xs: jax.vmap(per_example, (None, 0))(p, xs), x, 4, reduction=add_tree,
+            chunk_reduction=sum_rows, grad=g, grad_batch_size=b)
+        close(jax.grad(lambda p: scalar(m(p)))(p), jax.grad(lambda p: scalar(summed(p, x)))(p))
+
+
+def test_grad_batch_size_smaller_chunks_in_the_reverse_pass():
+    p, x = params(), rows(4096)
+    loss = lambda g: lambda p: scalar(g(p, x))  # noqa: E731
+
+    def temp(g):
+        return jax.jit(jax.grad(loss(g))).lower(p).compile().memory_analysis().temp_size_in_bytes
+
+    for grad, gain in [("fused", 4), ("recompute", 1.5)]:  # recompute: forward pass at 2048
+        big = chunkx.batch_vmap(per_example, (None, 0), batch_size=2048, reduction=add_tree,
+                                chunk_reduction=sum_rows, grad=grad)
+        small = chunkx.batch_vmap(per_example, (None, 0), batch_size=2048, reduction=add_tree,
+                                  chunk_reduction=sum_rows, grad=grad, grad_batch_size=64)
+        assert temp(small) < temp(big) / gain
+
+
+AUTO_CASES = {
+    "recompute": (per_example, add_tree, sum_rows),  # a pytree sum: auto recomputes
+    "fused": (energy, jnp.add, jnp.sum),  # a scalar jnp.add: auto fuses
+}
+
+
+@pytest.mark.parametrize("case", list(AUTO_CASES))
+def test_auto_plans_forward_and_reverse_within_the_budget(case):
+    f, reduction, chunk_reduction = AUTO_CASES[case]
+    p, x = params(), rows(4096)
+    budget = 2**16
+    g = chunkx.batch_vmap(f, (None, 0), batch_size="auto", memory_budget=budget,
+                          reduction=reduction, chunk_reduction=chunk_reduction)
+    fwd, bwd = g.memory_plan(p, x), g.grad_memory_plan(p, x)
+    assert fwd.chunk_size > bwd.chunk_size
+    loss = lambda p, x: scalar(g(p, x))  # noqa: E731
+    temp_f = jax.jit(loss).lower(p, x).compile().memory_analysis().temp_size_in_bytes
+    temp_g = jax.jit(jax.grad(loss)).lower(p, x).compile().memory_analysis().temp_size_in_bytes
+    assert temp_f <= budget and temp_g <= budget
+    close(jax.grad(loss)(p, x), jax.grad(lambda p: scalar(summed(p, x, f)))(p))
+
+
+def test_progress_bars_name_the_chunk_sizes(capfd):
+    p, x = params(), rows(2048)
+    g = chunkx.batch_vmap(energy, (None, 0), batch_size=1024, grad_batch_size=256,
+                          reduction=jnp.add, chunk_reduction=jnp.sum, progress=True)
+    jax.block_until_ready(g(p, x))
+    jax.block_until_ready(jax.grad(lambda p: g(p, x))(p))
+    err = capfd.readouterr().err
+    assert "chunks of 1024 rows" in err and "value+grad: chunks of 256 rows" in err
+
+
+def test_errors():
+    # under the jaxtyping import hook the field's Literal type catches it first
+    with pytest.raises((ValueError, TypeError), match=r"grad(.|\n)*'fast'"):
+        chunkx.Chunk(jnp.sin, 2, grad="fast")
+    with pytest.raises(ValueError, match=r"`Chunk\(grad_size=0\)`: grad_size must be a positive"):
+        chunkx.Chunk(jnp.sin, 2, grad_size=0)
+    with pytest.raises(ValueError, match=r"`Chunk\(grad='store', grad_size=2\)`: a backward"):
+        chunkx.Chunk(jnp.sin, 4, grad="store", grad_size=2)
+    with pytest.raises(ValueError, match=r"`Chunk\(grad='fused'\)`: fusing value and gradient"):
+        chunkx.Chunk(chunkx.Vmap(jnp.sin), 2, grad="fused")(jnp.ones(5))
+    with pytest.raises(ValueError, match=r"`Chunk\(grad='fused'\)`: every leaf of the reduced"):
+        chunkx.Chunk(chunkx.Vmap(lambda x: x.astype(int)), 2, reducer=chunkx.Sum(),
+                     grad="fused")(jnp.ones(5))
+    with pytest.raises((ValueError, TypeError), match=r"grad(.|\n)*'x'"):
+        chunkx.batch_vmap(jnp.sin, grad="x")
+    with pytest.raises(ValueError, match=r"`batch_vmap\(grad_batch_size=4\)`: a backward chunk"):
+        chunkx.batch_vmap(jnp.sin, grad_batch_size=4)
+    with pytest.raises(ValueError, match=r"`batch_vmap\(grad_batch_size=None\).grad_memory_plan`"):
+        chunkx.batch_vmap(jnp.sin, batch_size=2).grad_memory_plan(jnp.ones(4))
+
+
+def test_chunk_map_chunk_size_bwd():
+    p, x = params(), rows(4096)
+    f = jax.vmap(lambda x, p: per_example(p, x)["e"], (0, None))
+
+    def loss(bwd):
+        g = chunkx.chunk_map(f, (0, None), chunk_size=512, use_scan=True, chunk_size_bwd=bwd)
+        return lambda p: jnp.sum(jnp.sin(g(x, p)))
+
+    ref = jax.grad(lambda p: jnp.sum(jnp.sin(f(x, p))))(p)
+    close(jax.grad(loss(16))(p), ref)  # 4 devices: 1024 rows each, in chunks of 512 per device
+    temp = {b: jax.jit(jax.grad(loss(b))).lower(p).compile().memory_analysis().temp_size_in_bytes
+            for b in (None, 16)}
+    assert temp[16] < temp[None]
+    with pytest.raises(ValueError, match=r"`chunk_map\(chunk_size_bwd=64\)`: a backward chunk"):
+        chunkx.chunk_map(f, (0, None), chunk_size=256, chunk_size_bwd=64)
+
+
+def test_sparse_pullback_grad_batch_size():
+    y = rows(4096)
+    fn = lambda y: jnp.sum(jnp.tanh(y) ** 2, axis=1)  # noqa: E731  per-row: block-diagonal
+
+    def loss(gbs):
+        return lambda y: jnp.sum(jnp.sin(chunkx.sparse_pullback(
+            fn, y, 1024, reduction=None, grad_batch_size=gbs)))
+
+    close(jax.grad(loss(64))(y), jax.grad(lambda y: jnp.sum(jnp.sin(fn(y))))(y))
+    temp = {b: jax.jit(jax.grad(loss(b))).lower(y).compile().memory_analysis().temp_size_in_bytes
+            for b in (None, 64)}
+    assert temp[64] < temp[None]
+    with pytest.raises(ValueError, match=r"`sparse_pullback\(grad_batch_size=0\)`: grad_batch"):
+        chunkx.sparse_pullback(fn, y, 1024, grad_batch_size=0)
+
+
+def test_auto_forward_only_map_whose_reverse_pass_does_not_fit():
+    x = jax.random.normal(jax.random.PRNGKey(0), (50, 6), jnp.float32)
+    w1, w2 = jnp.ones((6, 24), jnp.float32) / 6, jnp.ones((24, 5), jnp.float32) / 24
+    mlp = lambda x, w1, w2: jnp.tanh(x @ w1) @ w2  # noqa: E731
+    fixed = lambda *a: chunkx.batch_vmap(mlp, (0, None, None), batch_size=17)(*a)  # noqa: E731
+    budget = jax.jit(fixed).lower(x, w1, w2).compile().memory_analysis().temp_size_in_bytes
+    g = chunkx.batch_vmap(mlp, (0, None, None), batch_size="auto", memory_budget=budget)
+    close(g(x, w1, w2), jax.vmap(mlp, (0, None, None))(x, w1, w2), rtol=1e-6)  # runs forward
+    with pytest.raises(ValueError, match=r"`batch_vmap\(memory_budget=\d+\)`: the reverse pass"):
+        g.grad_memory_plan(x, w1, w2)
