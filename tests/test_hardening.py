@@ -522,3 +522,11 @@ def test_case_table_other_maps(name, transform, size, dtype, place):
     got = _run(lambda x, w, d: build(c)(x, w), transform, x, w, None)
     t = max(tol(dtype), 1e-5)
     assert_tree_close(got, want, rtol=t, atol=t)
+
+
+@pytest.mark.parametrize("remainder", ["call", "shift"])
+def test_bare_chunk_eager_on_explicit_caller_mesh(remainder):
+    """Item 1: a Chunk called eagerly on inputs laid out on a caller's Explicit mesh."""
+    x = jax.device_put(jnp.arange(7.0), NamedSharding(_caller_mesh(), P()))
+    out = chunkx.Chunk(chunkx.Vmap(jnp.sin), 3, remainder=remainder)(x)
+    np.testing.assert_allclose(out, jax.vmap(jnp.sin)(jnp.arange(7.0)), rtol=1e-6)

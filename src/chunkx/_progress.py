@@ -88,8 +88,9 @@ def ticker(total: int, desc: str = "chunkx", chained: bool = False) -> Callable[
     state = ProgressState(total, desc)
     if not chained:
 
-        def tick(step: Any) -> None:
-            jax.debug.callback(state, step)
+        def tick(step: Any, *after: Any) -> None:
+            """Report `step`; `after` (ignored by the bar) orders the report after them."""
+            jax.debug.callback(lambda s, *_: state(s), step, *after)
 
         return tick
     token = [jnp.int32(0)]
@@ -114,15 +115,17 @@ def scan(
     unroll: int = 1,
     progress: bool = False,
     desc: str = "chunkx",
+    tick: Callable[..., None] | None = None,
 ) -> tuple[Any, Any]:
     """`jax.lax.scan(step, init, xs)` over `length` steps, with a progress bar when asked.
 
     With `progress=False` this is exactly `jax.lax.scan`. With `progress=True` every step
-    reports its index through `jax.debug.callback` after computing (under `jit` too).
+    reports its index through `jax.debug.callback` after computing (under `jit` too), to `tick`
+    if given (a bar that counts more steps than the scan's) or to a bar of `length` steps.
     """
     if not progress:
         return jax.lax.scan(step, init, xs, length=length, unroll=unroll)
-    tick = ticker(length, desc)
+    tick = ticker(length, desc) if tick is None else tick
 
     def body(carry, x_i):
         x, i = x_i

@@ -9,6 +9,7 @@ import jax
 from .._checks import as_in_axes, check_choice, check_positive, zero_in_axes
 from .._types import GradPolicy, InAxes, Remainder, RowMask
 from ._rows import join_args, mapped_length, split_args
+from ._sharding import on_inputs_mesh
 from .fused import fused_call, grad_policy, regrad_call
 from .loop import chunk_loop, evaluate
 from .reduce import AbstractReducer, Concat
@@ -136,6 +137,10 @@ class Chunk(eqx.Module):
             )
 
     def __call__(self, *args: Any, valid: RowMask | None = None) -> Any:
+        with on_inputs_mesh(args):  # eager inputs on an Explicit mesh: the buffers join them
+            return self._call(args, valid)
+
+    def _call(self, args: tuple, valid: RowMask | None) -> Any:
         axes = zero_in_axes("Chunk", self.in_axes, len(args))
         n = mapped_length(args, axes, "Chunk")
         s = self.size

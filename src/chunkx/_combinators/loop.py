@@ -6,7 +6,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._progress import scan
+from .._progress import scan, ticker
 from .._types import RowMask
 from ._rows import rows, struct_of
 from .reduce import AbstractReducer
@@ -32,13 +32,16 @@ def chunk_loop(piece, reducer, source, n, s, opts, desc: str = "chunkx") -> Any:
     k, r = (-(-n // s), 0) if shift else divmod(n, s)
     part = jax.eval_shape(piece, *struct_of(rows(source, 0, s)))
     acc = reducer.init(part, n)
-    acc, stacked = _loop(piece, reducer, source, acc, n, s, k, shift, opts, desc)
+    tick = ticker(k + (r > 0), desc) if opts.progress else None
+    acc, stacked = _loop(piece, reducer, source, acc, n, s, k, shift, opts, tick)
     if r:  # remainder="call": the leftover rows are one more piece
         acc, _ = reducer.accumulate(acc, piece(*rows(source, k * s, r)), k * s, k)
+        if tick is not None:  # counted too, reported after the loop's own steps
+            tick(k, *jax.tree_util.tree_leaves(acc))
     return reducer.finish(acc, stacked)
 
 
-def _loop(piece, reducer, source, acc, n, s, k, shift, opts, desc):
+def _loop(piece, reducer, source, acc, n, s, k, shift, opts, tick):
     """Chunks `0..k-1` in one scan: `(acc, stacked)` as the reducer accumulates them."""
     if n == k * s:  # whole chunks: scan over a free reshape of the input
         xs = jax.tree_util.tree_map(lambda x: x.reshape((k, s) + x.shape[1:]), source)
@@ -58,6 +61,5 @@ def _loop(piece, reducer, source, acc, n, s, k, shift, opts, desc):
         return reducer.accumulate(acc, piece(mapped, valid), start, i)
 
     steps = (xs, jnp.arange(k))
-    progress = opts.progress
-    return scan(step, acc, steps, k, unroll=opts.unroll, progress=progress, desc=desc)
+    return scan(step, acc, steps, k, unroll=opts.unroll, progress=tick is not None, tick=tick)
 
