@@ -91,6 +91,11 @@ def struct_of(tree):
     return jax.tree_util.tree_map(struct, tree)
 
 
+def call_with_valid(fn, args: tuple, valid):
+    """`fn(*args)`, passing the row mask as `valid=` only when there is one."""
+    return fn(*args) if valid is None else fn(*args, valid=valid)
+
+
 def zeros_like_struct(tree):
     return jax.tree_util.tree_map(lambda t: jnp.zeros(t.shape, t.dtype), tree)
 

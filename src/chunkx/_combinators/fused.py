@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
-from ._rows import join_args, rows, struct_of
+from ._rows import join_args, rows, struct_of, zeros_like_struct
 from .loop import chunk_loop, evaluate
 
 #: `grad="auto"` fuses where the reduced output has at most this many real elements.
@@ -192,7 +192,7 @@ class _FusedAcc:
         self.size = size
 
     def init(self, part, n):
-        vec, jw, jr = jax.tree_util.tree_map(lambda t: jnp.zeros(t.shape, t.dtype), part)
+        vec, jw, jr = zeros_like_struct(part)
         jr = [jnp.zeros((j.shape[0], n) + j.shape[2:], j.dtype) for j in jr]
         return vec, jw, jr
 

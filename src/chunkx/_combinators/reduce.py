@@ -19,7 +19,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .._types import RowMask, Tree
-from ._rows import zeros_like_struct
+from ._rows import call_with_valid, zeros_like_struct
 from ._sharding import is_explicit, place
 
 #: Reductions known to be `+`: a Monoid folding with one of them sums its chunks' partials.
@@ -132,10 +132,6 @@ def _sharding_of(t: Any) -> Any:
     if isinstance(t, jax.ShapeDtypeStruct):
         return t.sharding
     return getattr(jax.typeof(t), "sharding", None)
-
-
-def _call(fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
-    return fn(*args) if valid is None else fn(*args, valid=valid)
 
 
 class Concat(AbstractReducer):
@@ -268,7 +264,7 @@ class Sum(AbstractReducer):
         return acc
 
     def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
-        return _call(fn, args, valid)
+        return call_with_valid(fn, args, valid)
 
     def trim(self, out: Tree, n: int) -> Tree:
         return out
@@ -348,7 +344,7 @@ class Monoid(AbstractReducer):
         return acc
 
     def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
-        return _call(fn, args, valid)
+        return call_with_valid(fn, args, valid)
 
     def trim(self, out: Tree, n: int) -> Tree:
         return out

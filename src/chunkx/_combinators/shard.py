@@ -10,14 +10,10 @@ from jax.sharding import PartitionSpec as P
 
 from .._checks import as_in_axes, zero_in_axes
 from .._types import InAxes, RowMask
-from ._rows import map_mapped, mapped_length
+from ._rows import call_with_valid, map_mapped, mapped_length
 from ._sharding import call_mesh, is_explicit, mesh_of, on_mesh, place
 from .pad import split_rows
 from .reduce import AbstractReducer, reducer_of
-
-
-def _call(fn, args, valid):
-    return fn(*args) if valid is None else fn(*args, valid=valid)
 
 
 class Shard(eqx.Module):
@@ -91,9 +87,9 @@ class Shard(eqx.Module):
             tail, v_tail = (args, valid) if tail is None else tail
             if is_explicit(mesh):  # replicated on the caller's mesh; typed under jit (eager too)
                 tail = map_mapped(lambda x: place(x, mesh, P()), tail, axes)
-                parts.append(eqx.filter_jit(_call)(self.fn, tail, v_tail))
+                parts.append(eqx.filter_jit(call_with_valid)(self.fn, tail, v_tail))
             else:
-                parts.append(_call(self.fn, tail, v_tail))
+                parts.append(call_with_valid(self.fn, tail, v_tail))
         if len(parts) == 1:
             return parts[0]
         if is_explicit(mesh):  # join on one (replicated) layout
@@ -114,7 +110,7 @@ class Shard(eqx.Module):
             valid = place(valid, mesh, v_spec)
 
         def local(dyn_args, v):
-            part = _call(self.fn, eqx.combine(dyn_args, static), v)
+            part = call_with_valid(self.fn, eqx.combine(dyn_args, static), v)
             return reducer.shard_local(part, axis)
 
         # check_vma=False: `fn` is the user's code, and with the check on JAX types every value
