@@ -216,6 +216,32 @@ def test_auto_plans_forward_and_reverse_within_the_budget(case):
     close(jax.grad(loss)(p, x), jax.grad(lambda p: scalar(summed(p, x, f)))(p))
 
 
+def test_auto_plans_the_reverse_pass_only_when_differentiated(monkeypatch):
+    import chunkx._grad_plan as grad_plan
+
+    compiled = []
+    real = grad_plan.compiled_temp_bytes
+    monkeypatch.setattr(grad_plan, "compiled_temp_bytes",
+                        lambda *a, **k: compiled.append(1) or real(*a, **k))
+    p, x = params(), rows(1024)
+    g = chunkx.batch_vmap(energy, (None, 0), batch_size="auto", memory_budget=2**14,
+                          reduction=jnp.add, chunk_reduction=jnp.sum)
+    close(g(p, x), jnp.sum(jax.vmap(energy, (None, 0))(p, x)))
+    close(jax.jit(g)(p, x), jnp.sum(jax.vmap(energy, (None, 0))(p, x)))
+    assert compiled == []  # forward only: no VJP program was compiled for planning
+    bwd = g.grad_memory_plan(p, x)
+    assert 1 <= len(compiled) == len(bwd.points) <= 8
+    loss = lambda p: jnp.sin(g(p, x))  # noqa: E731
+    ref = lambda p: jnp.sin(jnp.sum(jax.vmap(energy, (None, 0))(p, x)))  # noqa: E731
+    close(jax.grad(loss)(p), jax.grad(ref)(p))
+    assert len(compiled) == len(bwd.points)  # the gradient used the cached plan
+    t = jax.tree_util.tree_map(jnp.ones_like, p)
+    close(jax.jvp(loss, (p,), (t,)), jax.jvp(ref, (p,), (t,)))
+    close(jax.hessian(loss)(p), jax.hessian(ref)(p))
+    check_grads(lambda w: g({"w": w, "b": p["b"]}, x[:40]), (p["w"],), order=2,
+                modes=("fwd", "rev"))
+
+
 def test_progress_bars_name_the_chunk_sizes(capfd):
     p, x = params(), rows(2048)
     g = chunkx.batch_vmap(energy, (None, 0), batch_size=1024, grad_batch_size=256,
@@ -284,9 +310,14 @@ def test_auto_forward_only_map_whose_reverse_pass_does_not_fit():
     x = jax.random.normal(jax.random.PRNGKey(0), (50, 6), jnp.float32)
     w1, w2 = jnp.ones((6, 24), jnp.float32) / 6, jnp.ones((24, 5), jnp.float32) / 24
     mlp = lambda x, w1, w2: jnp.tanh(x @ w1) @ w2  # noqa: E731
-    fixed = lambda *a: chunkx.batch_vmap(mlp, (0, None, None), batch_size=17)(*a)  # noqa: E731
+    fixed = lambda *a: chunkx.batch_vmap(mlp, (0, None, None), batch_size=5)(*a)  # noqa: E731
     budget = jax.jit(fixed).lower(x, w1, w2).compile().memory_analysis().temp_size_in_bytes
     g = chunkx.batch_vmap(mlp, (0, None, None), batch_size="auto", memory_budget=budget)
+    for size in (1, 2, 5):  # the premise: no reverse pass fits (they need at least 3.5 kB)
+        h = chunkx.batch_vmap(mlp, (0, None, None), batch_size=25, grad_batch_size=size)
+        vjp = jax.value_and_grad(lambda w1, w2: jnp.sum(h(x, w1, w2)), (0, 1))  # noqa: B023
+        assert chunkx.compiled_temp_bytes(vjp, w1, w2) > budget
     close(g(x, w1, w2), jax.vmap(mlp, (0, None, None))(x, w1, w2), rtol=1e-6)  # runs forward
-    with pytest.raises(ValueError, match=r"`batch_vmap\(memory_budget=\d+\)`: the reverse pass"):
+    with pytest.raises(ValueError, match=r"`batch_vmap\(memory_budget=\d+\)`: the budget is smaller "
+                       r"than one row of the reverse pass"):
         g.grad_memory_plan(x, w1, w2)

@@ -1,9 +1,8 @@
-"""Planning the reverse pass: the VJP program of a pipeline, and a search in few compilations.
+"""Planning the reverse pass: the VJP program of a pipeline, searched like the forward pass.
 
-The backward chunk size is searched on the compiled VJP program of the pipeline with the
-forward size fixed. Its memory is close to linear in the backward size, so a line through two
-measurements predicts the answer and one more compilation verifies it: three or four
-compilations instead of a full bracketed search.
+The backward chunk size is searched with [`chunkx.fit_memory`][] on the compiled VJP program of
+the pipeline with the forward size fixed, among sizes up to the forward size (the remainder is
+taken from all the rows): three or four compilations where memory is linear in the size.
 """
 
 from collections.abc import Callable
@@ -12,8 +11,17 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
 
-from ._memory import MemoryPlan, cached, compiled_temp_bytes, default_budget, fit_line, signature
+from ._memory import (
+    MemoryPlan,
+    cached,
+    compiled_temp_bytes,
+    default_budget,
+    divisor_below,
+    search_sizes,
+    signature,
+)
 
 
 class VjpProgram(eqx.Module):
@@ -50,52 +58,6 @@ class VjpProgram(eqx.Module):
         return out, pull(jax.tree_util.tree_map(jnp.ones_like, out))
 
 
-def fit_memory_quick(
-    measure: Callable[[int], int], n: int, budget: int, who: str, rows: int | None = None
-) -> MemoryPlan:
-    """The largest size in `[1, n]` that the line through two measurements allows, verified.
-
-    Measures `n` (returned if it fits) and `p = max(1, n // 8)`, predicts the size at the
-    budget, and measures it; a prediction over budget is refined along the secant (at most four
-    more compilations). A divisor of `rows` (the rows the loop runs over) of at least half the
-    prediction is tried first: it runs no remainder chunk, whose own cost breaks the line.
-    Raises `ValueError` if one row does not fit.
-    """
-    seen: dict[int, int] = {}
-
-    def m(size: int) -> int:
-        if size not in seen:
-            seen[size] = int(measure(size))
-        return seen[size]
-
-    if m(n) <= budget:
-        return MemoryPlan(n, budget, tuple(seen.items()), float(m(n)), 0.0, n, n)
-    lo = max(1, n // 8)
-    a, b = fit_line([(lo, m(lo)), (n, m(n))])
-    predicted = n - 1 if b == 0 else int(min(n - 1, max(1, (budget - a) // b)))
-    size, hi = _divisor_near(predicted, rows), n
-    for _ in range(4):
-        if m(size) <= budget:
-            break
-        hi = size
-        lo = lo if m(lo) <= budget else 1
-        slope = (m(hi) - m(lo)) / max(hi - lo, 1)
-        size = int(max(1, min(hi - 1, lo + (budget - m(lo)) // max(slope, 1))))
-    if m(size) > budget:
-        raise ValueError(
-            f"`{who}(memory_budget={budget})`: the reverse pass does not fit: backward chunk "
-            f"size {size} needs {m(size)} bytes of XLA temp memory."
-        )
-    return MemoryPlan(n, budget, tuple(seen.items()), a, b, predicted, size)
-
-
-def _divisor_near(size: int, rows: int | None) -> int:
-    """The largest divisor of `rows` in `[size / 2, size]`, else `size`."""
-    if rows is None:
-        return size
-    return next((d for d in range(size, max(size // 2, 1) - 1, -1) if rows % d == 0), size)
-
-
 def plan_grad(
     who: str,
     build: Callable[[int], Callable[..., Any]],
@@ -104,13 +66,62 @@ def plan_grad(
     n: int,
     memory_budget: int | None,
     cache_on: Any,
-    rows: int | None = None,
+    rows: int,
 ) -> MemoryPlan:
-    """Plan the backward chunk size: `VjpProgram(build(g), axes)(*args)` within the budget."""
+    """Plan the backward chunk size: `VjpProgram(build(g), axes)(*args)` within the budget.
+
+    `n` is the forward size, the largest backward size; `rows` the rows the chunks split. Where
+    the forward size was itself cut by the budget (`n < rows`), the reverse pass, which runs the
+    forward pass of each chunk too, cannot fit at `n`: the search starts from two sizes that
+    divide the rows, near `n / 8` and `n / 2`, instead of compiling `n` first.
+    """
     budget = default_budget(who, "batch_size") if memory_budget is None else memory_budget
 
     def measure(g: int) -> int:
         return compiled_temp_bytes(VjpProgram(build(g), axes), *args, who=who)
 
     measure = cached(*signature(cache_on, args), measure)
-    return fit_memory_quick(measure, n, budget, who, rows)
+    p = divisor_below(rows, n // 8)
+    q = divisor_below(rows, n // 2)
+    q = q if q > p else min(n, p + 1)  # rows with few divisors
+    first = (n, p) if n >= rows else (p, q)
+    return search_sizes(
+        measure, n, budget, rows, first, who=who, name="memory_budget",
+        what="the reverse pass (the VJP of the map)",
+    )
+
+
+def planned_on_differentiation(
+    run: Callable[[Any, int | None], Any], plan: Callable[[Any], int | None], tree: Any
+) -> Any:
+    """`run(tree, None)`, whose derivatives are those of `run(tree, plan(tree))`.
+
+    `plan(tree)` (the backward chunk size of the map that `run` builds) is called only when the
+    call is differentiated: a `jax.custom_jvp` whose rule plans, then returns the JVP of the
+    map at that size (so reverse mode is JAX's transpose of that JVP, as without the rule).
+    Every array leaf of `tree` (the arguments and the arrays the function holds) is an input of
+    the rule, so every derivative is exact.
+    """
+    dyn, static = eqx.partition(tree, eqx.is_array)
+    leaves, treedef = jax.tree_util.tree_flatten(dyn)
+
+    def rebuild(xs):
+        return eqx.combine(jax.tree_util.tree_unflatten(treedef, list(xs)), static)
+
+    @jax.custom_jvp
+    def f(*xs):
+        return run(rebuild(xs), None)
+
+    def rule(primals, tangents):
+        size = plan(rebuild(primals))
+        mask = [not isinstance(t, SymbolicZero) for t in tangents]
+
+        def at_size(*live):
+            it = iter(live)
+            return run(rebuild([next(it) if m else x for x, m in zip(primals, mask)]), size)
+
+        live = tuple(x for x, m in zip(primals, mask) if m)
+        return jax.jvp(at_size, live, tuple(t for t, m in zip(tangents, mask) if m))
+
+    f.defjvp(rule, symbolic_zeros=True)
+    return f(*leaves)

@@ -1,13 +1,14 @@
-"""The memory-planning machinery: measure compiled temp memory, fit a line, search a chunk size.
+"""The memory-planning machinery: measure compiled temp memory, fit a model, search a chunk size.
 
 One machinery serves every planner: `measure(B) -> bytes` (usually [`chunkx.compiled_temp_bytes`][]
-of a pipeline built with chunk size `B`), a straight-line model `bytes ≈ a + b·B`, and a bracketed
-search that verifies its answer and the next size up by compiling them.
+of a pipeline built with chunk size `B`), a model `bytes ≈ a + b·B` plus the cost of the remainder
+chunk, and a search that measures the largest size the model allows until the model allows no
+larger one than the best measured within the budget.
 """
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -26,11 +27,14 @@ class MemoryPlan(eqx.Module):
     - `n`: the largest useful chunk size (rows per device).
     - `budget_bytes`: the temp-memory budget.
     - `points`: `(chunk size, temp bytes)` pairs that were compiled, in order of measurement.
-    - `a`, `b`: the model `bytes ≈ a + b·B`, fitted through two small sizes (see
+    - `a`, `b`: the model's line `bytes ≈ a + b·B` for sizes that divide the rows (see
       [`chunkx.fit_memory`][]); `b = 0` when no line was needed.
-    - `predicted`: the chunk size the model alone gives, `floor((budget - a) / b)` in `[1, n]`.
-    - `chunk_size`: the verified answer: its measured temp is within the budget, and the next
-      size up was measured over it (unless `chunk_size == n`).
+    - `predicted`: the largest chunk size the final model says fits (`predict(B) <= budget`).
+    - `chunk_size`: the answer: the largest size that was measured within the budget. The model,
+      refitted on every measurement, predicts no larger size fits.
+    - `remainder`: `(c0, c)`, the model's extra cost of a size that leaves `r > 0` rows over:
+      `c0 + c·r` bytes (a remainder chunk is compiled and run on its own).
+    - `rows`: the number of rows the remainder is taken from (usually `n`).
 
     !!! Example
 
@@ -39,7 +43,8 @@ class MemoryPlan(eqx.Module):
         plan = chunkx.fit_memory(lambda B: 1_000 + 100 * B, n=64, budget_bytes=5_000)
         assert isinstance(plan, chunkx.MemoryPlan)
         assert math.isclose(plan.a, 1_000) and math.isclose(plan.b, 100)
-        assert plan.chunk_size == 40 and plan.bytes_at(40) == 5_000 < plan.bytes_at(41)
+        assert plan.chunk_size == 40 and plan.bytes_at(40) == 5_000    # measured: it fits
+        assert plan.predict(41) > 5_000                                 # the model: 41 does not
         assert plan.bytes_at(64) == 7_400                   # the whole batch, measured first
         ```
     """
@@ -51,10 +56,30 @@ class MemoryPlan(eqx.Module):
     b: float = eqx.field(static=True)
     predicted: int = eqx.field(static=True)
     chunk_size: int = eqx.field(static=True)
+    remainder: tuple[float, float] = eqx.field(static=True, default=(0.0, 0.0))
+    rows: int | None = eqx.field(static=True, default=None)
 
     def bytes_at(self, size: int) -> int | None:
         """The measured temp bytes at `size`, or `None` if that size was not compiled."""
         return dict(self.points).get(size)
+
+    def predict(self, size: int) -> float:
+        """The model's temp bytes at chunk size `size` (measured or not)."""
+        model = _Model(self.a, self.b, *self.remainder)
+        return float(model.at(np.array([size]), self.n if self.rows is None else self.rows)[0])
+
+
+class _Model(NamedTuple):
+    """`bytes ≈ a + b·B + [r > 0]·(c0 + c·r)` with `r = rows % B` (the remainder's own cost)."""
+
+    a: float
+    b: float
+    c0: float = 0.0
+    c: float = 0.0
+
+    def at(self, sizes: np.ndarray, rows: int) -> np.ndarray:
+        r = rows % sizes
+        return self.a + self.b * sizes + np.where(r > 0, self.c0 + self.c * r, 0.0)
 
 
 def fit_line(points: Any) -> tuple[float, float]:
@@ -67,32 +92,104 @@ def fit_line(points: Any) -> tuple[float, float]:
     return float(a), float(max(b, 0.0))
 
 
+def _models(points: dict[int, int], rows: int) -> tuple[list[_Model], bool]:
+    """The models that fit `points` (least squares, slopes >= 0), and whether the points
+    determine the remainder's cost.
+
+    With sizes leaving two or more different remainders, all four terms are fitted. With one,
+    its extra cost may be per leftover row (`c`) or fixed (`c0`): both models are given, in that
+    order. With too few points for either, a remainder row is assumed to cost as much as a chunk
+    row (as when XLA gives the remainder chunk its own buffers), then nothing.
+    """
+    sizes = np.array(list(points), float)
+    ys = np.array(list(points.values()), float)
+    r = rows % sizes
+    one, some = np.ones_like(sizes), (r > 0).astype(float)
+    found = []
+    for cols, names in (
+        ((one, sizes, some, r), "a b c0 c"),
+        ((one, sizes, r), "a b c"),
+        ((one, sizes, some), "a b c0"),
+    ):
+        model = _lstsq(np.stack(cols, axis=1), ys, names.split())
+        found += [] if model is None else [model]
+        if len(cols) == 4 and found:
+            break
+    if found:
+        return found, True
+    a, b = fit_line(list(zip(sizes + r, ys)))
+    return [_Model(a, b, 0.0, b), _Model(*fit_line(list(zip(sizes, ys))))], False
+
+
+def _lstsq(x: np.ndarray, ys: np.ndarray, names: list[str]) -> "_Model | None":
+    """Least squares of `ys` on the columns of `x`, if they are determined and the slopes >= 0."""
+    if np.linalg.matrix_rank(x) < len(names):
+        return None
+    coef = dict(zip(names, np.linalg.lstsq(x, ys, rcond=None)[0]))
+    tol = 1e-9 * (1.0 + np.abs(ys).max())  # rounding error of an exact fit
+    if min(v for k, v in coef.items() if k != "a") < -tol:
+        return None
+    return _Model(**{k: float(v if k == "a" else max(v, 0.0)) for k, v in coef.items()})
+
+
+def _largest_predicted(
+    model: _Model, lo: int, hi: int, rows: int, budget: int, skip: Any = ()
+) -> int | None:
+    """The largest size in `[lo, hi]`, not in `skip`, that `model` predicts within `budget`."""
+    if model.b > 0:  # remainders only add: nothing above the line's crossing fits
+        hi = min(hi, int((budget - model.a) // model.b))
+    block = 1 << 16
+    for top in range(hi, lo - 1, -block):
+        sizes = np.arange(max(lo, top - block + 1), top + 1)
+        ok = sizes[(model.at(sizes, rows) <= budget) & ~np.isin(sizes, list(skip))]
+        if ok.size:
+            return int(ok[-1])
+    return None
+
+
+def _next_size(seen: dict[int, int], n: int, rows: int, budget: int) -> int | None:
+    """The next size to measure: the largest one above the best that fits which a model allows.
+
+    Where the points leave the model open (see `_models`), the other models that fit them are
+    asked in turn: while the remainder's cost is not determined, whatever they allow (it must
+    be learnt); after that, only a size `1/16` larger than the best.
+    """
+    best = max((s for s, v in seen.items() if v <= budget), default=0)
+    models, learnt = _models(seen, rows)
+    for i, model in enumerate(models):
+        size = _largest_predicted(model, best + 1, n, rows, budget, seen)
+        if size is not None and (i == 0 or not learnt or 16 * size > 17 * best):
+            return size
+    return 1 if best == 0 and 1 not in seen else None
+
+
 def fit_memory(
     measure: Callable[[int], int],
     n: int,
     budget_bytes: int,
     *,
+    rows: int | None = None,
     who: str = "fit_memory",
     what: str = "the pipeline",
     name: str = "budget_bytes",
 ) -> MemoryPlan:
     """The largest chunk size in `[1, n]` whose measured memory fits in `budget_bytes`.
 
-    Measures `B = n` (returned if it fits), then two small sizes `p1 < p2` (about 2 and `n / 8`,
-    each leaving a remainder chunk), fits `bytes ≈ a + b·B` through them and predicts the size
-    at the budget. It then narrows the bracket `measure(lo) <= budget < measure(hi)` until
-    `hi == lo + 1`, starting at the prediction: with a linear memory profile that is two more
-    compilations, the predicted size and its neighbour. Last, the divisors of `n` above that
-    size are bisected (they run no remainder chunk, which has its own cost). At most 12 sizes are
-    measured, and the answer is always a measured size that fits. If `p1` does not fit (a
-    remainder chunk alone is over budget), the divisors of `n` are bisected instead; if none
-    fits, `ValueError`.
+    Measures `B = n` (returned if it fits), then a divisor `p` of the rows near `n / 8`, and
+    fits the model `bytes ≈ a + b·B + [r > 0]·(c0 + c·r)`, where `r` is the number of rows left
+    over by chunks of `B`: a line, plus the cost of the remainder chunk (compiled and run on its
+    own). It then measures the largest size the model says fits, refits on every measurement
+    (least squares, using the terms the points determine) and stops when the model allows no
+    size larger than the best that fits. With a linear profile that is three or four
+    compilations; never more than 12, and the answer is always a measured size that fits. If no
+    size is predicted to fit, `B = 1` is measured; if it does not fit, `ValueError`.
 
     **Arguments:**
 
     - `measure`: `B -> bytes`, e.g. `lambda B: chunkx.compiled_temp_bytes(build(B), *args)`.
     - `n`: the largest useful chunk size (the number of rows, per device).
     - `budget_bytes`: the budget in bytes.
+    - `rows`: the number of rows the chunks split (default `n`), for the remainder `rows % B`.
     - `who`, `what`, `name`: the caller, the measured object and the budget argument, for messages.
 
     **Returns:**
@@ -112,6 +209,29 @@ def fit_memory(
     budget = check_positive(who, name, budget_bytes, allow_none=False)
     if n < 1:
         return MemoryPlan(max(n, 0), budget, (), 0.0, 0.0, 1, 1)
+    rows = n if rows is None else rows
+    first = (n, divisor_below(rows, n // 8))
+    return search_sizes(measure, n, budget, rows, first, who=who, what=what, name=name)
+
+
+def divisor_below(rows: int, size: int) -> int:
+    """The largest divisor of `rows` in `[1, max(size, 1)]` (a size leaving no remainder)."""
+    return next(d for d in range(max(1, size), 0, -1) if rows % d == 0)
+
+
+def search_sizes(
+    measure: Callable[[int], int],
+    n: int,
+    budget: int,
+    rows: int,
+    first: tuple[int, ...],
+    *,
+    who: str,
+    what: str,
+    name: str,
+) -> MemoryPlan:
+    """`fit_memory`'s search, starting from the sizes `first` (if `n` is one of them and fits,
+    the answer is `n`)."""
     seen: dict[int, int] = {}
 
     def m(size: int) -> int:
@@ -119,87 +239,25 @@ def fit_memory(
             seen[size] = int(measure(size))
         return seen[size]
 
-    def plan(a: float, b: float, predicted: int, size: int) -> MemoryPlan:
-        return MemoryPlan(n, budget, tuple(seen.items()), a, b, predicted, size)
-
-    if m(n) <= budget:  # the whole batch fits: no chunking
-        return plan(float(m(n)), 0.0, n, n)
-    p1 = _with_remainder(n, 2)
-    p2 = _with_remainder(n, max(p1 + 1, n // 8))
-    if p2 >= n or m(p1) > budget:  # tiny n, or a remainder chunk alone is over budget
-        sizes = range(n - 1, 0, -1) if p2 >= n else _divisors(n)
-        size = _largest_fitting(m, budget, list(sizes)[::-1])
-        if size is None:
-            raise ValueError(
-                f"`{who}({name}={budget})`: the budget is smaller than one row of {what}: "
-                f"chunk size 1 needs {m(1)} bytes of XLA temp memory. Raise {name} to at "
-                f"least {min(seen.values())}."
-            )
-        return plan(float(m(size)), 0.0, size, size)
-    a, b = fit_line([(p1, m(p1)), (p2, m(p2))])
-    predicted = n if b == 0 else int(min(n, max(1, (budget - a) // b)))
-    lo, hi = (p2, n) if m(p2) <= budget else (p1, p2)
-    lo = _search(m, budget, lo, hi, predicted)
-    # sizes that divide n run no remainder chunk, which has its own cost (copies of the mapped
-    # rows): the best of them may be larger than `lo`
-    larger = [d for d in _divisors(n)[::-1] if d > lo]
-    best = _largest_fitting(m, budget, larger, _MAX_COMPILES - len(seen))
-    lo = lo if best is None else best
-    return plan(a, b, predicted, lo)
-
-
-def _with_remainder(n: int, size: int) -> int:
-    """The smallest `B >= size`, `B < n // 2`, that leaves a remainder (else `size`).
-
-    Most chunk sizes leave a remainder chunk, which has its own cost (e.g. copying a
-    concatenated output), so the model is fitted where it is paid.
-    """
-    for b in range(size, max(size, n // 2)):
-        if n % b:
-            return b
-    return size
-
-
-def _search(m: Callable[[int], int], budget: int, lo: int, hi: int, first: int) -> int:
-    """Narrow `m(lo) <= budget < m(hi)` until `hi == lo + 1`; return `lo`.
-
-    Guesses: the model's `first`; after a success, the line through the last two successes
-    (memory grows at the local slope); after a failure, the secant through the bracket; after
-    two failures in a row, the midpoint.
-    """
-    prev, fails, calls, guess = None, 0, 0, first
-    while hi - lo > 1 and calls < _MAX_COMPILES - 6:
-        guess = int(min(hi - 1, max(lo + 1, guess)))
-        calls += 1
-        if m(guess) <= budget:
-            prev, lo, fails = lo, guess, 0
-        else:
-            hi, fails = guess, fails + 1
-        slope_lo = (m(lo) - m(prev)) / (lo - prev) if prev is not None else 0.0
-        if fails == 0 and slope_lo > 0:
-            guess = lo + (budget - m(lo)) / slope_lo
-        elif fails <= 1:
-            guess = lo + (hi - lo) * (budget - m(lo)) / max(m(hi) - m(lo), 1)
-        else:
-            guess = (lo + hi) / 2
-    return lo
-
-
-def _divisors(n: int) -> list[int]:
-    """Divisors of `n` below `n`, largest first (sizes that leave no remainder chunk)."""
-    return [d for d in range(n // 2, 0, -1) if n % d == 0]
-
-
-def _largest_fitting(
-    m: Callable[[int], int], budget: int, sizes: list[int], calls: int = 64
-) -> int | None:
-    """Bisect ascending `sizes` (at most `calls` steps), assuming memory grows along them."""
-    lo, hi = -1, len(sizes)
-    while hi - lo > 1 and calls > 0:
-        calls -= 1
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if m(sizes[mid]) <= budget else (lo, mid)
-    return None if lo < 0 else sizes[lo]
+    for size in first:
+        if m(size) <= budget and size == n:  # the whole batch fits: no chunking
+            return MemoryPlan(n, budget, tuple(seen.items()), float(m(n)), 0.0, n, n, rows=rows)
+    while len(seen) < _MAX_COMPILES and (size := _next_size(seen, n, rows, budget)):
+        m(size)
+    fits = [s for s, v in seen.items() if v <= budget]
+    if not fits:
+        raise ValueError(
+            f"`{who}({name}={budget})`: the budget is smaller than one row of {what}: "
+            f"chunk size 1 needs {m(1)} bytes of XLA temp memory. Raise {name} to at "
+            f"least {m(1)}."
+        )
+    models, learnt = _models(seen, rows)
+    model = models[0] if learnt else models[-1]
+    predicted = _largest_predicted(model, 1, n, rows, budget) or 1
+    return MemoryPlan(
+        n, budget, tuple(seen.items()), model.a, model.b, predicted, max(fits),
+        (model.c0, model.c), rows,
+    )
 
 
 # -- compiling a pipeline -----------------------------------------------------------------------

@@ -90,13 +90,13 @@ def plan_chunk_size(
     are not counted). Nothing is run or allocated: `args` may be `jax.ShapeDtypeStruct`s.
 
     The search is [`chunkx.fit_memory`][]: it compiles the whole batch `B = n` first (the answer
-    if it fits), then two small sizes that leave a remainder chunk, about `2` and `n / 8` (e.g.
-    3 and 257 for `n = 2048`), fits `temp ≈ a + b·B` through them, compiles the predicted size
-    and narrows the bracket around it (its neighbour, where memory is linear in `B`), and last
-    tries the divisors of `n` above that size (they run no remainder chunk); at most 12
-    compilations, and the answer is always a measured size. Measurements are cached per
-    signature (`f` by identity, shapes and dtypes of `args`, the options). See "Choose a chunk
-    size" in the docs for what this assumes.
+    if it fits), then the largest divisor of `n` up to `n / 8` (e.g. 256 for `n = 2048`), fits
+    `temp ≈ a + b·B` through them, plus the extra cost of a remainder chunk for sizes that do not
+    divide `n`, and compiles the largest size this model says fits; it refits on every
+    measurement and stops when the model allows nothing larger than the best measured size: three
+    or four compilations for a linear profile, never more than 12, and the answer is always a
+    measured size. Measurements are cached per signature (`f` by identity, shapes and dtypes of
+    `args`, the options). See "Choose a chunk size" in the docs for what this assumes.
 
     **Arguments:**
 
@@ -108,7 +108,7 @@ def plan_chunk_size(
     **Returns:**
 
     A positive `int`: the number of rows (`n`, or a device's share with `shard`) when the whole
-    batch fits, else a measured size within the budget whose next size up was measured over it.
+    batch fits, else a measured size within the budget above which the model predicts none fits.
 
     **Raises:**
 

@@ -23,7 +23,7 @@ from .._combinators.chunk import Chunk, Reduce
 from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
 from .._combinators.shard import Shard
 from .._combinators.vmap import Vmap
-from .._grad_plan import plan_grad
+from .._grad_plan import plan_grad, planned_on_differentiation
 from .._memory import MemoryPlan, per_device_rows, plan_auto
 from .._types import GradPolicy, InAxes
 from ._axes import move_axis, normalize_axis
@@ -142,9 +142,14 @@ class BatchVmap(eqx.Module):
         size, grad_size = self.batch_size, self.grad_batch_size
         if size == "auto":
             size = self._plan(f, zero, args).chunk_size
-        if grad_size == "auto":
-            grad_size = self._grad_size(f, zero, args, size)
-        out = self._build(f, zero, size, grad_size)(*args)
+        if grad_size == "auto":  # planned only if the call is differentiated
+            out = planned_on_differentiation(
+                lambda fa, g: self._build(fa[0], zero, size, g)(*fa[1]),
+                lambda fa: self._grad_size(fa[0], zero, fa[1], size),
+                (f, args),
+            )
+        else:
+            out = self._build(f, zero, size, grad_size)(*args)
         return out if self.post is None else self.post(out)
 
     def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
