@@ -67,6 +67,9 @@ def main():
             line = [plan.a + plan.b * b for b in range(1, N + 1)]
             ax.plot(range(1, N + 1), [v * mb for v in line], "-", lw=1,
                     label=f"model a + b·B (a={plan.a / 1e3:.0f} kB, b={plan.b / 1e3:.2f} kB/row)")
+            c0, c = plan.remainder
+            ax.plot(rem, [plan.predict(b) * mb for b in rem], ".", ms=3,
+                    label=f"model with a remainder (c0={c0 / 1e3:.0f} kB, c={c / 1e3:.2f} kB/row)")
         ax.plot([s for s, _ in plan.points], [m * mb for _, m in plan.points], "x", color="k",
                 label=f"planner's {len(plan.points)} compilations")
         ax.axhline(budget * mb, color="r", ls="--", lw=1, label=f"budget {budget * mb:.1f} MiB")
@@ -75,7 +78,8 @@ def main():
         ax.legend(fontsize=7)
         results["cases"][title] = {
             "measured": measured, "budget": budget, "points": plan.points, "a": plan.a,
-            "b": plan.b, "predicted": plan.predicted, "chunk_size": plan.chunk_size,
+            "b": plan.b, "remainder": plan.remainder, "predicted": plan.predicted,
+            "chunk_size": plan.chunk_size,
         }
         print(f"{title}: budget {budget} B, a={plan.a:.0f}, b={plan.b:.0f}, predicted "
               f"{plan.predicted}, chosen {plan.chunk_size}, {len(plan.points)} compilations")

@@ -318,6 +318,8 @@ def test_auto_forward_only_map_whose_reverse_pass_does_not_fit():
         vjp = jax.value_and_grad(lambda w1, w2: jnp.sum(h(x, w1, w2)), (0, 1))  # noqa: B023
         assert chunkx.compiled_temp_bytes(vjp, w1, w2) > budget
     close(g(x, w1, w2), jax.vmap(mlp, (0, None, None))(x, w1, w2), rtol=1e-6)  # runs forward
-    with pytest.raises(ValueError, match=r"`batch_vmap\(memory_budget=\d+\)`: the budget is smaller "
-                       r"than one row of the reverse pass"):
+    msg = r"`batch_vmap\(memory_budget=\d+\)`: the budget is smaller than one row of the reverse"
+    with pytest.raises(ValueError, match=msg):
         g.grad_memory_plan(x, w1, w2)
+    with pytest.raises(ValueError, match=msg):  # differentiating it says so too
+        jax.grad(lambda w1: jnp.sum(g(x, w1, w2)))(w1)

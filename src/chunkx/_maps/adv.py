@@ -145,7 +145,7 @@ class BatchVmap(eqx.Module):
         if grad_size == "auto":  # planned only if the call is differentiated
             out = planned_on_differentiation(
                 lambda fa, g: self._build(fa[0], zero, size, g)(*fa[1]),
-                lambda fa: self._grad_size(fa[0], zero, fa[1], size),
+                lambda fa: self._plan_grad(fa[0], zero, fa[1], size).chunk_size,
                 (f, args),
             )
         else:
@@ -158,7 +158,9 @@ class BatchVmap(eqx.Module):
         With `batch_size="auto"` the backward chunk size is planned on the compiled VJP of the
         map (value and gradient with respect to the unmapped floating arguments and the arrays
         `f` holds; all floating arguments if none is unmapped), with the forward size fixed at
-        its own plan. Nothing is run; measurements are cached.
+        its own plan. Nothing is run; measurements are cached, and differentiating the map
+        follows this plan without compiling more for it. Raises `ValueError` where not even one
+        row of the reverse pass fits the budget (differentiating the map raises it too).
         """
         if self.grad_batch_size != "auto":
             raise ValueError(
@@ -215,17 +217,6 @@ class BatchVmap(eqx.Module):
             who, lambda size: self._build(f, zero, size), args, n, self.memory_budget,
             cache_on=key, **names,
         )
-
-    def _grad_size(self, f, zero, args, size) -> int | None:
-        """The planned backward size; `None` (the forward size) where no reverse pass fits.
-
-        The map may never be differentiated, so a budget too small for its reverse pass is
-        not an error here (`grad_memory_plan` raises it).
-        """
-        try:
-            return self._plan_grad(f, zero, args, size).chunk_size
-        except ValueError:
-            return None
 
     def _plan_grad(self, f, zero, args, size) -> MemoryPlan:
         who = "batch_vmap"
@@ -304,8 +295,9 @@ def batch_vmap(
       `None`: the forward size, or with `batch_size="auto"` its own plan.
     - `memory_budget`: with `batch_size="auto"`, bytes of XLA temp memory per device; the
       largest fitting size is planned at trace time (see [`chunkx.plan_chunk_size`][]), for
-      the forward program and, separately, for the reverse program (`jax.vjp` of the map with
-      respect to its unmapped floating arguments): see `BatchVmap.grad_memory_plan`.
+      the forward program and, separately and only when the map is differentiated, for the
+      reverse program (`jax.vjp` of the map with respect to its unmapped floating arguments):
+      see `BatchVmap.grad_memory_plan`.
       `None`: half the device's memory where the backend reports it (a CPU needs a budget).
     - `progress`: show a progress bar over the chunks (also under `jit`; see
       [`chunkx.Chunk`][]). The bar is cleared when the loop finishes, so a map called at every

@@ -181,10 +181,10 @@ def max_chunk_size_within(
 
     [`chunkx.fit_memory`][] over [`chunkx.compiled_temp_bytes`][] of the summed tangent
     transpose for the local probe shard: the returned size (evened out to equal chunks) was
-    compiled and measured within the budget, and the next size up over it (unless it is the
-    whole shard). The budget is XLA's temp of the whole transpose program (its inputs are not
-    counted); it does not scale with `stack_shape`: pass the frame stack. Raises `ValueError`
-    if even one probe per chunk does not fit.
+    compiled and measured within the budget, and the planner's model (a line plus the cost of
+    a remainder chunk) allows no larger size. The budget is XLA's temp of the whole transpose
+    program (its inputs are not counted); it does not scale with `stack_shape`: pass the frame
+    stack. Raises `ValueError` if even one probe per chunk does not fit.
 
     **Arguments:**
 
