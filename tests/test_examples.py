@@ -44,7 +44,9 @@ CHECKS = {
 
 
 def test_examples_are_found():
-    assert {"quickstart.py", "t3_fit.py"} <= {p.name for p in EXAMPLES}
+    assert {"quickstart.py", "t3_fit.py", "dpsgd_optax.py", "vmc_auto.py"} <= {
+        p.name for p in EXAMPLES
+    }
     assert set(CHECKS) <= {p.name for p in EXAMPLES}
 
 

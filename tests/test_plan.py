@@ -219,5 +219,5 @@ def test_search_on_profiles_with_a_remainder_cost(n, a, b, jump, per_row, budget
     best = max(B for B in range(1, n + 1) if measure(B) <= budget)
     if not jump:  # the model is exact: the best size
         assert c == best
-    else:  # a fixed cost is told apart from a per-row one only if worth 1/16 more rows
-        assert 17 * c >= 16 * best
+    else:  # a fixed cost is told apart from a per-row one only if worth 1/8 more rows
+        assert 9 * c >= 8 * best

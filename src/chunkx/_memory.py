@@ -152,13 +152,14 @@ def _next_size(seen: dict[int, int], n: int, rows: int, budget: int) -> int | No
 
     Where the points leave the model open (see `_models`), the other models that fit them are
     asked in turn: while the remainder's cost is not determined, whatever they allow (it must
-    be learnt); after that, only a size `1/16` larger than the best.
+    be learnt); after that, only a size at least `1/8` larger than the best (a compilation is
+    worth more than a few percent more rows).
     """
     best = max((s for s, v in seen.items() if v <= budget), default=0)
     models, learnt = _models(seen, rows)
     for i, model in enumerate(models):
         size = _largest_predicted(model, best + 1, n, rows, budget, seen)
-        if size is not None and (i == 0 or not learnt or 16 * size > 17 * best):
+        if size is not None and (i == 0 or not learnt or 8 * size >= 9 * best):
             return size
     return 1 if best == 0 and 1 not in seen else None
 
