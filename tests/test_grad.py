@@ -242,6 +242,23 @@ def test_auto_plans_the_reverse_pass_only_when_differentiated(monkeypatch):
                 modes=("fwd", "rev"))
 
 
+def test_auto_map_closing_over_the_differentiated_parameters():
+    """The lazily planned reverse pass sees (and differentiates) arrays `f` closes over."""
+    x, w0 = rows(512), params()["w"]
+
+    def loss(w):
+        g = chunkx.batch_vmap(lambda xi: jnp.sum(jnp.tanh(xi @ w) ** 2), batch_size="auto",
+                              memory_budget=2**14, reduction=jnp.add, chunk_reduction=jnp.sum)
+        return jnp.sin(g(x))
+
+    def ref(w):
+        return jnp.sin(jnp.sum(jnp.tanh(x @ w) ** 2))
+
+    close(jax.grad(loss)(w0), jax.grad(ref)(w0))
+    close(jax.jit(jax.grad(loss))(w0), jax.grad(ref)(w0))
+    close(jax.hessian(loss)(w0), jax.hessian(ref)(w0), rtol=1e-8)
+
+
 def test_progress_bars_name_the_chunk_sizes(capfd):
     p, x = params(), rows(2048)
     g = chunkx.batch_vmap(energy, (None, 0), batch_size=1024, grad_batch_size=256,

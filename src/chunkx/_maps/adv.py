@@ -5,6 +5,7 @@ from typing import Any, Literal
 
 import equinox as eqx
 import jax
+import numpy as np
 from beartype import beartype
 from jax.sharding import Mesh
 from jaxtyping import jaxtyped
@@ -143,6 +144,7 @@ class BatchVmap(eqx.Module):
         if size == "auto":
             size = self._plan(f, zero, args).chunk_size
         if grad_size == "auto":  # planned only if the call is differentiated
+            f = _lift_closure(f, zero, args)
             out = planned_on_differentiation(
                 lambda fa, g: self._build(fa[0], zero, size, g)(*fa[1]),
                 lambda fa: self._plan_grad(fa[0], zero, fa[1], size).chunk_size,
@@ -226,6 +228,19 @@ class BatchVmap(eqx.Module):
             who, lambda g: self._build(f, zero, size, g), zero, args, min(n, size),
             self.memory_budget, cache_on=key, rows=n,
         )
+
+
+def _lift_closure(f: Callable[..., Any], zero: tuple, args: tuple) -> Callable[..., Any]:
+    """`f` with the arrays it closes over (e.g. tracers of an outer `jax.grad`) as its leaves.
+
+    `f` runs on single rows, so it is traced once at one row's shapes.
+    """
+
+    def row(x):
+        return jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype) if eqx.is_array(x) else x
+
+    example = [a if ax is None else jax.tree_util.tree_map(row, a) for a, ax in zip(args, zero)]
+    return eqx.filter_closure_convert(f, *example)
 
 
 class _with_kwargs(eqx.Module):
