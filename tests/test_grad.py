@@ -259,6 +259,27 @@ def test_auto_map_closing_over_the_differentiated_parameters():
     close(jax.hessian(loss)(w0), jax.hessian(ref)(w0), rtol=1e-8)
 
 
+def test_auto_batch_map_plans_the_reverse_pass_for_closed_over_parameters():
+    """batch_map's `fun` closes over what is differentiated: its reverse pass is planned too."""
+    x, w0 = rows(2048), jax.random.normal(jax.random.PRNGKey(2), (3, 16), jnp.float64)
+    budget = 2**16
+
+    def make(w):
+        return lambda xs: jnp.sum(jnp.tanh(jnp.tanh(xs @ w) @ w.T) ** 2, axis=1)
+
+    def loss(w):
+        return jnp.sin(chunkx.batch_map(make(w), x, "auto", memory_budget=budget,
+                                        reduction=jnp.add, chunk_reduction=jnp.sum))
+
+    def ref(w):
+        return jnp.sin(jnp.sum(make(w)(x)))
+
+    close(jax.grad(loss)(w0), jax.grad(ref)(w0))
+    close(jax.hessian(loss)(w0), jax.hessian(ref)(w0), rtol=1e-8)
+    temp = jax.jit(jax.grad(loss)).lower(w0).compile().memory_analysis().temp_size_in_bytes
+    assert temp <= budget  # at the forward size (the whole batch fits forward) it is 8x over
+
+
 def test_progress_bars_name_the_chunk_sizes(capfd):
     p, x = params(), rows(2048)
     g = chunkx.batch_vmap(energy, (None, 0), batch_size=1024, grad_batch_size=256,

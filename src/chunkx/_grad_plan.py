@@ -1,8 +1,11 @@
-"""Planning the reverse pass: the VJP program of a pipeline, searched like the forward pass.
+"""Planning the reverse pass: the VJP program of a map, searched like the forward pass, and
+planned only when the map is differentiated.
 
-The backward chunk size is searched with [`chunkx.fit_memory`][] on the compiled VJP program of
-the pipeline with the forward size fixed, among sizes up to the forward size (the remainder is
-taken from all the rows): three or four compilations where memory is linear in the size.
+A map is `run(tree, g)`: `tree = (f, args)` holds every array (the arguments and the arrays `f`
+holds or closes over, lifted by `ClosedOver`), `g` is the backward chunk size. The backward size
+is searched with the forward planner's search on the compiled VJP of `run` with respect to the
+array leaves that are differentiated, among sizes up to the forward size (the remainder is
+taken from all the rows).
 """
 
 from collections.abc import Callable
@@ -23,52 +26,89 @@ from ._memory import (
     signature,
 )
 
+Run = Callable[[Any, int | None], Any]
 
-class VjpProgram(eqx.Module):
-    """The reverse-mode program of a pipeline, for planning: `(out, vjp(ones))`.
 
-    Differentiates with respect to the floating arrays of the unmapped arguments (`axes`
-    entry `None`) and of the pipeline itself (arrays its function holds); with none of those,
-    with respect to every floating argument.
+class ClosedOver(eqx.Module):
+    """`fn` with the arrays it closes over (e.g. tracers of an outer `jax.grad`) as leaves.
+
+    Callable at any shapes: each call traces `fn` again (`eqx.filter_closure_convert`) and puts
+    the leaves in place of the arrays they stand for, so a derivative with respect to `consts`
+    is one with respect to what `fn` closed over.
     """
 
-    pipe: Callable[..., Any]
-    axes: tuple = eqx.field(static=True)
+    fn: Callable[..., Any] = eqx.field(static=True)
+    consts: tuple
+    ids: tuple[int, ...] = eqx.field(static=True)
+
+    @classmethod
+    def of(cls, fn: Callable[..., Any], *example: Any) -> "ClosedOver":
+        consts = tuple(_consts(eqx.filter_closure_convert(fn, *example)))
+        return cls(fn, consts, tuple(id(c) for c in consts))
 
     def __call__(self, *args: Any) -> Any:
-        wrt = tuple(a is None for a in self.axes)
-        has_unmapped = any(
-            eqx.is_inexact_array(x)
-            for arg, w in zip(args, wrt)
-            if w
-            for x in jax.tree_util.tree_leaves(arg)
-        )
-        if not has_unmapped:
-            wrt = (True,) * len(args)
-        dyn, static = eqx.partition(
-            (self.pipe, args),
-            (eqx.is_inexact_array, tuple(eqx.is_inexact_array if w else False for w in wrt)),
-        )
+        conv = eqx.filter_closure_convert(self.fn, *args)
+        where = {i: k for k, i in enumerate(self.ids)}
+        new = [self.consts[where[id(c)]] if id(c) in where else c for c in _consts(conv)]
+        if new:
+            conv = eqx.tree_at(_consts, conv, new)
+        return conv(*args)
 
-        def run(d):
-            pipe, a = eqx.combine(d, static)
-            return pipe(*a)
 
-        out, pull = jax.vjp(run, dyn)
+def _consts(conv: Any) -> list:
+    return list(getattr(conv, "consts", []))
+
+
+def default_wrt(tree: Any, axes: tuple) -> tuple[bool, ...]:
+    """What `grad_memory_plan` differentiates: the floating arrays of `f` and of the unmapped
+    arguments (`axes` entry `None`); with none of those, every floating argument."""
+    f, args = tree
+    unmapped = tuple(eqx.is_inexact_array if a is None else False for a in axes)
+    wrt = _mask((f, args), (eqx.is_inexact_array, unmapped))
+    if not any(wrt):
+        wrt = _mask((f, args), (False, eqx.is_inexact_array))
+    return wrt
+
+
+def _mask(tree: Any, spec: Any) -> tuple[bool, ...]:
+    """Which array leaves of `tree` (in `eqx.partition(tree, eqx.is_array)` order) `spec`
+    selects."""
+    chosen = {id(x) for x in jax.tree_util.tree_leaves(eqx.filter(tree, spec))}
+    return tuple(id(x) in chosen for x in jax.tree_util.tree_leaves(eqx.filter(tree, eqx.is_array)))
+
+
+class VjpProgram(eqx.Module):
+    """`(out, vjp(ones))` of `run(tree, size)` with respect to the array leaves in `wrt`."""
+
+    run: Run = eqx.field(static=True)
+    size: int = eqx.field(static=True)
+    wrt: tuple[bool, ...] = eqx.field(static=True)
+
+    def __call__(self, tree: Any) -> Any:
+        dyn, static = eqx.partition(tree, eqx.is_array)
+        leaves, treedef = jax.tree_util.tree_flatten(dyn)
+
+        def run(live):
+            it = iter(live)
+            full = [next(it) if w else x for x, w in zip(leaves, self.wrt)]
+            return self.run(eqx.combine(jax.tree_util.tree_unflatten(treedef, full), static),
+                            self.size)
+
+        out, pull = jax.vjp(run, [x for x, w in zip(leaves, self.wrt) if w])
         return out, pull(jax.tree_util.tree_map(jnp.ones_like, out))
 
 
 def plan_grad(
     who: str,
-    build: Callable[[int], Callable[..., Any]],
-    axes: tuple,
-    args: tuple,
+    run: Run,
+    tree: Any,
+    wrt: tuple[bool, ...],
     n: int,
     memory_budget: int | None,
     cache_on: Any,
     rows: int,
 ) -> MemoryPlan:
-    """Plan the backward chunk size: `VjpProgram(build(g), axes)(*args)` within the budget.
+    """Plan the backward chunk size: `VjpProgram(run, g, wrt)(tree)` within the budget.
 
     `n` is the forward size, the largest backward size; `rows` the rows the chunks split. Where
     the forward size was itself cut by the budget (`n < rows`), the reverse pass, which runs the
@@ -78,9 +118,9 @@ def plan_grad(
     budget = default_budget(who, "batch_size") if memory_budget is None else memory_budget
 
     def measure(g: int) -> int:
-        return compiled_temp_bytes(VjpProgram(build(g), axes), *args, who=who)
+        return compiled_temp_bytes(VjpProgram(run, g, wrt), tree, who=who)
 
-    measure = cached(*signature(cache_on, args), measure)
+    measure = cached(*signature((cache_on, wrt), tree), measure)
     p = divisor_below(rows, n // 8)
     q = divisor_below(rows, n // 2)
     q = q if q > p else min(n, p + 1)  # rows with few divisors
@@ -91,16 +131,14 @@ def plan_grad(
     )
 
 
-def planned_on_differentiation(
-    run: Callable[[Any, int | None], Any], plan: Callable[[Any], int | None], tree: Any
-) -> Any:
-    """`run(tree, None)`, whose derivatives are those of `run(tree, plan(tree))`.
+def planned_on_differentiation(run: Run, plan: Callable[[Any, tuple], int], tree: Any) -> Any:
+    """`run(tree, None)`, whose derivatives are those of `run(tree, plan(tree, wrt))`.
 
-    `plan(tree)` (the backward chunk size of the map that `run` builds) is called only when the
-    call is differentiated: a `jax.custom_jvp` whose rule plans, then returns the JVP of the
-    map at that size (so reverse mode is JAX's transpose of that JVP, as without the rule).
-    Every array leaf of `tree` (the arguments and the arrays the function holds) is an input of
-    the rule, so every derivative is exact.
+    `plan(tree, wrt)` (the backward chunk size for differentiating the array leaves marked in
+    `wrt`) is called only when the call is differentiated: a `jax.custom_jvp` whose rule plans,
+    then returns the JVP of the map at that size (so reverse mode is JAX's transpose of that
+    JVP, as without the rule). Every array leaf of `tree` is an input of the rule, so every
+    derivative is exact.
     """
     dyn, static = eqx.partition(tree, eqx.is_array)
     leaves, treedef = jax.tree_util.tree_flatten(dyn)
@@ -113,8 +151,8 @@ def planned_on_differentiation(
         return run(rebuild(xs), None)
 
     def rule(primals, tangents):
-        size = plan(rebuild(primals))
-        mask = [not isinstance(t, SymbolicZero) for t in tangents]
+        mask = tuple(not isinstance(t, SymbolicZero) for t in tangents)
+        size = plan(rebuild(primals), mask)
 
         def at_size(*live):
             it = iter(live)

@@ -24,7 +24,7 @@ from .._combinators.chunk import Chunk, Reduce
 from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
 from .._combinators.shard import Shard
 from .._combinators.vmap import Vmap
-from .._grad_plan import plan_grad, planned_on_differentiation
+from .._grad_plan import ClosedOver, default_wrt, plan_grad, planned_on_differentiation
 from .._memory import MemoryPlan, per_device_rows, plan_auto
 from .._types import GradPolicy, InAxes
 from ._axes import move_axis, normalize_axis
@@ -143,26 +143,27 @@ class BatchVmap(eqx.Module):
         size, grad_size = self.batch_size, self.grad_batch_size
         if size == "auto":
             size = self._plan(f, zero, args).chunk_size
-        if grad_size == "auto":  # planned only if the call is differentiated
-            f = _lift_closure(f, zero, args)
-            out = planned_on_differentiation(
-                lambda fa, g: self._build(fa[0], zero, size, g)(*fa[1]),
-                lambda fa: self._plan_grad(fa[0], zero, fa[1], size).chunk_size,
-                (f, args),
-            )
-        else:
+        if grad_size != "auto":
             out = self._build(f, zero, size, grad_size)(*args)
+        else:  # the reverse pass is planned only if the call is differentiated
+            out = planned_on_differentiation(
+                self._runner(zero, size),
+                lambda tree, wrt: self._plan_grad(zero, size, tree, wrt).chunk_size,
+                self._tree(f, zero, args),
+            )
         return out if self.post is None else self.post(out)
 
     def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
         """The [`chunkx.MemoryPlan`][] of the reverse pass: its `chunk_size` is the backward size.
 
         With `batch_size="auto"` the backward chunk size is planned on the compiled VJP of the
-        map (value and gradient with respect to the unmapped floating arguments and the arrays
-        `f` holds; all floating arguments if none is unmapped), with the forward size fixed at
-        its own plan. Nothing is run; measurements are cached, and differentiating the map
-        follows this plan without compiling more for it. Raises `ValueError` where not even one
-        row of the reverse pass fits the budget (differentiating the map raises it too).
+        map with the forward size fixed at its own plan. Differentiating the map plans for what
+        is differentiated; this method plans for the floating arguments that are not mapped and
+        the arrays `f` holds or closes over (every floating argument if there are none of
+        those), which is the same plan when those are what the gradient is taken with respect
+        to. Nothing is run; measurements are cached, and differentiating the map follows a plan
+        made here without compiling more for it. Raises `ValueError` where not even one row of
+        the reverse pass fits the budget (differentiating the map raises it too).
         """
         if self.grad_batch_size != "auto":
             raise ValueError(
@@ -170,7 +171,9 @@ class BatchVmap(eqx.Module):
                 "a map whose backward size is planned (batch_size='auto') has a gradient plan."
             )
         f, zero, args = self._prepare(args, kwargs)
-        return self._plan_grad(f, zero, args, self._plan(f, zero, args).chunk_size)
+        size = self._plan(f, zero, args).chunk_size
+        tree = self._tree(f, zero, args)
+        return self._plan_grad(zero, size, tree, default_wrt(tree, zero))
 
     def memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
         """The [`chunkx.MemoryPlan`][] that `batch_size="auto"` follows for these arguments.
@@ -220,27 +223,26 @@ class BatchVmap(eqx.Module):
             cache_on=key, **names,
         )
 
-    def _plan_grad(self, f, zero, args, size) -> MemoryPlan:
-        who = "batch_vmap"
+    def _tree(self, f, zero, args) -> tuple:
+        """`(f, args)` with the arrays `f` closes over lifted into its leaves."""
+
+        def row(x):
+            return jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype) if eqx.is_array(x) else x
+
+        example = [a if ax is None else jax.tree_util.tree_map(row, a) for a, ax in zip(args, zero)]
+        return ClosedOver.of(f, *example), args  # f runs on single rows
+
+    def _runner(self, zero, size):
+        return lambda tree, g: self._build(tree[0], zero, size, g)(*tree[1])
+
+    def _plan_grad(self, zero, size, tree, wrt) -> MemoryPlan:
+        who, args = "batch_vmap", tree[1]
         n = per_device_rows(mapped_length(args, zero, who), _ndev(self.shard, self.mesh, args))
         key = (self.f, zero, self.reducer, self.shard, self.mesh, self.grad, size, "grad")
         return plan_grad(
-            who, lambda g: self._build(f, zero, size, g), zero, args, min(n, size),
-            self.memory_budget, cache_on=key, rows=n,
+            who, self._runner(zero, size), tree, wrt, min(n, size), self.memory_budget, key,
+            rows=n,
         )
-
-
-def _lift_closure(f: Callable[..., Any], zero: tuple, args: tuple) -> Callable[..., Any]:
-    """`f` with the arrays it closes over (e.g. tracers of an outer `jax.grad`) as its leaves.
-
-    `f` runs on single rows, so it is traced once at one row's shapes.
-    """
-
-    def row(x):
-        return jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype) if eqx.is_array(x) else x
-
-    example = [a if ax is None else jax.tree_util.tree_map(row, a) for a, ax in zip(args, zero)]
-    return eqx.filter_closure_convert(f, *example)
 
 
 class _with_kwargs(eqx.Module):
@@ -409,9 +411,9 @@ def batch_map(
     - `fun_input`: the pytree whose leaves are chunked along axis 0.
     - `batch_size`, `reduction`, `chunk_reduction`, `reducer`, `shard`, `mesh`, `checkpoint`,
       `chunk_size`, `memory_budget`, `progress`: as in [`chunkx.batch_vmap`][].
-    - `grad`, `grad_batch_size`: as in [`chunkx.batch_vmap`][]; `fun`'s closed-over
-      parameters are invisible to the planner, so with `batch_size="auto"` the reverse pass
-      runs at the forward size unless `grad_batch_size` is given.
+    - `grad`, `grad_batch_size`: as in [`chunkx.batch_vmap`][]. With `batch_size="auto"`
+      the reverse pass is planned when the map is differentiated, for what is differentiated
+      (e.g. the parameters `fun` closes over).
     - `strip_dim0`: with `batch_size=1`, call `fun` on single elements without their leading
       axis (no vmap: `lax.cond` stays a branch); with a `reduction`, the per-element results
       are folded and `chunk_reduction` is not used. Any other `batch_size` is an error.
@@ -441,7 +443,7 @@ def batch_map(
     return run_one_input(
         who, fun, fun_input, n, batch_size, reduction, chunk_reduction, strip_dim0, shard, mesh,
         checkpoint, progress, memory_budget, key=(fun, who), arg="fun_input", reducer=reducer,
-        grad=(grad, None if grad_batch_size == "auto" else grad_batch_size),
+        grad=(grad, grad_batch_size),
     )
 
 
@@ -472,17 +474,35 @@ def run_one_input(
                 )
             chunk_reduction = _first_row
     reducer, post = reducer_for(who, reduction, chunk_reduction, reducer, grad[0])
+    policy, grad_size = grad
 
-    def build(size):
-        return compose(fun, (0,), size, reducer, shard, mesh, checkpoint, progress, *grad)
+    def build(size, g=None if grad_size == "auto" else grad_size, f=fun):
+        return compose(f, (0,), size, reducer, shard, mesh, checkpoint, progress, policy, g)
 
+    key = key + (strip_dim0, reducer, shard, mesh, checkpoint, grad)
+    rows = per_device_rows(n, _ndev(shard, mesh, x))
     if batch_size == "auto":
-        key = key + (strip_dim0, reducer, shard, mesh, checkpoint, grad)
-        rows = per_device_rows(n, _ndev(shard, mesh, x))
         batch_size = plan_auto(who, build, (x,), rows, memory_budget, cache_on=key).chunk_size
     with on_inputs_mesh(x):
-        out = build(batch_size)(x)
+        if grad_size == "auto":  # the reverse pass is planned only if the call is differentiated
+            out = _planned_reverse(who, build, fun, x, batch_size, rows, memory_budget, key)
+        else:
+            out = build(batch_size)(x)
         return out if post is None else post(out)
+
+
+def _planned_reverse(who, build, fun, x, size, rows, memory_budget, key):
+    """`build(size)(x)`, whose reverse pass runs at a size planned when it is differentiated;
+    the arrays `fun` closes over are lifted, so that they are planned for."""
+
+    def run(tree, g):
+        return build(size, g, tree[0])(*tree[1])
+
+    def plan(tree, wrt):
+        n = min(rows, size)
+        return plan_grad(who, run, tree, wrt, n, memory_budget, key + (size,), rows).chunk_size
+
+    return planned_on_differentiation(run, plan, (ClosedOver.of(fun, x), (x,)))
 
 
 def _length(who, tree):
