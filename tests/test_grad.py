@@ -280,6 +280,23 @@ def test_auto_batch_map_plans_the_reverse_pass_for_closed_over_parameters():
     assert temp <= budget  # at the forward size (the whole batch fits forward) it is 8x over
 
 
+@pytest.mark.filterwarnings("error")  # e.g. equinox's "A JAX array is being set as static"
+def test_auto_map_of_an_equinox_module():
+    import equinox as eqx
+
+    mlp = eqx.nn.MLP(3, 1, 16, 2, key=jax.random.PRNGKey(0))
+    x = rows(1024)
+    ref = eqx.filter_grad(lambda m: jnp.sum(jax.vmap(m)(x)))(mlp)
+
+    def auto(m):
+        return chunkx.batch_vmap(m, batch_size="auto", memory_budget=2**14, reducer=chunkx.Sum())
+
+    g = auto(mlp)  # the model is a field of the map: differentiate the map itself
+    close(eqx.filter_grad(lambda g: jnp.sum(g(x)))(g).f, ref)
+    close(eqx.filter_jit(eqx.filter_grad(lambda m: jnp.sum(auto(m)(x))))(mlp), ref)
+    assert g.grad_memory_plan(x).chunk_size < g.memory_plan(x).chunk_size
+
+
 def test_progress_bars_name_the_chunk_sizes(capfd):
     p, x = params(), rows(2048)
     g = chunkx.batch_vmap(energy, (None, 0), batch_size=1024, grad_batch_size=256,

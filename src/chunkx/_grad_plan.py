@@ -32,18 +32,22 @@ Run = Callable[[Any, int | None], Any]
 class ClosedOver(eqx.Module):
     """`fn` with the arrays it closes over (e.g. tracers of an outer `jax.grad`) as leaves.
 
-    Callable at any shapes: each call traces `fn` again (`eqx.filter_closure_convert`) and puts
-    the leaves in place of the arrays they stand for, so a derivative with respect to `consts`
-    is one with respect to what `fn` closed over.
+    The arrays `fn` holds (an equinox Module's weights) are leaves already; those it closes
+    over are found by `eqx.filter_closure_convert` and kept in `consts`. Callable at any
+    shapes: each call traces `fn` again and puts the leaves in place of the arrays they stand
+    for, so a derivative with respect to `consts` is one with respect to what `fn` closed over.
     """
 
-    fn: Callable[..., Any] = eqx.field(static=True)
+    fn: Callable[..., Any]
     consts: tuple
     ids: tuple[int, ...] = eqx.field(static=True)
 
     @classmethod
     def of(cls, fn: Callable[..., Any], *example: Any) -> "ClosedOver":
-        consts = tuple(_consts(eqx.filter_closure_convert(fn, *example)))
+        held = {id(x) for x in jax.tree_util.tree_leaves(fn) if eqx.is_array(x)}
+        consts = tuple(
+            c for c in _consts(eqx.filter_closure_convert(fn, *example)) if id(c) not in held
+        )
         return cls(fn, consts, tuple(id(c) for c in consts))
 
     def __call__(self, *args: Any) -> Any:
