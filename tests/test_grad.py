@@ -297,6 +297,24 @@ def test_auto_map_of_an_equinox_module():
     assert g.grad_memory_plan(x).chunk_size < g.memory_plan(x).chunk_size
 
 
+@pytest.mark.parametrize("shard_batch", [False, True])
+def test_auto_chunk_map_plans_its_reverse_pass(shard_batch):
+    """Here the whole batch fits forward; at that size the gradient is 4x over the budget."""
+    x, w0 = rows(4096), jax.random.normal(jax.random.PRNGKey(2), (3, 32), jnp.float64)
+    f = jax.vmap(lambda xi, w: jnp.sum(jnp.tanh(jnp.tanh(xi @ w) @ w.T) ** 2), (0, None))
+    budget = 2**19
+    cm = chunkx.chunk_map(f, (0, None), chunk_size="auto", use_scan=True, memory_budget=budget,
+                          shard_batch=shard_batch)
+
+    def loss(w):
+        return jnp.sum(jnp.sin(cm(x, w)))
+
+    close(loss(w0), jnp.sum(jnp.sin(f(x, w0))))
+    close(jax.grad(loss)(w0), jax.grad(lambda w: jnp.sum(jnp.sin(f(x, w))))(w0))
+    temp = jax.jit(jax.grad(loss)).lower(w0).compile().memory_analysis().temp_size_in_bytes
+    assert temp <= budget
+
+
 def test_progress_bars_name_the_chunk_sizes(capfd):
     p, x = params(), rows(2048)
     g = chunkx.batch_vmap(energy, (None, 0), batch_size=1024, grad_batch_size=256,

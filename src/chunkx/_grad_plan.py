@@ -32,8 +32,9 @@ Run = Callable[[Any, int | None], Any]
 class ClosedOver(eqx.Module):
     """`fn` with the arrays it closes over (e.g. tracers of an outer `jax.grad`) as leaves.
 
-    The arrays `fn` holds (an equinox Module's weights) are leaves already; those it closes
-    over are found by `eqx.filter_closure_convert` and kept in `consts`. Callable at any
+    The arrays `fn` holds (an equinox Module's weights) are leaves already; the tracers it closes
+    over are found by `eqx.filter_closure_convert` and kept in `consts` (closed-over concrete
+    arrays stay constants: nothing outside can differentiate them). Callable at any
     shapes: each call traces `fn` again and puts the leaves in place of the arrays they stand
     for, so a derivative with respect to `consts` is one with respect to what `fn` closed over.
     """
@@ -46,7 +47,8 @@ class ClosedOver(eqx.Module):
     def of(cls, fn: Callable[..., Any], *example: Any) -> "ClosedOver":
         held = {id(x) for x in jax.tree_util.tree_leaves(fn) if eqx.is_array(x)}
         consts = tuple(
-            c for c in _consts(eqx.filter_closure_convert(fn, *example)) if id(c) not in held
+            c for c in _consts(eqx.filter_closure_convert(fn, *example))
+            if isinstance(c, jax.core.Tracer) and id(c) not in held
         )
         return cls(fn, consts, tuple(id(c) for c in consts))
 
@@ -124,7 +126,9 @@ def plan_grad(
     def measure(g: int) -> int:
         return compiled_temp_bytes(VjpProgram(run, g, wrt), tree, who=who)
 
-    measure = cached(*signature((cache_on, wrt), tree), measure)
+    # keyed on the arrays' shapes, not on `ClosedOver.ids` (new tracers at every trace)
+    arrays = jax.tree_util.tree_leaves(eqx.filter(tree, eqx.is_array))
+    measure = cached(*signature((cache_on, wrt), arrays, tree[1]), measure)
     p = divisor_below(rows, n // 8)
     q = divisor_below(rows, n // 2)
     q = q if q > p else min(n, p + 1)  # rows with few divisors
@@ -167,3 +171,33 @@ def planned_on_differentiation(run: Run, plan: Callable[[Any, tuple], int], tree
 
     f.defjvp(rule, symbolic_zeros=True)
     return f(*leaves)
+
+
+def plan_reverse(
+    who: str, build: Callable, tree: Any, size: int, rows: int, memory_budget: int | None,
+    key: Any, wrt: tuple[bool, ...],
+) -> MemoryPlan:
+    """The backward chunk size of `build(f, size, g)(*args)`, `tree = (f, args)`, for
+    differentiating the array leaves of `tree` marked in `wrt`."""
+
+    def run(tree, g):
+        return build(tree[0], size, g)(*tree[1])
+
+    n = min(rows, size)
+    return plan_grad(who, run, tree, wrt, n, memory_budget, key + (size, "grad"), rows)
+
+
+def reverse_planned_call(
+    who: str, build: Callable, tree: Any, size: int, rows: int, memory_budget: int | None,
+    key: Any,
+) -> Any:
+    """`build(f, size, None)(*args)`, whose reverse pass runs at the size `plan_reverse` gives
+    for what is differentiated, planned only if the call is differentiated."""
+
+    def run(tree, g):
+        return build(tree[0], size, g)(*tree[1])
+
+    def plan(tree, wrt):
+        return plan_reverse(who, build, tree, size, rows, memory_budget, key, wrt).chunk_size
+
+    return planned_on_differentiation(run, plan, tree)

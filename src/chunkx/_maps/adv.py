@@ -24,7 +24,7 @@ from .._combinators.chunk import Chunk, Reduce
 from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
 from .._combinators.shard import Shard
 from .._combinators.vmap import Vmap
-from .._grad_plan import ClosedOver, default_wrt, plan_grad, planned_on_differentiation
+from .._grad_plan import ClosedOver, default_wrt, plan_reverse, reverse_planned_call
 from .._memory import MemoryPlan, per_device_rows, plan_auto
 from .._types import GradPolicy, InAxes
 from ._axes import move_axis, normalize_axis
@@ -146,11 +146,7 @@ class BatchVmap(eqx.Module):
         if grad_size != "auto":
             out = self._build(f, zero, size, grad_size)(*args)
         else:  # the reverse pass is planned only if the call is differentiated
-            out = planned_on_differentiation(
-                self._runner(zero, size),
-                lambda tree, wrt: self._plan_grad(zero, size, tree, wrt).chunk_size,
-                self._tree(f, zero, args),
-            )
+            out = reverse_planned_call(*self._reverse(zero, size, self._tree(f, zero, args)))
         return out if self.post is None else self.post(out)
 
     def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
@@ -171,9 +167,9 @@ class BatchVmap(eqx.Module):
                 "a map whose backward size is planned (batch_size='auto') has a gradient plan."
             )
         f, zero, args = self._prepare(args, kwargs)
-        size = self._plan(f, zero, args).chunk_size
         tree = self._tree(f, zero, args)
-        return self._plan_grad(zero, size, tree, default_wrt(tree, zero))
+        reverse = self._reverse(zero, self._plan(f, zero, args).chunk_size, tree)
+        return plan_reverse(*reverse, default_wrt(tree, zero))
 
     def memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
         """The [`chunkx.MemoryPlan`][] that `batch_size="auto"` follows for these arguments.
@@ -232,17 +228,16 @@ class BatchVmap(eqx.Module):
         example = [a if ax is None else jax.tree_util.tree_map(row, a) for a, ax in zip(args, zero)]
         return ClosedOver.of(f, *example), args  # f runs on single rows
 
-    def _runner(self, zero, size):
-        return lambda tree, g: self._build(tree[0], zero, size, g)(*tree[1])
-
-    def _plan_grad(self, zero, size, tree, wrt) -> MemoryPlan:
+    def _reverse(self, zero, size, tree) -> tuple:
+        """The arguments of `reverse_planned_call`/`plan_reverse` for this map."""
         who, args = "batch_vmap", tree[1]
-        n = per_device_rows(mapped_length(args, zero, who), _ndev(self.shard, self.mesh, args))
-        key = (self.f, zero, self.reducer, self.shard, self.mesh, self.grad, size, "grad")
-        return plan_grad(
-            who, self._runner(zero, size), tree, wrt, min(n, size), self.memory_budget, key,
-            rows=n,
-        )
+        rows = per_device_rows(mapped_length(args, zero, who), _ndev(self.shard, self.mesh, args))
+        key = (self.f, zero, self.reducer, self.shard, self.mesh, self.grad)
+
+        def build(f, size, g):
+            return self._build(f, zero, size, g)
+
+        return who, build, tree, size, rows, self.memory_budget, key
 
 
 class _with_kwargs(eqx.Module):
@@ -485,24 +480,14 @@ def run_one_input(
         batch_size = plan_auto(who, build, (x,), rows, memory_budget, cache_on=key).chunk_size
     with on_inputs_mesh(x):
         if grad_size == "auto":  # the reverse pass is planned only if the call is differentiated
-            out = _planned_reverse(who, build, fun, x, batch_size, rows, memory_budget, key)
+            tree = (ClosedOver.of(fun, x), (x,))  # so that closed-over parameters are planned for
+            out = reverse_planned_call(
+                who, lambda f, size, g: build(size, g, f), tree, batch_size, rows,
+                memory_budget, key,
+            )
         else:
             out = build(batch_size)(x)
         return out if post is None else post(out)
-
-
-def _planned_reverse(who, build, fun, x, size, rows, memory_budget, key):
-    """`build(size)(x)`, whose reverse pass runs at a size planned when it is differentiated;
-    the arrays `fun` closes over are lifted, so that they are planned for."""
-
-    def run(tree, g):
-        return build(size, g, tree[0])(*tree[1])
-
-    def plan(tree, wrt):
-        n = min(rows, size)
-        return plan_grad(who, run, tree, wrt, n, memory_budget, key + (size,), rows).chunk_size
-
-    return planned_on_differentiation(run, plan, (ClosedOver.of(fun, x), (x,)))
 
 
 def _length(who, tree):

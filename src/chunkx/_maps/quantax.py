@@ -16,6 +16,7 @@ from .._combinators.groups import Groups
 from .._combinators.pad import Pad
 from .._combinators.shard import Shard
 from .._combinators.unrolled import Unrolled
+from .._grad_plan import ClosedOver, reverse_planned_call
 from .._memory import plan_auto
 from .._types import InAxes
 from ._axes import MovedAxes, map_outputs, move_axis, normalize_axis
@@ -64,11 +65,11 @@ class ChunkMap(eqx.Module):
         zero = tuple(None if a is None else 0 for a in axes)
         n = mapped_length(moved, zero, who)
         per_device = -(-n // ndev)
-        c = self.chunk_size
         inner = MovedAxes(self.f, axes, self.out_axes)
+        key = (self.f, axes, self.out_axes, self.shard_batch, mesh, "chunk_map")
+        c = self.chunk_size
         if c == "auto":  # planned with a scan: an unrolled loop's memory is not bounded anyway
             build = lambda s: self._pipeline(inner, s, zero, n, ndev, "scan")  # noqa: E731
-            key = (self.f, axes, self.out_axes, self.shard_batch, mesh, "chunk_map")
             c = plan_auto(
                 who, build, moved, per_device, self.memory_budget, arg="chunk_size", cache_on=key
             ).chunk_size
@@ -76,11 +77,26 @@ class ChunkMap(eqx.Module):
             size = None  # quantax's fast path: f sees the whole (local) batch
         else:
             size = c
-        loop = "scan" if self.use_scan else "python"
-        out = self._pipeline(inner, size, zero, n, ndev, loop)(*moved)
+        if self._plans_reverse():  # planned if differentiated, even where one chunk fits
+            size = c
+            tree = (ClosedOver.of(inner, *moved), moved)  # closed-over parameters planned for
+
+            def build_bwd(f, s, g):
+                return self._pipeline(f, s, zero, n, ndev, "scan", g)
+
+            out = reverse_planned_call(
+                who, build_bwd, tree, size, per_device, self.memory_budget, key
+            )
+        else:
+            loop = "scan" if self.use_scan else "python"
+            out = self._pipeline(inner, size, zero, n, ndev, loop)(*moved)
         return map_outputs(out, self.out_axes, lambda o, ax: move_axis(o, 0, ax))
 
-    def _pipeline(self, inner, size, zero, n, ndev, loop):
+    def _plans_reverse(self) -> bool:
+        """Whether the reverse pass gets its own planned size: "auto" with a scan loop."""
+        return self.chunk_size == "auto" and self.use_scan and self.chunk_size_bwd is None
+
+    def _pipeline(self, inner, size, zero, n, ndev, loop, bwd=None):
         """[Shard ∘] [Pad ∘] [Groups ∘] Chunk ∘ f, in quantax's per-device row layout.
 
         quantax needs `n % D == 0`; chunkx pads the device blocks (copies of a real row) or,
@@ -91,24 +107,26 @@ class ChunkMap(eqx.Module):
             return Shard(inner, self.mesh, in_axes=zero) if self.shard_batch else inner
         small = -(-n // ndev) < size
         if self.shard_batch:
-            local = self._chunk(inner, size, zero, loop)
+            local = self._chunk(inner, size, zero, loop, bwd=bwd)
             local = Pad(local, size, in_axes=zero) if small else local
             return Shard(local, self.mesh, in_axes=zero)
         if ndev == 1:
-            piece = self._chunk(inner, size, zero, loop)
+            piece = self._chunk(inner, size, zero, loop, bwd=bwd)
             multiple = size if small else 1
         else:  # every block padded to whole chunks: f always sees D * c rows
-            piece = Groups(self._chunk(inner, size, zero, loop, ndev), ndev, size, zero)
+            piece = Groups(self._chunk(inner, size, zero, loop, ndev, bwd), ndev, size, zero)
             multiple = ndev * size
         return Pad(piece, multiple, in_axes=zero) if n % multiple else piece
 
-    def _chunk(self, inner, size, zero, loop, blocks=1):
-        """Chunks of `size` rows of each of `blocks` device blocks (`Groups` lays them out)."""
+    def _chunk(self, inner, size, zero, loop, blocks=1, bwd=None):
+        """Chunks of `size` rows of each of `blocks` device blocks (`Groups` lays them out);
+        the reverse pass in chunks of `bwd` rows per block (default `chunk_size_bwd`)."""
         if size is None:
             return inner
         if loop == "python":
             return Unrolled(inner, blocks * size, in_axes=zero, progress=self.progress)
-        bwd = None if self.chunk_size_bwd is None else blocks * self.chunk_size_bwd
+        bwd = self.chunk_size_bwd if bwd is None else bwd
+        bwd = None if bwd is None else blocks * bwd
         return Chunk(
             inner, blocks * size, in_axes=zero, remainder="shift", progress=self.progress,
             grad_size=bwd,
@@ -183,12 +201,14 @@ def chunk_map(
     - `atleast_1chunk`: pad a batch smaller than one chunk up to `chunk_size` rows per device.
     - `mesh`: the device mesh (any number of axes; the mapped axis is split over all of them).
     - `memory_budget`: with `chunk_size="auto"`, bytes of XLA temp memory per device; the
-      size is planned at trace time (see [`chunkx.plan_chunk_size`][]); `None`: half the
-      device's memory where the backend reports it.
+      size is planned at trace time (see [`chunkx.plan_chunk_size`][]); with `use_scan=True`
+      the reverse pass gets its own size, planned when the map is differentiated (see
+      [`chunkx.batch_vmap`][]). `None`: half the device's memory where the backend reports it.
     - `progress`: show a progress bar over the chunks (see [`chunkx.Chunk`][]); it is
       cleared when the loop finishes (one live bar per call, no line left behind).
     - `chunk_size_bwd`: rows per device per chunk of the reverse pass (netket's name; see
-      [`chunkx.Chunk`][]'s `grad_size`); needs `use_scan=True`. `None`: `chunk_size`.
+      [`chunkx.Chunk`][]'s `grad_size`); needs `use_scan=True`. `None`: `chunk_size`, or
+      with `chunk_size="auto"` its own plan.
 
     **Returns:**
 
