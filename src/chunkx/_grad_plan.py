@@ -34,9 +34,9 @@ class ClosedOver(eqx.Module):
 
     The arrays `fn` holds (an equinox Module's weights) are leaves already; the tracers it closes
     over are found by `eqx.filter_closure_convert` and kept in `consts` (closed-over concrete
-    arrays stay constants: nothing outside can differentiate them). Callable at any
-    shapes: each call traces `fn` again and puts the leaves in place of the arrays they stand
-    for, so a derivative with respect to `consts` is one with respect to what `fn` closed over.
+    arrays stay constants: nothing outside can differentiate them). Callable at any shapes:
+    each call traces `fn` again and puts the leaves in place of the tracers they stand for, so a
+    derivative with respect to `consts` is one with respect to what `fn` closed over.
     """
 
     fn: Callable[..., Any]
@@ -53,6 +53,8 @@ class ClosedOver(eqx.Module):
         return cls(fn, consts, tuple(id(c) for c in consts))
 
     def __call__(self, *args: Any) -> Any:
+        if not self.consts:  # nothing closed over: `fn` itself
+            return self.fn(*args)
         conv = eqx.filter_closure_convert(self.fn, *args)
         where = {i: k for k, i in enumerate(self.ids)}
         new = [self.consts[where[id(c)]] if id(c) in where else c for c in _consts(conv)]
