@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import chunkx
@@ -200,6 +200,7 @@ def test_remainder_over_budget_uses_divisors():
     per_row=st.integers(0, 2 * 10**4) | st.just(0),
     budget=st.integers(1, 10**8),
 )
+@example(n=45, a=0, b=1, jump=0, per_row=0, budget=2)  # a fitted line meeting the budget exactly
 def test_search_on_profiles_with_a_remainder_cost(n, a, b, jump, per_row, budget):
     """a + b·B, plus, whenever B leaves r > 0 rows over, a fixed cost (Concat copying the
     output) and a cost per leftover row (the remainder chunk's own buffers); against brute force."""

@@ -135,13 +135,17 @@ def _lstsq(x: np.ndarray, ys: np.ndarray, names: list[str]) -> "_Model | None":
 def _largest_predicted(
     model: _Model, lo: int, hi: int, rows: int, budget: int, skip: Any = ()
 ) -> int | None:
-    """The largest size in `[lo, hi]`, not in `skip`, that `model` predicts within `budget`."""
+    """The largest size in `[lo, hi]`, not in `skip`, that `model` predicts within `budget`.
+
+    Within rounding: a fitted model that meets the budget exactly counts as within it.
+    """
+    limit = budget * (1 + 1e-9) + 1e-6
     if model.b > 0:  # remainders only add: nothing above the line's crossing fits
-        hi = min(hi, int((budget - model.a) // model.b))
+        hi = min(hi, int((limit - model.a) // model.b))
     block = 1 << 16
     for top in range(hi, lo - 1, -block):
         sizes = np.arange(max(lo, top - block + 1), top + 1)
-        ok = sizes[(model.at(sizes, rows) <= budget) & ~np.isin(sizes, list(skip))]
+        ok = sizes[(model.at(sizes, rows) <= limit) & ~np.isin(sizes, list(skip))]
         if ok.size:
             return int(ok[-1])
     return None
