@@ -280,7 +280,10 @@ def main():
         auto_section(params, samples, a.reps, results)
     if "dpsgd" in todo:
         dpsgd_section(a.reps, results)
-    pathlib.Path(a.out).write_text(json.dumps(results, indent=1))
+    out = pathlib.Path(a.out)
+    if out.exists():  # a run of some sections keeps the others' results
+        results = {**json.loads(out.read_text()), **results}
+    out.write_text(json.dumps(results, indent=1))
     print(f"\nwrote {a.out}")
     return np
 
