@@ -92,3 +92,18 @@ def random_problem(key, N, n, r, K, W, C=(), dtype=jnp.float64):
     pp = [nrm(W + (N[i],)) for i in range(d)]
     zt = [nrm((K + 1,) + W + C + (N[i],)) for i in range(d)]
     return (U, G), ww, pp, zt
+
+
+def corewise_vjp_references(zt, ww, pp, x, K):
+    """The corewise transposes by `jax.vjp` of `t3_probe_derivatives` (one flat `W`):
+    summed over the probes, and kept per probe (one VJP per probe, vmapped)."""
+    import chunkx.t3 as t3
+
+    _, vjp = jax.vjp(lambda c: t3.t3_probe_derivatives(ww, pp, c, K), x)
+
+    def one(z, w, p):
+        w1, p1 = [a[None] for a in w], [a[None] for a in p]
+        _, vjp1 = jax.vjp(lambda c: t3.t3_probe_derivatives(w1, p1, c, K), x)
+        return vjp1(tuple(a[:, None] for a in z))[0]
+
+    return vjp(tuple(zt))[0], jax.vmap(one)([jnp.moveaxis(a, 1, 0) for a in zt], ww, pp)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import chunkx.t3 as t3
-from conftest import max_relerr, normal_sampler, random_problem
+from conftest import corewise_vjp_references, max_relerr, normal_sampler, random_problem
 
 N, n, r, K, W = (3, 4), (2, 3), (1, 2, 1), 2, 7  # d=2, K >= d: small programs
 
@@ -27,19 +27,7 @@ def cw(zt, ww, pp, x, order, sop, cs):
 def test_corewise_vs_vjp_and_kept_sum():
     x, ww, pp, zt = problem()
 
-    @jax.jit
-    def refs(zt, ww, pp, x):
-        _, vjp = jax.vjp(lambda c: t3.t3_probe_derivatives(ww, pp, c, K), x)
-
-        def one(z, w, p):
-            w1, p1 = [a[None] for a in w], [a[None] for a in p]
-            _, vjp1 = jax.vjp(lambda c: t3.t3_probe_derivatives(w1, p1, c, K), x)
-            return vjp1(tuple(a[:, None] for a in z))[0]
-
-        zw = [jnp.moveaxis(a, 1, 0) for a in zt]
-        return vjp(tuple(zt))[0], jax.vmap(one)(zw, ww, pp)
-
-    summed_ref, kept_ref = refs(zt, ww, pp, x)
+    summed_ref, kept_ref = jax.jit(corewise_vjp_references, static_argnums=4)(zt, ww, pp, x, K)
     summed, kept = cw(zt, ww, pp, x, K, True, None), cw(zt, ww, pp, x, K, False, None)
     assert max_relerr(summed, summed_ref) < 1e-13
     assert max_relerr(kept, kept_ref) < 1e-13

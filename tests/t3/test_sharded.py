@@ -4,12 +4,11 @@ output for kept mode; compared with `jax.vjp` of the forward jets (an independen
 import functools
 
 import jax
-import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 
 import chunkx.t3 as t3
-from conftest import max_relerr, random_problem
+from conftest import corewise_vjp_references, max_relerr, random_problem
 
 N, n, r, K = (3, 4), (2, 3), (1, 2, 1), 2
 
@@ -28,16 +27,8 @@ def test_sharded_corewise_vs_vjp(mesh):
 
     @jax.jit
     def run(zt, ww, pp, x):
-        _, vjp = jax.vjp(lambda c: t3.t3_probe_derivatives(ww, pp, c, K), x)
-
-        def one(z, w, p):
-            w1, p1 = [a[None] for a in w], [a[None] for a in p]
-            _, vjp1 = jax.vjp(lambda c: t3.t3_probe_derivatives(w1, p1, c, K), x)
-            return vjp1(tuple(a[:, None] for a in z))[0]
-
-        kept_ref = jax.vmap(one)([jnp.moveaxis(a, 1, 0) for a in zt], ww, pp)
         return (f(zt, ww, pp, x, K, True, 2, mesh=mesh), f(zt, ww, pp, x, K, False, 2, mesh=mesh),
-                vjp(tuple(zt))[0], kept_ref)
+                *corewise_vjp_references(zt, ww, pp, x, K))
 
     summed, kept, summed_ref, kept_ref = run(zt, ww, pp, x)
     assert max_relerr(summed, summed_ref) < 1e-13
