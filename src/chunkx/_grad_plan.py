@@ -181,12 +181,18 @@ def plan_reverse(
 ) -> MemoryPlan:
     """The backward chunk size of `build(f, size, g)(*args)`, `tree = (f, args)`, for
     differentiating the array leaves of `tree` marked in `wrt`."""
+    run = _at_forward_size(build, size)
+    n = min(rows, size)
+    return plan_grad(who, run, tree, wrt, n, memory_budget, key + (size, "grad"), rows)
+
+
+def _at_forward_size(build: Callable, size: int) -> Run:
+    """`(tree, g) -> build(f, size, g)(*args)` for `tree = (f, args)`."""
 
     def run(tree, g):
         return build(tree[0], size, g)(*tree[1])
 
-    n = min(rows, size)
-    return plan_grad(who, run, tree, wrt, n, memory_budget, key + (size, "grad"), rows)
+    return run
 
 
 def reverse_planned_call(
@@ -196,10 +202,7 @@ def reverse_planned_call(
     """`build(f, size, None)(*args)`, whose reverse pass runs at the size `plan_reverse` gives
     for what is differentiated, planned only if the call is differentiated."""
 
-    def run(tree, g):
-        return build(tree[0], size, g)(*tree[1])
-
     def plan(tree, wrt):
         return plan_reverse(who, build, tree, size, rows, memory_budget, key, wrt).chunk_size
 
-    return planned_on_differentiation(run, plan, tree)
+    return planned_on_differentiation(_at_forward_size(build, size), plan, tree)

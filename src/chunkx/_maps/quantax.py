@@ -73,21 +73,18 @@ class ChunkMap(eqx.Module):
             c = plan_auto(
                 who, build, moved, per_device, self.memory_budget, arg="chunk_size", cache_on=key
             ).chunk_size
-        if c is None or per_device == c or (per_device < c and not self.atleast_1chunk):
-            size = None  # quantax's fast path: f sees the whole (local) batch
-        else:
-            size = c
         if self._plans_reverse():  # planned if differentiated, even where one chunk fits
-            size = c
             tree = (ClosedOver.of(inner, *moved), moved)  # closed-over parameters planned for
 
             def build_bwd(f, s, g):
                 return self._pipeline(f, s, zero, n, ndev, "scan", g)
 
-            out = reverse_planned_call(
-                who, build_bwd, tree, size, per_device, self.memory_budget, key
-            )
+            out = reverse_planned_call(who, build_bwd, tree, c, per_device, self.memory_budget, key)
         else:
+            if c is None or per_device == c or (per_device < c and not self.atleast_1chunk):
+                size = None  # quantax's fast path: f sees the whole (local) batch
+            else:
+                size = c
             loop = "scan" if self.use_scan else "python"
             out = self._pipeline(inner, size, zero, n, ndev, loop)(*moved)
         return map_outputs(out, self.out_axes, lambda o, ax: move_axis(o, 0, ax))
