@@ -375,7 +375,12 @@ def plot(res1, res4):
     keys = [k for k in ("a", "b") if _row_map(res1, k) or _row_map(res4, k)]
     if not keys:
         return
-    fig, axes = plt.subplots(len(keys), 2, figsize=(15, 7.5 * len(keys)), squeeze=False)
+    # read at page width (~700 px): 8.5 in at 80 dpi, fonts at 11 pt; names only on the left panel
+    plt.rcParams.update({"font.size": 11})
+    rows = [len(set(_row_map(res1, k)) | set(_row_map(res4, k))) for k in keys]
+    fig, axes = plt.subplots(len(keys), 2, figsize=(8.5, 0.3 * sum(rows) + 2.2 * len(keys)),
+                             squeeze=False, sharey="row",
+                             gridspec_kw={"height_ratios": rows, "wspace": 0.05})
     for i, key in enumerate(keys):
         m1, m4 = _row_map(res1, key), _row_map(res4, key)
         names = list(m1) + [n for n in m4 if n not in m1]
@@ -389,20 +394,22 @@ def plot(res1, res4):
                 if field == "temp_mib":
                     vals = [max(v, 1e-3) if v == v else v for v in vals]
                 ax.barh(y + off, vals, height=0.4, color=col, label=tag)
-            ax.set_yticks(y, names, fontsize=7)
-            ax.invert_yaxis()
+            if j == 0:
+                ax.set_yticks(y, names)
+                ax.invert_yaxis()
             ax.set_xlabel(label)
+            ax.grid(axis="x", lw=0.3)
             if field == "ratio":
                 ax.axvline(1.0, color="k", lw=0.8)
             else:
                 ax.set_xscale("log")
-            ax.set_title(f"({key}) " + (res1.get("sections", {}).get(key)
-                                        or res4["sections"][key])["title"].split(";")[0],
-                         fontsize=9)
-            ax.legend(fontsize=8)
-    fig.tight_layout()
+            sec = res1.get("sections", {}).get(key) or res4["sections"][key]
+            ax.set_title(f"({key}) " + sec["title"].split(";")[0].split(",")[0])
+    fig.subplots_adjust(top=0.96, bottom=0.04, hspace=0.12)
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower center", ncol=2,
+               bbox_to_anchor=(0.5, 0.975), frameon=False)
     PNG.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(PNG, dpi=90)
+    fig.savefig(PNG, dpi=80, bbox_inches="tight")
     print(f"wrote {PNG}")
 
 
@@ -434,7 +441,8 @@ def main():
     ap.add_argument("--only", default=",".join(SECTIONS))
     ap.add_argument("--n-a-timed", type=int, default=2048,
                     help="rows of (a) that are run and timed (compile/temp always at 8192)")
-    ap.add_argument("--no-run", action="store_true", help="driver: only rewrite doc and plot")
+    ap.add_argument("--no-run", action="store_true",
+                    help="driver: only re-plot and re-render the docs from the JSON")
     args = ap.parse_args()
     if args.worker is not None:
         worker(args.worker, args.reps, set(args.only.split(",")), args.n_a_timed)

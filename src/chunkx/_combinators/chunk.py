@@ -72,7 +72,7 @@ class Chunk(eqx.Module):
       inputs only and reruns one chunk at a time (two forward passes). Wins for large outputs
       (concatenated rows, a gradient-sized reduction), where a Jacobian would be large.
     - `"store"`: no checkpoint; reverse mode keeps every chunk's residuals (fastest, but the
-      memory grows with the number of rows). The old `checkpoint=False`.
+      memory grows with the number of rows); what `checkpoint=False` selects.
 
     `"auto"` (the default) fuses an additive reducer's output of at most 16 real elements and
     otherwise recomputes (`checkpoint=True`) or stores (`checkpoint=False`). Forward mode and
@@ -152,9 +152,9 @@ class Chunk(eqx.Module):
             return fused_call(self, mapped, fixed, static, valid, n)
         if self.grad_size is not None:
             return regrad_call(self, mapped, fixed, static, valid, n)
-        return self.plain(mapped, fixed, static, valid, n, s, policy == "recompute")
+        return self._plain(mapped, fixed, static, valid, n, s, policy == "recompute")
 
-    def plain(self, mapped, fixed, static, valid, n, size, checkpoint):
+    def _plain(self, mapped, fixed, static, valid, n, size, checkpoint):
         """The chunk loop itself, at chunk size `size` (`n > size`)."""
         fn, reducer = self.fn, self.reducer
 
