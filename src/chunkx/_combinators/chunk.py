@@ -82,6 +82,9 @@ class Chunk(eqx.Module):
     chunks: the fused pass runs at `grad_size`; with `"recompute"`, the forward pass runs at
     `size` and the recomputation at `grad_size`. Without differentiation neither costs anything.
 
+    **Rows:** `size` counts the rows this `Chunk` sees: global rows on its own, each device's rows
+    inside a [`chunkx.Shard`][].
+
     **Arguments:**
 
     - `fn`: a batched function (mapped axis 0 in and out), e.g. a [`chunkx.Vmap`][].
