@@ -35,7 +35,7 @@ def _run_worker(path):
             fh.write(proc.stdout + proc.stderr)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def netket_results(tmp_path_factory):
     """netket's answers, computed once per test session (shared by the xdist workers)."""
     if importlib.util.find_spec("netket") is None:  # find it without importing it
