@@ -44,9 +44,13 @@ def test_blocks_parses_fences_and_sketches():
 
 
 WITH_CODE = [p for p in PAGES if any(not s for _, _, s in blocks(p.read_text()))]
+SLOW = {"docs/t3.md"}  # compiles the T3 transposes and a Gauss-Newton step (about 30 s)
 
 
-@pytest.mark.parametrize("page", WITH_CODE, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("page", [
+    pytest.param(p, marks=pytest.mark.slow) if str(p.relative_to(ROOT)) in SLOW else p
+    for p in WITH_CODE
+], ids=lambda p: str(p.relative_to(ROOT)))
 def test_page_blocks_run(page):
     namespace = {"__name__": "__docs__"}
     for line, code, sketch in blocks(page.read_text()):

@@ -8,6 +8,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 
 def _free_port():
@@ -20,6 +21,7 @@ def per_row(x, w):
     return jnp.sin(x * w).sum() + jnp.sqrt(x[0] * w[0])
 
 
+@pytest.mark.slow  # two fresh processes with gloo collectives
 def test_two_processes_match_single_process(tmp_path):
     worker = os.path.join(os.path.dirname(__file__), "mp_worker.py")
     port, out = str(_free_port()), str(tmp_path / "mp.npz")

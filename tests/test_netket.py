@@ -79,6 +79,7 @@ def _chunkx(case, shard):
 SHARDED = ("phase_cs4_rf", "aux_rf", "mixed_rf", "vmap_cs4")  # default: Shard over 4 devices
 
 
+@pytest.mark.slow  # netket runs once, in a subprocess (about 30 s)
 @pytest.mark.parametrize(
     "name,shard", [(n, False) for n in W.cases()] + [(n, None) for n in SHARDED]
 )
