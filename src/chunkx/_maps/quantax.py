@@ -223,6 +223,10 @@ def chunk_map(
     with each device's last chunk padded (with copies of a real row, never zeros) and the padded
     outputs cut off, so the result equals `f(*args)` row for row.
 
+    **Rows:** `chunk_size` counts rows **per device** (quantax's convention): on `D` devices one
+    call evaluates `D * chunk_size` rows. [Choosing a map](../choosing.md) compares the
+    conventions.
+
     **Arguments:**
 
     - `f`: a batched function (e.g. `jax.vmap(g)`); use [`chunkx.jit_chunk_vmap`][] for a
@@ -296,6 +300,8 @@ def jit_chunk_vmap(
     mesh: Mesh | None = None,
 ) -> Callable[..., Any]:
     """`eqx.filter_jit(chunk_map(eqx.filter_vmap(f, in_axes, out_axes), ..., use_scan=True))`.
+
+    **Rows:** `chunk_size` counts rows **per device**, as in [`chunkx.chunk_map`][].
 
     **Arguments:** as in [`chunkx.chunk_map`][]; `f` is a per-example function.
 
