@@ -62,6 +62,12 @@ def use_Chunk() -> None:
                         256, reducer=chunkx.Sum(), in_axes=(0, None), grad_size=64)
     value, grad_w = jax.value_and_grad(loss, argnums=1)(x, w)   # fused, chunks of 64
 
+    auto = chunkx.Chunk(chunkx.Vmap(lambda x, w: jnp.sum(jnp.tanh(x @ w)), (0, None)),
+                        "auto", reducer=chunkx.Sum(), in_axes=(0, None), grad_size="auto",
+                        memory_budget=2**16)
+    value, grad_w = jax.value_and_grad(auto, argnums=1)(x, w)   # both passes planned
+    assert auto.memory_plan(x, w).chunk_size <= 1000
+
 
 def use_ChunkMap() -> None:
     import equinox as eqx, jax, jax.numpy as jnp, chunkx
@@ -268,8 +274,15 @@ def use_plan_memory() -> None:
     plan = chunkx.plan_memory(f, xs, w, in_axes=(0, None), budget_bytes=100_000)
     print(plan.points)                            # (size, bytes) in the order compiled
     assert plan.chunk_size < plan.n == 256        # the whole batch is over budget
-    at, at_256 = plan.bytes_at(plan.chunk_size), plan.bytes_at(256)  # None: not compiled
-    assert at is not None and at_256 is not None and at <= 100_000 < at_256
+    at_256 = plan.bytes_at(256)                   # None: not compiled
+    assert at_256 is not None and at_256 > 100_000
+    g = chunkx.batch_vmap(f, (0, None), batch_size=plan.chunk_size)
+    assert chunkx.compiled_temp_bytes(g, xs, w) <= 100_000
+
+
+def use_clear_plan_cache() -> None:
+    import chunkx
+    chunkx.clear_plan_cache()   # the next "auto" map measures again
 
 
 def use_sparse_pullback() -> None:
@@ -474,4 +487,4 @@ def use_vmap_chunked() -> None:
     y = g(jnp.ones((10, 3)), jnp.ones((3, 2)))   # (10, 2)
 
 
-USES = (use_AbstractReducer, use_BatchJacfwd, use_BatchJacrev, use_BatchVectorize, use_BatchVmap, use_Chunk, use_ChunkMap, use_ChunkedVjp, use_Concat, use_MemoryPlan, use_Monoid, use_Pad, use_Pullback, use_Reduce, use_Shard, use_Sum, use_Vmap, use_apply_chunked, use_batch_jacfwd, use_batch_jacrev, use_batch_map, use_batch_vectorize, use_batch_vmap, use_check_block_diagonal, use_chunk_map, use_compiled_temp_bytes, use_fit_memory, use_jit_chunk_vmap, use_plan_chunk_size, use_plan_memory, use_sparse_pullback, use_sparse_pullback_map, use_t3_GaussNewton, use_t3_TuckerTensorTrain, use_t3_binomial_combine_tensor, use_t3_dense_probe_derivatives, use_t3_estimate_chunk_size, use_t3_max_chunk_size_within, use_t3_t3_apply_corewise_derivatives_transpose, use_t3_t3_apply_derivatives, use_t3_t3_entries_corewise_derivatives_transpose, use_t3_t3_entries_derivatives, use_t3_t3_probe_corewise_derivatives_transpose, use_t3_t3_probe_derivatives, use_t3_tv_apply_derivatives, use_t3_tv_apply_derivatives_transpose, use_t3_tv_entries_derivatives, use_t3_tv_entries_derivatives_transpose, use_t3_tv_probe_derivatives, use_t3_tv_probe_derivatives_transpose, use_vjp_chunked, use_vmap_chunked)
+USES = (use_AbstractReducer, use_BatchJacfwd, use_BatchJacrev, use_BatchVectorize, use_BatchVmap, use_Chunk, use_ChunkMap, use_ChunkedVjp, use_Concat, use_MemoryPlan, use_Monoid, use_Pad, use_Pullback, use_Reduce, use_Shard, use_Sum, use_Vmap, use_apply_chunked, use_batch_jacfwd, use_batch_jacrev, use_batch_map, use_batch_vectorize, use_batch_vmap, use_check_block_diagonal, use_chunk_map, use_clear_plan_cache, use_compiled_temp_bytes, use_fit_memory, use_jit_chunk_vmap, use_plan_chunk_size, use_plan_memory, use_sparse_pullback, use_sparse_pullback_map, use_t3_GaussNewton, use_t3_TuckerTensorTrain, use_t3_binomial_combine_tensor, use_t3_dense_probe_derivatives, use_t3_estimate_chunk_size, use_t3_max_chunk_size_within, use_t3_t3_apply_corewise_derivatives_transpose, use_t3_t3_apply_derivatives, use_t3_t3_entries_corewise_derivatives_transpose, use_t3_t3_entries_derivatives, use_t3_t3_probe_corewise_derivatives_transpose, use_t3_t3_probe_derivatives, use_t3_tv_apply_derivatives, use_t3_tv_apply_derivatives_transpose, use_t3_tv_entries_derivatives, use_t3_tv_entries_derivatives_transpose, use_t3_tv_probe_derivatives, use_t3_tv_probe_derivatives_transpose, use_vjp_chunked, use_vmap_chunked)

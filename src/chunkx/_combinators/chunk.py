@@ -126,6 +126,12 @@ class Chunk(eqx.Module):
         loss = chunkx.Chunk(chunkx.Vmap(lambda x, w: jnp.sum(jnp.tanh(x @ w)), (0, None)),
                             256, reducer=chunkx.Sum(), in_axes=(0, None), grad_size=64)
         value, grad_w = jax.value_and_grad(loss, argnums=1)(x, w)   # fused, chunks of 64
+
+        auto = chunkx.Chunk(chunkx.Vmap(lambda x, w: jnp.sum(jnp.tanh(x @ w)), (0, None)),
+                            "auto", reducer=chunkx.Sum(), in_axes=(0, None), grad_size="auto",
+                            memory_budget=2**16)
+        value, grad_w = jax.value_and_grad(auto, argnums=1)(x, w)   # both passes planned
+        assert auto.memory_plan(x, w).chunk_size <= 1000
         ```
     """
 
