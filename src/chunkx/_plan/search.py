@@ -307,6 +307,8 @@ def quick_search(
     a, b = fit_line(list(seen.items()))
     size = _trusted(m, seen, _Model(a, b), n, rows, budget, shift)
     if size is None:
+        if all(v > budget for v in seen.values()) and min(seen) > 1:
+            m(divisor_below(rows, min(seen) - 1))  # a loop over whole chunks, without slicing
         return search_sizes(m, n, budget, rows, (), who=who, what=what, name=name, seen=seen)
     return MemoryPlan(n, budget, tuple(seen.items()), a, b, size, size, rows=rows)
 
