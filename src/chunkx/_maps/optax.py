@@ -1,0 +1,371 @@
+"""optax 0.2.8's `optax.microbatching` API: `microbatch`, `micro_vmap`, `micro_grad`.
+
+Each is a `Plan` over chunkx's combinators (`Pad(Shard(Interleave(Chunk(...))))`, see
+`_micro_run`), with the accumulations as reducers (`_micro`).
+"""
+
+import collections
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from beartype import beartype
+from jax.sharding import Mesh
+from jaxtyping import jaxtyped
+
+from .._checks import check_positive
+from ._micro import AccumulationType
+from ._micro_run import Plan
+
+#: The auxiliary result of `micro_grad`: per-example values, metrics and `fun`'s aux.
+IndividualOutputs = collections.namedtuple("IndividualOutputs", ["values", "metrics", "aux"])
+
+MicrobatchSize = int | Literal["auto"] | None
+
+
+def _ints(x: int | Sequence[int]) -> tuple[int, ...]:
+    return (x,) if isinstance(x, int) else tuple(x)
+
+
+def _plan(who, accumulator, per_example, microbatch_size, num_real, **opts) -> Plan:
+    """Check the options every builder shares and assemble the `Plan`."""
+    if microbatch_size != "auto":
+        check_positive(who, "microbatch_size", microbatch_size)
+    elif num_real is not None:
+        raise ValueError(
+            f'`{who}(microbatch_size="auto", num_real_microbatches=...)`: with an automatic '
+            "size the number of microbatches is not known in advance; give an int size."
+        )
+    check_positive(who, "grad_microbatch_size", opts.get("grad_size"))
+    if opts.get("memory_budget") is not None and microbatch_size != "auto":
+        raise ValueError(
+            f"`{who}(memory_budget={opts['memory_budget']})`: memory_budget sizes the "
+            f'microbatches of microbatch_size="auto", got microbatch_size={microbatch_size!r}.'
+        )
+    return Plan(who, accumulator, per_example, microbatch_size, num_real, **opts)
+
+
+class Microbatched(eqx.Module):
+    """`fun` over microbatches of the arguments `argnums`/`argnames` (see `microbatch`)."""
+
+    fun: Callable[..., Any]
+    plan: Plan
+    argnums: tuple[int, ...] = eqx.field(static=True)
+    argnames: tuple[str, ...] = eqx.field(static=True)
+    in_axes: tuple[int, ...] = eqx.field(static=True)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        keys = [("arg", i) for i in self.argnums] + [("kw", k) for k in self.argnames]
+        slots = tuple((kind, key, a) for (kind, key), a in zip(keys, self.in_axes))
+        return self.plan(self.fun, slots, args, kwargs)
+
+
+@jaxtyped(typechecker=beartype)
+def microbatch(
+    fun: Callable[..., Any],
+    argnums: int | Sequence[int],
+    microbatch_size: int | None,
+    accumulator: Any = AccumulationType.SUM,
+    *,
+    argnames: str | Sequence[str] = (),
+    in_axes: int | Sequence[int] = 0,
+    num_real_microbatches: int | jax.Array | None = None,
+) -> Callable[..., Any]:
+    """`fun` evaluated microbatch by microbatch, its results joined by `accumulator` (optax).
+
+    As a plain loop, with `K = n // microbatch_size` and optax's column-major assignment
+    (microbatch `k` holds rows `k, k + K, k + 2K, ...` of every batch argument):
+
+    ```python
+    def microbatched(*args, **kwargs):
+        carry = init(struct_of(fun(*microbatch_0)))
+        for k in range(min(num_real_microbatches or K, K)):
+            carry = update(carry, fun(*microbatch_k), k)
+        return finalize(carry)
+    ```
+
+    SUM adds the results, MEAN divides that sum by `K`, RUNNING_MEAN by the microbatches run,
+    CONCAT joins them along axis 0 in batch order (microbatches not run give zeros).
+    The microbatches run as one `jax.lax.scan` ([`chunkx.Chunk`][]); a traced
+    `num_real_microbatches` skips the remaining microbatches (`jax.lax.cond`) without a
+    recompile, and reverse mode recomputes one microbatch at a time.
+
+    **Arguments:**
+
+    - `fun`: any function of a microbatch.
+    - `argnums`, `argnames`: the positional and keyword arguments that have a batch axis.
+    - `microbatch_size`: rows per microbatch; it must divide the batch (`fun` sees whole
+      microbatches). `None`: `fun` itself is returned.
+    - `accumulator`: an [`chunkx.AccumulationType`][], an [`chunkx.Accumulator`][], or a
+      pytree prefix of `fun`'s output with one of them at each leaf.
+    - `in_axes`: the batch axis of each of `argnums + argnames` (an int: all of them).
+    - `num_real_microbatches`: run only this many microbatches (an int or a traced value).
+
+    !!! Example
+
+        ```python
+        import jax.numpy as jnp, chunkx
+        fun = lambda x: (x + 1, jnp.sum(3 * x))
+        types = (chunkx.AccumulationType.CONCAT, chunkx.AccumulationType.SUM)
+        rows, total = chunkx.microbatch(fun, 0, 2, types)(jnp.arange(8.0))
+        assert jnp.allclose(rows, jnp.arange(8.0) + 1) and total == 84.0
+        ```
+    """
+    if microbatch_size is None:
+        return fun
+    argnums, names = _ints(argnums), (argnames,) if isinstance(argnames, str) else tuple(argnames)
+    axes = _ints(in_axes)
+    axes = axes * (len(argnums) + len(names)) if isinstance(in_axes, int) else axes
+    if len(axes) != len(argnums) + len(names):
+        raise ValueError(
+            f"`microbatch(in_axes={in_axes!r})`: in_axes needs one entry per batch argument "
+            f"(argnums {argnums} and argnames {names}), got {len(axes)}."
+        )
+    plan = _plan("microbatch", accumulator, False, microbatch_size, num_real_microbatches)
+    return Microbatched(fun, plan, argnums, names, axes)
+
+
+class MicroVmap(eqx.Module):
+    """`fun` vmapped over microbatches of its arguments (see `micro_vmap`)."""
+
+    fun: Callable[..., Any]
+    plan: Plan
+    in_axes: int | None | tuple[int | None, ...] = eqx.field(static=True)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        axes = self.in_axes
+        if axes is None or isinstance(axes, int):
+            axes = (axes,) * len(args)
+        if len(axes) != len(args):
+            raise ValueError(
+                f"`{self.plan.who}(in_axes={self.in_axes!r})`: in_axes has {len(axes)} entries "
+                f"but the function was called with {len(args)} positional arguments."
+            )
+        slots = tuple(("arg", i, a) for i, a in enumerate(axes) if a is not None)
+        slots += tuple(("kw", k, 0) for k in kwargs)  # keyword arguments map along axis 0
+        return self.plan(self.fun, slots, args, kwargs)
+
+
+@jaxtyped(typechecker=beartype)
+def micro_vmap(
+    fun: Callable[..., Any],
+    in_axes: int | None | Sequence[int | None] = 0,
+    out_axes: Any = 0,
+    *,
+    microbatch_size: MicrobatchSize = None,
+    vmap_fn: Callable[..., Any] = jax.vmap,
+    accumulator: Any = AccumulationType.CONCAT,
+    num_real_microbatches: int | jax.Array | None = None,
+    grad_microbatch_size: int | None = None,
+    memory_budget: int | None = None,
+    shard: bool = False,
+    mesh: Mesh | None = None,
+) -> MicroVmap:
+    """`jax.vmap(fun, in_axes)` over microbatches, the rows joined by `accumulator` (optax).
+
+    As a plain loop over optax's microbatches (microbatch `k` holds rows `k, k + K, ...`):
+
+    ```python
+    def g(*args, **kwargs):
+        rows = [jax.vmap(fun, in_axes)(*microbatch_k) for k in range(K)]
+        return accumulate(rows)   # CONCAT: all rows in batch order; SUM/MEAN: over the rows
+    ```
+
+    Keyword arguments are mapped along axis 0. Beyond optax: the batch need not be a multiple
+    of `microbatch_size` (the last rows are padded, and padded rows reach no MEAN, SUM or
+    gradient), `microbatch_size="auto"` chooses the size within `memory_budget`,
+    `grad_microbatch_size` gives reverse mode its own microbatches, and `shard=True` splits
+    every microbatch over the devices of a mesh ([`chunkx.Shard`][]).
+
+    **Arguments:**
+
+    - `fun`: the per-example function.
+    - `in_axes`: an int (every positional argument), `None`, or one int/`None` per positional
+      argument; any axis, negative too.
+    - `out_axes`: `0` (the only value).
+    - `microbatch_size`: rows per microbatch, `"auto"`, or `None` for one microbatch.
+    - `vmap_fn`: called as `vmap_fn(f, in_axes, 0)` to vectorise one microbatch.
+    - `accumulator`: [`chunkx.AccumulationType`][] (CONCAT by default), a
+      [`chunkx.Accumulator`][], or a pytree prefix of the outputs with one at each leaf.
+    - `num_real_microbatches`: run only this many microbatches (an int or a traced value).
+    - `grad_microbatch_size`: rows per microbatch of the reverse pass.
+    - `memory_budget`: bytes of XLA temp memory for `microbatch_size="auto"`.
+    - `shard`, `mesh`: split the rows over the devices of `mesh` (default: see
+      [`chunkx.Shard`][]); `microbatch_size` must be a multiple of the device count.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        w, x = jnp.ones((3, 2)), jnp.arange(30.0).reshape(10, 3)
+        f = chunkx.micro_vmap(lambda x, w: jnp.tanh(x @ w), in_axes=(0, None),
+                              microbatch_size=4)          # 10 rows: the last ones padded
+        assert jnp.allclose(f(x, w), jax.vmap(lambda x: jnp.tanh(x @ w))(x))
+        ```
+    """
+    if not (isinstance(out_axes, int) and out_axes == 0):
+        raise ValueError(
+            f"`micro_vmap(out_axes={out_axes!r})`: the mapped axis of the outputs is axis 0 "
+            "(accumulations join along it); out_axes must be 0."
+        )
+    axes = in_axes if in_axes is None or isinstance(in_axes, int) else tuple(in_axes)
+    plan = _plan(
+        "micro_vmap", accumulator, True, microbatch_size, num_real_microbatches,
+        vmap_fn=vmap_fn, grad_size=grad_microbatch_size, memory_budget=memory_budget,
+        shard=shard, mesh=mesh,
+    )
+    return MicroVmap(fun, plan, axes)
+
+
+class _GradFn(eqx.Module):
+    """One example's `(transform_fn(grad), IndividualOutputs(value, metrics_fn(grad), aux))`."""
+
+    fun: Callable[..., Any]
+    has_aux: bool = eqx.field(static=True)
+    argnums: int | tuple[int, ...] = eqx.field(static=True)
+    transform_fn: Callable[..., Any]
+    metrics_fn: Callable[..., Any]
+    expand: tuple[int, ...] = eqx.field(static=True)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        args = tuple(
+            jax.tree_util.tree_map(lambda x: jnp.expand_dims(x, 0), a) if i in self.expand else a
+            for i, a in enumerate(args)
+        )
+
+        def f(*a, **k):
+            out = self.fun(*a, **k)
+            return out if self.has_aux else (out, None)
+
+        (value, aux), grad = jax.value_and_grad(f, self.argnums, has_aux=True)(*args, **kwargs)
+        return self.transform_fn(grad), IndividualOutputs(value, self.metrics_fn(grad), aux)
+
+
+class MicroGrad(eqx.Module):
+    """Per-example gradients over microbatches (see `micro_grad`)."""
+
+    grad_fn: _GradFn
+    plan: Plan
+    batch_argnums: tuple[int, ...] = eqx.field(static=True)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if max(self.batch_argnums) >= len(args):
+            raise ValueError(
+                f"`micro_grad(batch_argnums={self.batch_argnums})`: the function was called "
+                f"with {len(args)} positional arguments."
+            )
+        axes = tuple(0 if i in self.batch_argnums else None for i in range(len(args)))
+        return MicroVmap(self.grad_fn, self.plan, axes)(*args, **kwargs)
+
+
+def _no_metrics(grad: Any) -> None:
+    return None
+
+
+def _identity(grad: Any) -> Any:
+    return grad
+
+
+@jaxtyped(typechecker=beartype)
+def micro_grad(
+    fun: Callable[..., Any],
+    has_aux: bool = False,
+    argnums: int | Sequence[int] = 0,
+    *,
+    batch_argnums: int | Sequence[int] = 1,
+    keep_batch_dim: bool = True,
+    microbatch_size: MicrobatchSize = None,
+    accumulator: Any = AccumulationType.SUM,
+    transform_fn: Callable[[Any], Any] = _identity,
+    metrics_fn: Callable[[Any], Any] = _no_metrics,
+    num_real_microbatches: int | jax.Array | None = None,
+    grad_microbatch_size: int | None = None,
+    memory_budget: int | None = None,
+    shard: bool = False,
+    mesh: Mesh | None = None,
+) -> MicroGrad:
+    """Per-example gradients, transformed and accumulated over microbatches (optax).
+
+    As a plain loop over the examples `i` (rows of the `batch_argnums` arguments):
+
+    ```python
+    def g(*args, **kwargs):
+        outs = []
+        for i in range(n):
+            (value, aux), grad = jax.value_and_grad(fun_with_aux, argnums)(*example_i)
+            outs.append((transform_fn(grad), (value, metrics_fn(grad), aux)))
+        return accumulate([o[0] for o in outs]), IndividualOutputs(*concat([o[1] ...]))
+    ```
+
+    where `example_i` keeps a batch axis of length 1 (`keep_batch_dim=True`) and keyword
+    arguments are mapped along axis 0. `micro_grad` is [`chunkx.micro_vmap`][] of that
+    per-example function with `accumulator=(accumulator, CONCAT)`, so it takes the same
+    options beyond optax (any batch size, `"auto"`, `grad_microbatch_size`, `shard`).
+
+    **Arguments:**
+
+    - `fun`, `has_aux`, `argnums`: as for `jax.value_and_grad`.
+    - `batch_argnums`: the positional arguments with a batch axis (axis 0).
+    - `keep_batch_dim`: give `fun` each example with a batch axis of length 1.
+    - `microbatch_size`, `accumulator`, `num_real_microbatches`, `grad_microbatch_size`,
+      `memory_budget`, `shard`, `mesh`: see [`chunkx.micro_vmap`][].
+    - `transform_fn`: applied to each per-example gradient before accumulating (e.g. clip).
+    - `metrics_fn`: per-example metrics of the gradient, returned per example.
+
+    **Returns:** a function returning `(accumulated, IndividualOutputs(values, metrics, aux))`.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        loss = lambda p, x, y: 0.5 * jnp.mean((x @ p - y) ** 2)
+        p, x, y = jnp.zeros(1), jnp.ones((4, 1)), jnp.array([0.0, 2.0, 4.0, 6.0])
+        g, aux = chunkx.micro_grad(loss, batch_argnums=(1, 2), microbatch_size=2,
+                                   metrics_fn=jnp.linalg.norm)(p, x, y)
+        assert jnp.allclose(g, jax.grad(loss)(p, x, y) * 4)         # SUM of per-example
+        assert jnp.allclose(aux.metrics, jnp.array([0.0, 2.0, 4.0, 6.0]))
+        ```
+    """
+    batch = _ints(batch_argnums)
+    argnums = argnums if isinstance(argnums, int) else tuple(argnums)
+    grad_fn = _GradFn(
+        fun, has_aux, argnums, transform_fn, metrics_fn, batch if keep_batch_dim else ()
+    )
+    plan = _plan(
+        "micro_grad", (accumulator, AccumulationType.CONCAT), True, microbatch_size,
+        num_real_microbatches, grad_size=grad_microbatch_size, memory_budget=memory_budget,
+        shard=shard, mesh=mesh,
+    )
+    return MicroGrad(grad_fn, plan, batch)
+
+
+@jaxtyped(typechecker=beartype)
+def reshape_batch_axis(tree: Any, microbatch_size: int, axis: int = 0) -> Any:
+    """Split the batch axis of every leaf into `(num_microbatches, microbatch_size)`,
+    column-major (optax): row `k + K * j` goes to `[k, j]`, so a sharding along the batch axis
+    stays on the `microbatch_size` axis.
+
+    !!! Example
+
+        ```python
+        import jax.numpy as jnp, chunkx
+        y = chunkx.reshape_batch_axis(jnp.arange(6), 2)
+        assert (y == jnp.array([[0, 3], [1, 4], [2, 5]])).all()
+        ```
+    """
+    check_positive("reshape_batch_axis", "microbatch_size", microbatch_size, allow_none=False)
+
+    def leaf(x):
+        a = axis % x.ndim
+        n = x.shape[a]
+        if n % microbatch_size:
+            raise ValueError(
+                f"`reshape_batch_axis(microbatch_size={microbatch_size})`: the batch axis "
+                f"{axis} has {n} rows, not a multiple of microbatch_size."
+            )
+        y = x.reshape(x.shape[:a] + (microbatch_size, n // microbatch_size) + x.shape[a + 1 :])
+        return jnp.swapaxes(y, a, a + 1)
+
+    return jax.tree_util.tree_map(leaf, tree)
