@@ -16,8 +16,10 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from .._combinators._rows import call_with_valid, struct_of
+from .._combinators._sharding import is_explicit, mesh_of, place
 from .._combinators.reduce import AbstractReducer, Concat, Sum
 from .._types import RowMask, Tree
 
@@ -220,6 +222,11 @@ class Leaves(AbstractReducer):
         return call_with_valid(fn, args, valid)
 
     def trim(self, out: Tree, n: int) -> Tree:
+        def replicated(x):  # cutting rows off an Explicit-sharded axis: replicate it first
+            mesh = mesh_of(x) if eqx.is_array(x) else None
+            return x if mesh is None or not is_explicit(mesh) else place(x, mesh, P())
+
+        out = jax.tree_util.tree_map(replicated, out)
         return self.treedef.unflatten(self._each("trim", out, extra=(n,)))
 
     def check_rows(self, rows_struct: Tree, who: str) -> None:

@@ -169,7 +169,10 @@ class Plan(eqx.Module):
         k = None if mb == "auto" else -(-n // mb)
         self._check(leaves, n, mb, d)
         padded = k is not None and k * mb != n
-        r = None if self.num_real is None or k is None else jnp.clip(self.num_real, 0, k)
+        if self.num_real is None or self.microbatch_size is None:  # None: one call, as optax
+            r = None
+        else:
+            r = jnp.clip(self.num_real, 0, k)
         masked = padded or r is not None
         row_fn = RowFn(fun, slots, self.per_example, masked, self.vmap_fn)
         axes = (0,) * len(batch) + (None,)
