@@ -6,7 +6,7 @@ Side by side in one process, variants timed round-robin (interleaved), medians o
 XLA temp bytes from `jax.jit(f).lower(*args).compile().memory_analysis()`. Writes
 benchmarks/results/microbatch.json.
 
-    python benchmarks/bench_microbatch.py [--n 2048] [--mb 128] [--reps 15]
+    python benchmarks/bench_microbatch.py [--n 2048] [--mb 128] [--reps 41]
 """
 
 import argparse
@@ -104,7 +104,7 @@ def main():
     ap.add_argument("--d", type=int, default=32)
     ap.add_argument("--h", type=int, default=128)
     ap.add_argument("--mb", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--reps", type=int, default=41)
     a = ap.parse_args()
     assert a.n % a.mb == 0, "the comparison uses an exact divisor"
     args = problem(a.n, a.d, a.h)
