@@ -384,6 +384,20 @@ def test_shard_undivided_micro_grad(mesh):
     close(aux.values, jax.vmap(sq_loss, (None, 0, 0))(p, x, y))
 
 
+@pytest.mark.parametrize("shard", [False, True])
+def test_batch_laid_out_on_an_explicit_mesh(shard):
+    """optax 0.2.8's reshape raises ShardingTypeError on such a batch under jax 0.10."""
+    x, w = data(16)
+    g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    mesh = MESHES["explicit"]()
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.P("x")))
+        for kind in ("CONCAT", "MEAN"):
+            f = chunkx.micro_vmap(g, (0, None), microbatch_size=4, accumulator=ours(kind),
+                                  shard=shard)
+            close(jax.jit(f)(xs, w), reference(kind, jax.vmap(lambda x: g(x, w))(x)))
+
+
 def test_reshape_batch_axis_matches_optax():
     x = jnp.arange(24.0).reshape(2, 12)
     close(chunkx.reshape_batch_axis(x, 3, axis=1), om.reshape_batch_axis(x, 3, axis=1))

@@ -24,6 +24,13 @@ from .._combinators.reduce import AbstractReducer, Concat, Sum
 from .._types import RowMask, Tree
 
 
+def replicated(x: Any) -> Any:
+    """`x` replicated on its Explicit mesh (rows are then cut or permuted without collectives
+    that JAX cannot infer); anything else unchanged."""
+    mesh = mesh_of(x) if eqx.is_array(x) else None
+    return x if mesh is None or not is_explicit(mesh) else place(x, mesh, P())
+
+
 class AccumulationType(enum.Enum):
     """How the results of the microbatches join (optax's names).
 
@@ -222,11 +229,7 @@ class Leaves(AbstractReducer):
         return call_with_valid(fn, args, valid)
 
     def trim(self, out: Tree, n: int) -> Tree:
-        def replicated(x):  # cutting rows off an Explicit-sharded axis: replicate it first
-            mesh = mesh_of(x) if eqx.is_array(x) else None
-            return x if mesh is None or not is_explicit(mesh) else place(x, mesh, P())
-
-        out = jax.tree_util.tree_map(replicated, out)
+        out = jax.tree_util.tree_map(replicated, out)  # cutting rows off an Explicit axis
         return self.treedef.unflatten(self._each("trim", out, extra=(n,)))
 
     def check_rows(self, rows_struct: Tree, who: str) -> None:

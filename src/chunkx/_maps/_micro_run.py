@@ -21,7 +21,7 @@ from .._combinators.pad import Pad
 from .._combinators.reduce import Concat
 from .._combinators.shard import Shard
 from .._types import RowMask
-from ._micro import Leaves, UserAccumulate, finalize, plan_leaves
+from ._micro import Leaves, UserAccumulate, finalize, plan_leaves, replicated
 
 #: One mapped argument: `("arg", position, axis)` or `("kw", name, axis)`.
 Slot = tuple[str, Any, int]
@@ -131,7 +131,8 @@ class Interleave(eqx.Module):
             if self.num_real is not None:
                 m = m & (jnp.arange(n) % k < self.num_real)
             head = (perm(m),)
-        out = self.fn(*head, *(_map_arrays(perm, b) for b in batch), rest)
+        batch = tuple(_map_arrays(lambda x: perm(replicated(x)), b) for b in batch)
+        out = self.fn(*head, *batch, rest)
         if k == 1:  # the chunk loop ran one piece and returned its partial
             out = self.reducer.single(out)
 
