@@ -1,6 +1,7 @@
 """chunkx's `micro_grad` vs optax 0.2.8's `optax.microbatching.micro_grad`: per-example gradients
 of a small MLP, the same microbatch size (an exact divisor of the batch), DP-SGD style (clipped
-per-example gradients, summed) and plain (MEAN, no transform).
+per-example gradients, summed) and plain (MEAN, no transform); and `jax.value_and_grad` of a
+`microbatch`ed mean loss.
 
 Side by side in one process, variants timed round-robin (interleaved), medians of `--reps`;
 XLA temp bytes from `jax.jit(f).lower(*args).compile().memory_analysis()`. Writes
@@ -60,7 +61,13 @@ def sections(mb):
             kw["transform_fn"] = clip
         return mod.micro_grad(mlp_loss, accumulator=getattr(mod.AccumulationType, acc), **kw)
 
+    def grad_of(mod):
+        loss = mod.microbatch(mlp_loss, (1, 2), mb, mod.AccumulationType.MEAN)
+        return lambda p, x, y: jax.value_and_grad(loss)(p, x, y)
+
     return {
+        "grad(microbatch MEAN loss)": {m: grad_of(mod) for m, mod in (("optax", om),
+                                                                      ("chunkx", chunkx))},
         "dpsgd (clip, SUM)": {m: build(mod, "SUM", True) for m, mod in (("optax", om),
                                                                           ("chunkx", chunkx))},
         "plain (MEAN)": {m: build(mod, "MEAN", False) for m, mod in (("optax", om),
@@ -91,7 +98,7 @@ def measure(name, fns, args, reps):
         "chunkx_compile_s": vs[1].compile_s,
     }
     print(
-        f"{name:20s} optax {row['optax_ms']:8.2f} ms  chunkx {row['chunkx_ms']:8.2f} ms  "
+        f"{name:28s} optax {row['optax_ms']:8.2f} ms  chunkx {row['chunkx_ms']:8.2f} ms  "
         f"ratio {row['time_ratio']:.3f}  temp {vs[0].temp_bytes / MiB:.2f} / "
         f"{vs[1].temp_bytes / MiB:.2f} MiB"
     )
