@@ -443,5 +443,7 @@ def test_errors():
         chunkx.micro_vmap(g, (0, None), microbatch_size=6, shard=True)(x, w)
     with pytest.raises(ValueError, match=r"`microbatch`: mapped arguments must share the length"):
         chunkx.microbatch(lambda a, b: a + b, (0, 1), 2)(jnp.ones(4), jnp.ones(6))
+    with pytest.raises(ValueError, match=r"`micro_vmap`: the batch is empty \(0 rows\)"):
+        chunkx.micro_vmap(jnp.sin, microbatch_size=2)(jnp.ones((0, 3)))
     with pytest.raises(ValueError, match=r"`reshape_batch_axis\(microbatch_size=3\)`: the batch axis 0 has 10 rows"):
         chunkx.reshape_batch_axis(x, 3)

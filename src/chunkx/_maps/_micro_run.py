@@ -164,6 +164,8 @@ class Plan(eqx.Module):
     def __call__(self, fun: Callable, slots: tuple[Slot, ...], args: tuple, kwargs: dict):
         batch, rest = split_call(slots, args, kwargs)
         n = mapped_length(batch, (0,) * len(batch), self.who)
+        if n == 0:
+            raise ValueError(f"`{self.who}`: the batch is empty (0 rows); there is no microbatch.")
         mb = n if self.microbatch_size is None else self.microbatch_size
         leaves, kinds = plan_leaves(self.who, self.accumulator, self.per_example, self.num_real)
         d = call_mesh(self.mesh, args).size if self.shard else 1
