@@ -110,6 +110,31 @@ def test_microbatch_argnums_argnames_in_axes():
     close(got, want)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
+def test_dtypes_kept_like_optax(dtype):
+    x, w = (a.astype(dtype) for a in data())
+    for kind in TYPES:
+        want = om.microbatch(grouped, 0, 4, theirs(kind))(x, w)
+        close(chunkx.microbatch(grouped, 0, 4, ours(kind))(x, w), want, tol=2e-2)
+        g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+        want = om.micro_vmap(g, (0, None), microbatch_size=4, accumulator=theirs(kind))(x, w)
+        got = chunkx.micro_vmap(g, (0, None), microbatch_size=4, accumulator=ours(kind))(x, w)
+        close(got, want, tol=2e-2)
+
+
+def test_argnums_and_argnames_are_interchangeable_as_in_optax():
+    a = jax.random.normal(jax.random.PRNGKey(1), (10, 4, 5))
+    b = jnp.transpose(a, (1, 0, 2))
+    fun = lambda a, b: jnp.einsum("bij,kbj->ik", a, b)  # noqa: E731
+    for kind in TYPES:
+        m = lambda **kw: chunkx.microbatch(fun, microbatch_size=2, accumulator=ours(kind), **kw)  # noqa: E731
+        want = om.microbatch(fun, (0, 1), 2, theirs(kind), in_axes=(0, 1))(a, b)
+        close(m(argnums=(0, 1), in_axes=(0, 1))(a, b), want)
+        close(m(argnums=(1, 0), in_axes=(1, 0))(a, b), want)
+        close(m(argnums=(), argnames=("b", "a"), in_axes=(1, 0))(a=a, b=b), want)
+        close(m(argnums=0, argnames="b", in_axes=(0, 1))(a, b=b), want)
+
+
 def test_grad_through_microbatch_matches_optax():
     x, w = data()
 
