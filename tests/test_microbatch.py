@@ -2,6 +2,7 @@
 `optax.microbatching` on the same inputs, and against jax.vmap / jax.grad where optax has no
 answer (a batch the microbatch size does not divide, a backward size, a mesh)."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -212,6 +213,18 @@ def test_micro_vmap_prefix_accumulator_and_vmap_fn():
     got = chunkx.micro_vmap(fun, (0, None), microbatch_size=4, accumulator=acc(ours),
                             vmap_fn=vmap_fn)(x, w, b=b)
     close(got, want)
+
+
+def test_micro_vmap_nested_in_vmap_and_a_module_through_jit():
+    x, w = data(10)
+    ws = jnp.stack([w, 2 * w, -w])
+    g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    f = chunkx.micro_vmap(g, (0, None), microbatch_size=4, accumulator=ours("MEAN"),
+                          num_real_microbatches=2)
+    ran = np.arange(10) % 3 < 2  # 3 microbatches, column-major: rows k, k + 3, ...; run 2
+    want = jax.vmap(lambda w: jax.vmap(lambda x: g(x, w))(x)[ran].sum(0) / 10)(ws)
+    close(jax.vmap(f, (None, 0))(x, ws), want)
+    close(eqx.filter_jit(lambda f, x, w: f(x, w))(f, x, w), want[0])
 
 
 def test_micro_vmap_int_in_axes_maps_every_argument_like_jax_vmap():
