@@ -461,6 +461,11 @@ def test_errors():
         chunkx.micro_vmap(g, microbatch_size="auto", num_real_microbatches=2)
     with pytest.raises(ValueError, match=r"`micro_grad\(memory_budget=1000\)`: memory_budget sizes"):
         chunkx.micro_grad(sq_loss, microbatch_size=2, memory_budget=1000)
+    with pytest.raises(ValueError, match=r'`micro_vmap\(grad_microbatch_size="auto"\)`: a planned backward size needs a forward one'):
+        chunkx.micro_vmap(g, grad_microbatch_size="auto")
+    with pytest.raises(ValueError, match=r'`micro_vmap\(accumulator=...\)`: a user-written Accumulator .* cannot take microbatch_size="auto"'):
+        chunkx.micro_vmap(g, (0, None), microbatch_size="auto", accumulator=biggest(chunkx),
+                          memory_budget=2**20)(x, w)
     with pytest.raises(ValueError, match=r"`micro_vmap\(grad_microbatch_size=0\)`"):
         chunkx.micro_vmap(g, grad_microbatch_size=0)
     with pytest.raises(ValueError, match=r"`micro_vmap\(in_axes=\(0,\)\)`: in_axes has 1 entries but the function was called with 2"):
@@ -485,3 +490,72 @@ def test_errors():
         chunkx.micro_vmap(jnp.sin, microbatch_size=2)(jnp.ones((0, 3)))
     with pytest.raises(ValueError, match=r"`reshape_batch_axis\(microbatch_size=3\)`: the batch axis 0 has 10 rows"):
         chunkx.reshape_batch_axis(x, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# microbatch_size="auto": planned by Chunk within memory_budget (XLA temp bytes per device)
+
+
+def temp(f, *args):
+    return jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+def heavy(x, w):
+    """A per-row function with a large intermediate (two 64 x 64 products per row)."""
+    return jnp.sum(jnp.tanh(jnp.tanh(jnp.outer(x, x) @ w) @ w) ** 2)
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHUNKX_CACHE_DIR", str(tmp_path / "plans"))
+    chunkx.clear_plan_cache()
+    yield
+    chunkx.clear_plan_cache()
+
+
+def heavy_data(n=512, d=64):
+    x = jax.random.normal(jax.random.PRNGKey(0), (n, d), jnp.float32)
+    return x, jax.random.normal(jax.random.PRNGKey(1), (d, d), jnp.float32) / d
+
+
+BUDGET = 2**19
+
+
+@pytest.mark.parametrize("kind", ["SUM", "MEAN", "CONCAT"])
+def test_auto_within_budget_equal_to_optax_and_vmap(fresh_cache, kind):
+    x, w = heavy_data()
+    f = chunkx.micro_vmap(heavy, (0, None), microbatch_size="auto", memory_budget=BUDGET,
+                          accumulator=ours(kind))
+    rows = jax.vmap(heavy, (0, None))(x, w)
+    loss = lambda w, f=f: jnp.sum(f(x, w))  # noqa: E731
+    ref = lambda w: jnp.sum(reference(kind, jax.vmap(heavy, (0, None))(x, w)))  # noqa: E731
+    # the premise: unchunked, the reverse pass is over the budget (XLA's CPU forward fuses)
+    assert temp(jax.grad(ref), w) > BUDGET
+    want = om.micro_vmap(heavy, (0, None), microbatch_size=64, accumulator=theirs(kind))(x, w)
+    close(jax.jit(f)(x, w), want, tol=1e-4)
+    close(jax.jit(f)(x, w), reference(kind, rows), tol=1e-4)
+    close(jax.jit(jax.grad(loss))(w), jax.grad(ref)(w), tol=1e-3)
+    assert temp(f, x, w) <= BUDGET
+    assert temp(jax.grad(loss), w) <= BUDGET
+
+
+def test_auto_micro_grad_within_budget_equal_to_optax(fresh_cache):
+    x, w = heavy_data()
+    y = jnp.linspace(0.0, 1.0, x.shape[0], dtype=jnp.float32)
+    loss = lambda w, x, y: heavy(x[0], w) - y[0]  # noqa: E731 (keep_batch_dim: one row)
+    kw = dict(batch_argnums=(1, 2), accumulator=theirs("MEAN"), transform_fn=lambda g: g * 2)
+    want = om.micro_grad(loss, microbatch_size=64, **kw)(w, x, y)
+    kw["accumulator"] = ours("MEAN")
+    f = chunkx.micro_grad(loss, microbatch_size="auto", memory_budget=BUDGET, **kw)
+    close(jax.jit(f)(w, x, y), want, tol=1e-4)
+    assert temp(chunkx.micro_grad(loss, microbatch_size=None, **kw), w, x, y) > BUDGET
+    assert temp(f, w, x, y) <= BUDGET
+
+
+def test_auto_sharded_within_budget_per_device(fresh_cache):
+    x, w = heavy_data()
+    mesh = MESHES["explicit"]()
+    f = chunkx.micro_vmap(heavy, (0, None), microbatch_size="auto", memory_budget=BUDGET // 4,
+                          accumulator=ours("MEAN"), shard=True, mesh=mesh)
+    close(jax.jit(f)(x, w), jax.vmap(heavy, (0, None))(x, w).mean(), tol=1e-4)
+    assert temp(f, x, w) <= BUDGET // 4

@@ -27,11 +27,9 @@ from ._maps.netket import ChunkedVjp as ChunkedVjp, vjp_chunked as vjp_chunked
 from ._maps._micro import AccumulationType as AccumulationType, Accumulator as Accumulator
 from ._maps.optax import microbatch as microbatch, micro_vmap as micro_vmap
 from ._maps.optax_grad import micro_grad as micro_grad, reshape_batch_axis as reshape_batch_axis
-from ._memory import (
-    MemoryPlan as MemoryPlan,
-    compiled_temp_bytes as compiled_temp_bytes,
-    fit_memory as fit_memory,
-)
-from ._plan import plan_chunk_size as plan_chunk_size, plan_memory as plan_memory
+from ._plan.search import MemoryPlan as MemoryPlan, fit_memory as fit_memory
+from ._plan.measure import compiled_temp_bytes as compiled_temp_bytes
+from ._plan.cache import clear_plan_cache as clear_plan_cache
+from ._maps.planning import plan_chunk_size as plan_chunk_size, plan_memory as plan_memory
 
 __version__ = "0.1.0"

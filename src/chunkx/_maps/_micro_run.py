@@ -156,7 +156,7 @@ class Plan(eqx.Module):
     microbatch_size: Any = eqx.field(static=True)
     num_real: Any = None
     vmap_fn: Callable[..., Any] | None = None
-    grad_size: int | None = eqx.field(static=True, default=None)
+    grad_size: int | str | None = eqx.field(static=True, default=None)
     memory_budget: int | None = eqx.field(static=True, default=None)
     shard: bool = eqx.field(static=True, default=False)
     mesh: Any = eqx.field(static=True, default=None)
@@ -180,15 +180,10 @@ class Plan(eqx.Module):
         row_fn = RowFn(fun, slots, self.per_example, masked, self.vmap_fn)
         axes = (0,) * len(batch) + (None,)
         if k is None:
-            core = Chunk(
-                row_fn, "auto", reducer=leaves, in_axes=axes, memory_budget=self.memory_budget,
-                grad_size=self.grad_size,
-            )
+            core = self._chunk(row_fn, leaves, axes, "auto", self.grad_size, "shift")
         else:
-            grad_size = None if self.grad_size is None else self.grad_size // d
-            chunk = Chunk(
-                row_fn, mb // d, reducer=leaves, in_axes=(0,) * masked + axes, grad_size=grad_size
-            )
+            g = self.grad_size // d if isinstance(self.grad_size, int) else self.grad_size
+            chunk = self._chunk(row_fn, leaves, (0,) * masked + axes, mb // d, g, "call")
             core = Interleave(chunk, leaves, mb // d, r, masked)
         if self.shard:
             core = Shard(core, mesh=self.mesh, reducer=leaves, in_axes=axes)
@@ -196,6 +191,20 @@ class Plan(eqx.Module):
             core = Pad(core, mb, reducer=leaves, in_axes=axes)
         carry = core(*batch, rest)
         return finalize(self.who, kinds, leaves, carry, *self._counts(n, k, r))
+
+    def _chunk(self, row_fn, leaves, in_axes, size, grad_size, remainder) -> Chunk:
+        """The chunk loop; an "auto" size is planned by `Chunk` within `memory_budget`."""
+        if "auto" not in (size, grad_size):
+            return Chunk(
+                row_fn, size, reducer=leaves, in_axes=in_axes, grad_size=grad_size,
+                remainder=remainder,
+            )
+        arg = "microbatch_size" if size == "auto" else "grad_microbatch_size"
+        return Chunk(
+            row_fn, size, reducer=leaves, in_axes=in_axes, remainder=remainder,
+            grad_size=grad_size, memory_budget=self.memory_budget,
+            owner=(self.who, arg, "memory_budget", self.who),
+        )
 
     def _counts(self, n: int, k: int | None, r: Any):
         """What MEAN and RUNNING_MEAN divide by: rows (or microbatches) in all, and those run."""
@@ -221,10 +230,10 @@ class Plan(eqx.Module):
                 )
         user = any(isinstance(r, UserAccumulate) for r in leaves.reducers)
         needs = {
+            'microbatch_size="auto"': mb == "auto",
             "a batch that microbatch_size does not divide": isinstance(mb, int) and n % mb,
             "shard=True": self.shard,
             "grad_microbatch_size": self.grad_size is not None,
-            'microbatch_size="auto"': mb == "auto",
         }
         for what, used in needs.items():
             if user and used:

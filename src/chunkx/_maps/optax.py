@@ -34,12 +34,22 @@ def _plan(who, accumulator, per_example, microbatch_size, num_real, **opts) -> P
             f'`{who}(microbatch_size="auto", num_real_microbatches=...)`: with an automatic '
             "size the number of microbatches is not known in advance; give an int size."
         )
-    check_positive(who, "grad_microbatch_size", opts.get("grad_size"))
-    if opts.get("memory_budget") is not None and microbatch_size != "auto":
+    grad = opts.get("grad_size")
+    if grad != "auto":
+        check_positive(who, "grad_microbatch_size", grad)
+    elif microbatch_size is None:
         raise ValueError(
-            f"`{who}(memory_budget={opts['memory_budget']})`: memory_budget sizes the "
-            f'microbatches of microbatch_size="auto", got microbatch_size={microbatch_size!r}.'
+            f'`{who}(grad_microbatch_size="auto")`: a planned backward size needs a forward '
+            'one; give microbatch_size (an int or "auto").'
         )
+    if opts.get("memory_budget") is not None and "auto" not in (microbatch_size, grad):
+        raise ValueError(
+            f"`{who}(memory_budget={opts['memory_budget']})`: memory_budget sizes "
+            f'microbatch_size="auto" or grad_microbatch_size="auto", got '
+            f"microbatch_size={microbatch_size!r}."
+        )
+    if microbatch_size == "auto" and grad is None:  # the reverse pass gets its own plan
+        opts["grad_size"] = "auto"
     return Plan(who, accumulator, per_example, microbatch_size, num_real, **opts)
 
 
@@ -154,7 +164,7 @@ def micro_vmap(
     vmap_fn: Callable[..., Any] = jax.vmap,
     accumulator: Any = AccumulationType.CONCAT,
     num_real_microbatches: int | jax.Array | None = None,
-    grad_microbatch_size: int | None = None,
+    grad_microbatch_size: MicrobatchSize = None,
     memory_budget: int | None = None,
     shard: bool = False,
     mesh: Mesh | None = None,
@@ -186,8 +196,11 @@ def micro_vmap(
     - `accumulator`: [`chunkx.AccumulationType`][] (CONCAT by default), a
       [`chunkx.Accumulator`][], or a pytree prefix of the outputs with one at each leaf.
     - `num_real_microbatches`: run only this many microbatches (an int or a traced value).
-    - `grad_microbatch_size`: rows per microbatch of the reverse pass.
-    - `memory_budget`: bytes of XLA temp memory for `microbatch_size="auto"`.
+    - `grad_microbatch_size`: rows per microbatch of the reverse pass, or `"auto"` (planned
+      within `memory_budget` when the map is differentiated); `None`: the forward size, or
+      with `microbatch_size="auto"` its own plan.
+    - `memory_budget`: bytes of XLA temp memory per device for the `"auto"` sizes (`None`:
+      half the device's memory where the backend reports it).
     - `shard`, `mesh`: split the rows over the devices of `mesh` (default: see
       [`chunkx.Shard`][]); `microbatch_size` must be a multiple of the device count.
 

@@ -83,7 +83,7 @@ def micro_grad(
     transform_fn: Callable[[Any], Any] = _identity,
     metrics_fn: Callable[[Any], Any] = _no_metrics,
     num_real_microbatches: int | jax.Array | None = None,
-    grad_microbatch_size: int | None = None,
+    grad_microbatch_size: MicrobatchSize = None,
     memory_budget: int | None = None,
     shard: bool = False,
     mesh: Mesh | None = None,
