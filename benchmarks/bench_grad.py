@@ -1,6 +1,6 @@
 """Gradients of chunked maps: chunkx's fused / recompute policies vs a hand-fused scan and netket.
 
-The case (issue 9): value_and_grad of the mean local energy of a transverse-field Ising chain
+The case: value_and_grad of the mean local energy of a transverse-field Ising chain
 with an RBM log-amplitude (L=32, 4096 configurations, chunk 256, float64), written as
 `batch_vmap(e_loc, (None, 0), batch_size=256, reduction=jnp.add, chunk_reduction=jnp.sum)`.
 Ratios are measured side by side in one process (interleaved, medians); temp bytes come from

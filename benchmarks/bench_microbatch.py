@@ -88,7 +88,7 @@ def measure(name, fns, args, reps):
             v.times.append(time.perf_counter() - t0)
     med = {v.name: statistics.median(v.times) for v in vs}
     row = {
-        "section": name,
+        "name": name,
         "optax_ms": 1e3 * med["optax"],
         "chunkx_ms": 1e3 * med["chunkx"],
         "time_ratio": med["chunkx"] / med["optax"],

@@ -2,12 +2,14 @@
 
 Side by side in one process, variants timed round-robin (interleaved), median of `--reps`.
 Reports the time ratio vs plain `jax.grad` and XLA's compiled temp bytes
-(`memory_analysis().temp_size_in_bytes`, deterministic). Writes a markdown table.
+(`memory_analysis().temp_size_in_bytes`, deterministic). Writes
+benchmarks/results/pullback.json (rendered into docs/_bench_pullback.md by render_docs.py).
 
-    python benchmarks/bench_pullback.py [--n 1048576] [--b 16384] [--reps 7] [--out PATH]
+    python benchmarks/bench_pullback.py [--n 1048576] [--b 16384] [--reps 7] [--out PATH.json]
 """
 
 import argparse
+import json
 import os
 import platform
 import statistics
@@ -82,21 +84,16 @@ def second_order(y, b):
             vg, y, b, checkpoint=True
         ),
     }
-    out = [
-        "Second derivatives, compiled temp MiB (memory only):",
-        "",
-        "| map | grad of grad | Hessian diagonal (jvp of grad) |",
-        "|---|---|---|",
-    ]
+    out = []
     for name, f in maps.items():
         cells = []
         for d in (gg, hdiag):
             try:
                 m = jax.jit(d(f)).lower(y).compile().memory_analysis().temp_size_in_bytes
-                cells.append(f"{m / 2**20:.1f}")
+                cells.append(m / 2**20)
             except Exception as e:  # adv's custom_vjp has no forward mode on JAX 0.10
                 cells.append(f"error: {type(e).__name__}")
-        out.append(f"| {name} | {cells[0]} | {cells[1]} |")
+        out.append(dict(map=name, grad_of_grad_mib=cells[0], hessian_diag_mib=cells[1]))
         print(out[-1])
     return out
 
@@ -105,12 +102,7 @@ def hessian_cost(n=512):
     """XLA flops and temp of the full `jax.hessian(sum(f))` at small n (deterministic)."""
     y = jnp.linspace(-1.0, 1.0, n)
     vg = jax.vmap(g)
-    out = [
-        f"Full `jax.hessian(lambda y: jnp.sum(f(y)))` at n = {n} (XLA cost analysis):",
-        "",
-        "| f | flops | temp MiB |",
-        "|---|---|---|",
-    ]
+    out = []
     for name, f in {
         "plain vmap(g)": vg,
         "chunkx Pullback(vmap g)": Pullback(vg),
@@ -118,9 +110,8 @@ def hessian_cost(n=512):
     }.items():
         c = jax.jit(jax.hessian(lambda y, f=f: jnp.sum(f(y)))).lower(y).compile()
         flops = c.cost_analysis().get("flops", float("nan"))
-        out.append(
-            f"| {name} | {flops:.3g} | {c.memory_analysis().temp_size_in_bytes / 2**20:.2f} |"
-        )
+        out.append(dict(f=name, flops=flops,
+                        temp_mib=c.memory_analysis().temp_size_in_bytes / 2**20))
         print(out[-1])
     return out
 
@@ -130,9 +121,9 @@ def main():
     ap.add_argument("--n", type=int, default=2**20)
     ap.add_argument("--b", type=int, default=16384)
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument(
-        "--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "_bench_pullback.md")
-    )
+    ap.add_argument("--hessian-n", type=int, default=512)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
+                                                  "pullback.json"))
     args = ap.parse_args()
     y = jnp.linspace(-1.0, 1.0, args.n)
     ref = None
@@ -158,28 +149,21 @@ def main():
     base_t, base_m = statistics.median(base["times"]), base["temp"]
     adv_name = next(k for k in rows if k.startswith("adv") and "B=" in k and "reduction" not in k)
     adv_t = statistics.median(rows[adv_name]["times"])
-    lines = [
-        f"Gradient of `sum(vmap(g)(y))`, g = {STEPS}-step elementwise recurrence, "
-        f"N = {args.n}, B = {args.b}, float32, {jax.device_count()} {jax.default_backend()} "
-        f"device(s), {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
-        f"jax {jax.__version__}. Median of {args.reps} interleaved rounds; plain grad median "
-        f"{base_t:.3f} s. Temp = XLA `temp_size_in_bytes` (deterministic).",
-        "",
-        "| variant | time / plain | time / adv chunked | temp MiB | temp / plain | compile s "
-        "| grad matches |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name, r in rows.items():
-        t = statistics.median(r["times"])
-        lines.append(
-            f"| {name} | {t / base_t:.2f} | {t / adv_t:.2f} | {r['temp'] / 2**20:.1f} "
-            f"| {r['temp'] / base_m:.4f} | {r['compile']:.2f} | {'yes' if r['ok'] else 'NO'} |"
-        )
-    lines += ["", *second_order(y, args.b), "", *hessian_cost()]
-    text = "\n".join(lines) + "\n"
-    print(text)
+    grad = [dict(variant=name, time_ratio=statistics.median(r["times"]) / base_t,
+                 time_vs_adv=statistics.median(r["times"]) / adv_t, temp_mib=r["temp"] / 2**20,
+                 temp_ratio=r["temp"] / base_m, compile_s=r["compile"], matches=r["ok"])
+            for name, r in rows.items()]
+    result = dict(
+        n=args.n, b=args.b, steps=STEPS, dtype="float32", devices=jax.device_count(),
+        backend=jax.default_backend(), cpus=os.cpu_count(),
+        machine=platform.processor() or platform.machine(), jax=jax.__version__,
+        reps=args.reps, plain_s=base_t, adv_chunked=adv_name, grad=grad,
+        second_order=second_order(y, args.b), hessian_n=args.hessian_n,
+        hessian=hessian_cost(args.hessian_n),
+    )
     with open(args.out, "w") as fh:
-        fh.write(text)
+        json.dump(result, fh, indent=1)
+    print(f"wrote {args.out}; render the docs with `python benchmarks/render_docs.py`")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """chunkx.t3 vs t3toolbox 2026.2.0, side by side in one process (interleaved, medians).
 
-Config (issue 4): d=6, N=40, n=8, r=(1,8,...,8,1), K=2, W=4096, float32. For every program:
+Config: d=6, N=40, n=8, r=(1,8,...,8,1), K=2, W=4096, float32. For every program:
 compile time, XLA temp bytes, XLA cost-analysis FLOPs; then all programs are timed round-robin
 (`--reps` rounds, one call each per round) so machine load hits them alike; medians reported,
 with ratios against t3toolbox's best and the f32 matmul rate measured in the same process.

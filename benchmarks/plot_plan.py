@@ -1,10 +1,12 @@
 """Measured XLA temp memory vs chunk size, with the planner's line and choice.
 
-Writes docs/img/plan_memory.png (and benchmarks/results/plan_memory.json). Run from the repo
-root: `python benchmarks/plot_plan.py`. Nothing is allocated: every point is a compilation of
-`jax.jit(batch_vmap(f, in_axes, batch_size=B))` on `jax.ShapeDtypeStruct`s.
+`python benchmarks/plot_plan.py --measure` writes benchmarks/results/plan_memory.json and the
+plot docs/img/plan_memory.png; without `--measure` it re-plots the stored JSON. Nothing is
+allocated: every point is a compilation of `jax.jit(batch_vmap(f, in_axes, batch_size=B))` on
+`jax.ShapeDtypeStruct`s.
 """
 
+import argparse
 import json
 import pathlib
 
@@ -16,11 +18,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import chunkx  # noqa: E402
-from chunkx import plan_memory  # noqa: E402
+from chunkx import fit_memory  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 S, f32 = jax.ShapeDtypeStruct, jnp.float32
 N = 1000
+RESULTS = ROOT / "benchmarks" / "results" / "plan_memory.json"
+OUT = ROOT / "docs" / "img" / "plan_memory.png"
 
 
 def mlp(x, w1, w2):
@@ -52,30 +56,12 @@ def temp(f, args, in_axes, size, kw):
     return jax.jit(g).lower(*args).compile().memory_analysis().temp_size_in_bytes
 
 
-def main():
-    results = {"backend": jax.default_backend(), "jax": jax.__version__, "cases": {}}
-    fig, axes = plt.subplots(1, len(CASES), figsize=(6 * len(CASES), 4.2))
-    for ax, (title, (f, args, in_axes, kw, budget)) in zip(axes, CASES.items()):
+def measure():
+    """Compile every size of every case and plan it: benchmarks/results/plan_memory.json."""
+    results = {"backend": jax.default_backend(), "jax": jax.__version__, "n": N, "cases": {}}
+    for title, (f, args, in_axes, kw, budget) in CASES.items():
         measured = {b: temp(f, args, in_axes, b, kw) for b in SIZES}
-        plan = plan_memory(f, *args, in_axes=in_axes, budget_bytes=budget, **kw)
-        div = [b for b in SIZES if N % b == 0]
-        rem = [b for b in SIZES if N % b]
-        mb = 2.0**-20
-        ax.plot(div, [measured[b] * mb for b in div], "o", label="measured, B divides n")
-        ax.plot(rem, [measured[b] * mb for b in rem], "s", mfc="none", label="measured, remainder")
-        if plan.b:
-            line = [plan.a + plan.b * b for b in range(1, N + 1)]
-            ax.plot(range(1, N + 1), [v * mb for v in line], "-", lw=1,
-                    label=f"model a + b·B (a={plan.a / 1e3:.0f} kB, b={plan.b / 1e3:.2f} kB/row)")
-            c0, c = plan.remainder
-            ax.plot(rem, [plan.predict(b) * mb for b in rem], ".", ms=3,
-                    label=f"model with a remainder (c0={c0 / 1e3:.0f} kB, c={c / 1e3:.2f} kB/row)")
-        ax.plot([s for s, _ in plan.points], [m * mb for _, m in plan.points], "x", color="k",
-                label=f"planner's {len(plan.points)} compilations")
-        ax.axhline(budget * mb, color="r", ls="--", lw=1, label=f"budget {budget * mb:.1f} MiB")
-        ax.axvline(plan.chunk_size, color="g", ls=":", label=f"chosen B = {plan.chunk_size}")
-        ax.set(title=title, xlabel="chunk size B (rows)", ylabel="XLA temp memory (MiB)")
-        ax.legend(fontsize=7)
+        plan = fit_memory(lambda b: temp(f, args, in_axes, b, kw), N, budget)  # noqa: B023
         results["cases"][title] = {
             "measured": measured, "budget": budget, "points": plan.points, "a": plan.a,
             "b": plan.b, "remainder": plan.remainder, "predicted": plan.predicted,
@@ -83,15 +69,68 @@ def main():
         }
         print(f"{title}: budget {budget} B, a={plan.a:.0f}, b={plan.b:.0f}, predicted "
               f"{plan.predicted}, chosen {plan.chunk_size}, {len(plan.points)} compilations")
-    fig.suptitle(f"n = {N} rows, {jax.default_backend()} backend, jax {jax.__version__}")
+    RESULTS.write_text(json.dumps(results, indent=1, default=str))
+    print(f"wrote {RESULTS}")
+
+
+def model(case, size, n):
+    """The planner's model at `size`: a + b·B + [r > 0]·(c0 + c·r), r = n mod B."""
+    c0, c = case["remainder"]
+    r = n % size
+    return case["a"] + case["b"] * size + (c0 + c * r if r else 0.0)
+
+
+def plot(results):
+    """docs/img/plan_memory.png from the JSON alone (read at page width: big fonts)."""
+    plt.rcParams.update({"font.size": 12})
+    n = results.get("n", N)
+    cases = results["cases"]
+    fig, axes = plt.subplots(len(cases), 1, figsize=(8.5, 7.2 * len(cases)))  # page width
+    mib, kib = 2.0**-20, 2.0**-10
+    for ax, (title, case) in zip(axes, cases.items()):
+        measured = {int(b): v for b, v in case["measured"].items()}
+        div = [b for b in measured if n % b == 0]
+        rem = [b for b in measured if n % b]
+        ax.plot(div, [measured[b] * mib for b in div], "o", label="measured, B divides n")
+        ax.plot(rem, [measured[b] * mib for b in rem], "s", mfc="none",
+                label="measured, a remainder chunk")
+        c0, c = case["remainder"]
+        ax.plot(range(1, n + 1), [(case["a"] + case["b"] * b) * mib for b in range(1, n + 1)],
+                "-", lw=1, label=f"model a + b·B (a = {case['a'] * kib:.0f} KiB, "
+                                 f"b = {case['b'] * kib:.1f} KiB/row)")
+        ax.plot(rem, [model(case, b, n) * mib for b in rem], ".", ms=4,
+                label=f"model + remainder (c0 = {c0 * kib:.0f} KiB, c = {c * kib:.1f} KiB/row)")
+        ax.plot([s for s, _ in case["points"]], [m * mib for _, m in case["points"]], "x",
+                color="k", ms=10, mew=2, label=f"planner's {len(case['points'])} compilations")
+        ax.axhline(case["budget"] * mib, color="r", ls="--", lw=1,
+                   label=f"budget {case['budget'] * mib:.0f} MiB")
+        ax.axvline(case["chunk_size"], color="g", ls=":", lw=2,
+                   label=f"chosen B = {case['chunk_size']}")
+        line_1 = case["a"] + case["b"]
+        if measured[1] > 2 * line_1:  # XLA compiles the one-row chunk its own way
+            ax.annotate(f"B = 1: {measured[1] * mib:.1f} MiB\n(XLA compiles one-row\n"
+                        "chunks differently)", (1, measured[1] * mib),
+                        xytext=(n * 0.29, case["budget"] * mib * 0.12), fontsize=11,
+                        arrowprops=dict(arrowstyle="->", lw=1))
+        ax.set(title=title, xlabel="chunk size B (rows)", ylabel="XLA temp memory (MiB)",
+               xlim=(-10, n * 0.52), ylim=(0, case["budget"] * mib * 2.2))
+        ax.legend(fontsize=10.5, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2,
+                  frameon=False)
+    fig.suptitle(f"n = {n} rows, {results['backend']} backend, jax {results['jax']}; the larger "
+                 "sizes, beyond the axes, are over budget", fontsize=12)
     fig.tight_layout()
-    out = ROOT / "docs" / "img" / "plan_memory.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    res = ROOT / "benchmarks" / "results" / "plan_memory.json"
-    res.parent.mkdir(parents=True, exist_ok=True)
-    res.write_text(json.dumps(results, indent=1, default=str))
-    print(f"wrote {out} and {res}")
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(OUT, dpi=85, bbox_inches="tight")
+    print(f"wrote {OUT}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--measure", action="store_true",
+                    help="compile and plan again (else: plot the stored JSON)")
+    if ap.parse_args().measure:
+        measure()
+    plot(json.loads(RESULTS.read_text()))
 
 
 if __name__ == "__main__":

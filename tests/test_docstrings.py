@@ -18,8 +18,7 @@ import chunkx.t3
 
 MODULES = (chunkx, chunkx.t3)
 
-# Public names that still have no example. The combinators and `chunkx.t3` are being rewritten
-# elsewhere (issue 8), and their authors add the examples; whoever adds one removes the name here.
+# Public names that still have no example; whoever adds one removes the name here.
 # The test below fails if a listed name has an example (or is no longer public), so this set
 # cannot go stale: empty it, never add to it.
 KNOWN_MISSING: set[str] = set()

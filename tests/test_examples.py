@@ -50,6 +50,7 @@ def test_examples_are_found():
     assert set(CHECKS) <= {p.name for p in EXAMPLES}
 
 
+@pytest.mark.slow  # each example is a fresh process (15-90 s each)
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_example_runs(path):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the user's one device

@@ -1,4 +1,4 @@
-"""Regression tests for issue 10 (hardening), each against an independent reference."""
+"""Hardening: regression tests for edge cases, each against an independent reference."""
 
 import equinox as eqx
 import jax

@@ -9,6 +9,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 
 def _free_port():
@@ -35,6 +36,7 @@ def _run(tmp_path, caches):
     return np.load(out), [list(np.load(f"{out}.sizes{i}.npy")) for i in range(2)]
 
 
+@pytest.mark.slow  # two fresh processes with gloo collectives, twice
 def test_two_processes_match_single_process(tmp_path):
     caches = [tmp_path / "plans0", tmp_path / "plans1"]
     got, sizes = _run(tmp_path, caches)

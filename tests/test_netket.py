@@ -35,7 +35,7 @@ def _run_worker(path):
             fh.write(proc.stdout + proc.stderr)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def netket_results(tmp_path_factory):
     """netket's answers, computed once per test session (shared by the xdist workers)."""
     if importlib.util.find_spec("netket") is None:  # find it without importing it
@@ -79,6 +79,7 @@ def _chunkx(case, shard):
 SHARDED = ("phase_cs4_rf", "aux_rf", "mixed_rf", "vmap_cs4")  # default: Shard over 4 devices
 
 
+@pytest.mark.slow  # netket runs once, in a subprocess (about 30 s)
 @pytest.mark.parametrize(
     "name,shard", [(n, False) for n in W.cases()] + [(n, None) for n in SHARDED]
 )

@@ -74,7 +74,7 @@ class Chunk(eqx.Module):
       inputs only and reruns one chunk at a time (two forward passes). Wins for large outputs
       (concatenated rows, a gradient-sized reduction), where a Jacobian would be large.
     - `"store"`: no checkpoint; reverse mode keeps every chunk's residuals (fastest, but the
-      memory grows with the number of rows). The old `checkpoint=False`.
+      memory grows with the number of rows); what `checkpoint=False` selects.
 
     `"auto"` (the default) fuses an additive reducer's output of at most 16 real elements and
     otherwise recomputes (`checkpoint=True`) or stores (`checkpoint=False`). Forward mode and
@@ -83,6 +83,9 @@ class Chunk(eqx.Module):
     itself checkpointed per chunk. `grad_size` gives the reverse pass its own, usually smaller,
     chunks: the fused pass runs at `grad_size`; with `"recompute"`, the forward pass runs at
     `size` and the recomputation at `grad_size`. Without differentiation neither costs anything.
+
+    **Rows:** `size` counts the rows this `Chunk` sees: global rows on its own, each device's rows
+    inside a [`chunkx.Shard`][].
 
     **Arguments:**
 
@@ -123,6 +126,12 @@ class Chunk(eqx.Module):
         loss = chunkx.Chunk(chunkx.Vmap(lambda x, w: jnp.sum(jnp.tanh(x @ w)), (0, None)),
                             256, reducer=chunkx.Sum(), in_axes=(0, None), grad_size=64)
         value, grad_w = jax.value_and_grad(loss, argnums=1)(x, w)   # fused, chunks of 64
+
+        auto = chunkx.Chunk(chunkx.Vmap(lambda x, w: jnp.sum(jnp.tanh(x @ w)), (0, None)),
+                            "auto", reducer=chunkx.Sum(), in_axes=(0, None), grad_size="auto",
+                            memory_budget=2**16)
+        value, grad_w = jax.value_and_grad(auto, argnums=1)(x, w)   # both passes planned
+        assert auto.memory_plan(x, w).chunk_size <= 1000
         ```
     """
 

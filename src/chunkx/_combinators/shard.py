@@ -37,6 +37,8 @@ class Shard(eqx.Module):
     are laid out on the mesh first, mapped arguments split along all mesh axes, the others
     replicated.
 
+    **Rows:** an inner [`chunkx.Chunk`][] counts each device's rows.
+
     **Arguments:**
 
     - `fn`: a batched function that returns the reducer's partial result.

@@ -301,6 +301,9 @@ def batch_vmap(
     `reduction=jnp.add`) computes each chunk's value and gradient in one pass (`grad="fused"`),
     anything else reruns one chunk at a time (`grad="recompute"`); see [`chunkx.Chunk`][].
 
+    **Rows:** `batch_size` counts global rows (the whole batch); with `shard=True` it counts
+    rows per device. [Choosing a map](../choosing.md) compares the conventions.
+
     **Arguments:**
 
     - `f`: the per-example function.
@@ -415,6 +418,8 @@ def batch_map(
     work for any number of rows (it sees `batch_size` rows per chunk and the remainder once).
     As a loop: `reduce(reduction, [chunk_reduction(fun(rows(i, i + B))) for i in ...])`, or the
     concatenation of `fun(rows(i, i + B))` when `reduction` is `None`.
+
+    **Rows:** `batch_size` counts global rows; with `shard=True`, rows per device.
 
     **Arguments:**
 

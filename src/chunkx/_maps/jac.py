@@ -220,6 +220,8 @@ def batch_jacfwd(
     The result has exactly `jax.jacfwd`'s pytree structure, shapes and dtypes, and the same
     errors (dtype checks come from `jax.jacfwd` itself, evaluated with `jax.eval_shape`).
 
+    **Rows:** `batch_size` counts global basis vectors (one device).
+
     **Arguments:**
 
     - `fun`: the function to differentiate; keyword arguments at call time are passed to it.
@@ -274,6 +276,8 @@ def batch_jacrev(
 
     The result has exactly `jax.jacrev`'s pytree structure, shapes and dtypes, and the same
     errors (dtype checks come from `jax.jacrev` itself, evaluated with `jax.eval_shape`).
+
+    **Rows:** `batch_size` counts global basis vectors (one device).
 
     **Arguments:**
 

@@ -107,6 +107,8 @@ def apply_chunked(
     mode each chunk is recomputed (see [`chunkx.Chunk`][]), so `jax.grad` keeps one chunk of
     residuals.
 
+    **Rows:** `chunk_size` counts global rows; with `axis_0_is_sharded=True`, each device's rows.
+
     **Arguments:**
 
     - `f`: a batched function: `f(x)` equals `f` applied row by row and concatenated.
@@ -158,6 +160,8 @@ def vmap_chunked(
     ```
 
     It is `apply_chunked(Vmap(f, in_axes), in_axes, chunk_size=chunk_size)`.
+
+    **Rows:** `chunk_size` counts global rows; with `axis_0_is_sharded=True`, each device's rows.
 
     **Arguments:**
 
@@ -425,6 +429,8 @@ def vjp_chunked(
     more call. Where both row outputs and sums are returned (e.g. `return_forward=True` with
     parameters' cotangents), one `Sum` reducer carries an `n`-row buffer into which every
     chunk adds its rows at their offset (XLA updates the chunk's rows in place).
+
+    **Rows:** `chunk_size` (and `chunk_size_bwd`) count global rows of the chunked primals.
 
     **Arguments:**
 

@@ -141,6 +141,8 @@ def sparse_pullback(
         out = reduction(out, p)          # reduction=None: concatenate along axis 0
     ```
 
+    **Rows:** `batch_size` counts global rows; with `shard=True`, rows per device.
+
     **Arguments:**
 
     - `fn`: a natively vectorised function of one pytree returning one array whose shape is a
@@ -215,6 +217,8 @@ def sparse_pullback_map(
     `sparse_pullback_map(fn, y)(z)` is `fn(z)` for `z` shaped like `y`, with the derivatives of
     [`chunkx.Pullback`][] (same contract). Calling it on differently shaped input raises
     equinox's closure-conversion error, as in adv-jax-math.
+
+    **Rows:** `batch_size` counts global rows; with `shard=True`, rows per device.
 
     **Arguments:**
 

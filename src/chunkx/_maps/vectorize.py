@@ -249,6 +249,8 @@ def batch_vectorize(
     `jax_numpy_rank_promotion="warn"`/`"raise"` warns or raises on implicit rank promotion.
     Validation errors carry `jax.numpy.vectorize`'s messages.
 
+    **Rows:** `batch_size` counts global elements along each loop dimension (one device).
+
     **Arguments:**
 
     - `pyfunc`: the per-element function (sees the core dimensions only).

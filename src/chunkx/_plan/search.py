@@ -286,14 +286,12 @@ def quick_search(
 
     If `n` is measured first and fits, the answer is `n` (one compilation). Otherwise the line
     `a + b·B` through the two measurements gives the largest size within `MARGIN` of the
-    budget (above `a`): any size with `shift` (the last chunk is shifted back: no remainder
-    program), else a size that divides the rows (a remainder program has buffers of its own)
-    if one is within 10% of it.
-    That size is the answer without compiling it when the measurements bracket it: a measured
-    size at or below it fits, and a measured size above it does not, or it is at most twice
-    the largest measured size. Otherwise (the line is flat, or every measured size is over the
-    budget) the answer comes from `search_sizes`, which measures until its answer is a
-    measured size.
+    budget (above `a`). That size is the answer without compiling it when the measurements
+    bracket it (a measured size at or below it fits, and a measured size above it does not, or
+    it is at most twice the largest measured size) and the line can be trusted there (see
+    `_trusted`: sizes leaving rows over cost more than the line through divisors says).
+    Otherwise (the line is flat, or every measured size is over the budget) the answer comes
+    from `search_sizes`, which measures until its answer is a measured size.
     """
     seen: dict[int, int] = {}
 
@@ -307,13 +305,32 @@ def quick_search(
         if m(size) <= budget and size == n:  # the whole batch fits: no chunking
             return MemoryPlan(n, budget, tuple(seen.items()), float(m(n)), 0.0, n, n, rows=rows)
     a, b = fit_line(list(seen.items()))
-    size = _bracketed(seen, _Model(a, b), n, rows, budget)
-    if not shift and size is not None:  # leftover rows: only sizes that divide the rows
-        divides = _bracketed(seen, _Model(a, b, np.inf), n, rows, budget)
-        size = divides if divides is not None and divides >= 0.9 * size else None
+    size = _trusted(m, seen, _Model(a, b), n, rows, budget, shift)
     if size is None:
         return search_sizes(m, n, budget, rows, (), who=who, what=what, name=name, seen=seen)
     return MemoryPlan(n, budget, tuple(seen.items()), a, b, size, size, rows=rows)
+
+
+def _trusted(m, seen, model, n, rows, budget, shift) -> int | None:
+    """The line's size, where it can be trusted; else `None` (search on).
+
+    A size that divides the rows is trusted as the line predicts it; so is a size leaving rows
+    over within 10% above one that was measured within the budget (the same kind of loop). A
+    size leaving rows over costs more than the line says (the chunks are sliced from the rows,
+    and without `shift` a remainder program is added): a divisor within 10% of it is taken
+    instead, or else it is measured (with `shift`; one more compilation) and taken if it fits.
+    """
+    size = _bracketed(seen, model, n, rows, budget)
+    if size is None or rows % size == 0:
+        return size
+    divides = _bracketed(seen, model._replace(c0=np.inf), n, rows, budget)
+    if divides is not None and divides >= 0.9 * size:
+        return divides
+    if any(v <= budget and rows % s and s <= size <= 1.1 * s for s, v in seen.items()):
+        return size
+    if shift and m(size) <= budget:
+        return size
+    return None
 
 
 def _bracketed(seen: dict[int, int], model: _Model, n: int, rows: int, budget: int) -> int | None:
