@@ -1,0 +1,298 @@
+"""The pieces of chunkx's optax-style microbatching: accumulations as reducers, the function a
+chunk evaluates, and optax's column-major assignment of rows to microbatches.
+
+An accumulation is a reducer of the chunk loop. For per-example maps (`micro_vmap`,
+`micro_grad`) the built-in ones are [`chunkx.Sum`][] and [`chunkx.Concat`][] over rows (MEAN and
+RUNNING_MEAN divide the sum afterwards), so padded rows can be masked and the rows can be
+sharded; for `microbatch`, whose function sees a whole microbatch, SUM/MEAN/RUNNING_MEAN add
+the microbatch results and CONCAT stacks them. A user's `Accumulator` is the loop itself:
+`init`, `update` per microbatch, `finalize` after the loop.
+"""
+
+import enum
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from .._combinators._rows import call_with_valid, struct_of
+from .._combinators._sharding import is_explicit, mesh_of, place
+from .._combinators.reduce import AbstractReducer, Concat, Sum
+from .._types import RowMask, Tree
+
+
+def replicated(x: Any) -> Any:
+    """`x` replicated on its Explicit mesh (rows are then cut or permuted without collectives
+    that JAX cannot infer); anything else unchanged."""
+    mesh = mesh_of(x) if eqx.is_array(x) else None
+    return x if mesh is None or not is_explicit(mesh) else place(x, mesh, P())
+
+
+class AccumulationType(enum.Enum):
+    """How the results of the microbatches join (optax's names).
+
+    - `MEAN`: the mean over the batch (for `microbatch`: over the microbatches).
+    - `SUM`: the sum.
+    - `RUNNING_MEAN`: the mean over the rows (microbatches) actually run, see
+      `num_real_microbatches`.
+    - `CONCAT`: concatenated along axis 0, in the order of the batch.
+
+    !!! Example
+
+        ```python
+        import jax.numpy as jnp, chunkx
+        f = chunkx.micro_vmap(jnp.square, microbatch_size=2,
+                              accumulator=chunkx.AccumulationType.MEAN)
+        assert jnp.allclose(f(jnp.arange(6.0)), jnp.mean(jnp.arange(6.0) ** 2))
+        ```
+    """
+
+    MEAN = enum.auto()
+    SUM = enum.auto()
+    RUNNING_MEAN = enum.auto()
+    CONCAT = enum.auto()
+
+
+class Accumulator(eqx.Module):
+    """A user-written accumulation, run as the loop
+
+    ```python
+    carry = init(struct_of_one_microbatch_result)
+    for i in range(num_microbatches):
+        carry = update(carry, result_i, i)
+    return finalize(carry)
+    ```
+
+    where `result_i` is `fun`'s output on microbatch `i` (for `micro_vmap`: `aggregate` of the
+    per-example outputs of microbatch `i`). It may sit anywhere in a pytree prefix of the
+    outputs and then receives that subtree.
+
+    **Arguments:**
+
+    - `init`: `(struct) -> carry`, from the shape/dtype structs of one microbatch's result.
+    - `update`: `(carry, result, index) -> carry`.
+    - `finalize`: `(carry) -> result`.
+    - `aggregate`: `(per_example_outputs) -> result`, used by `micro_vmap` per microbatch.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        biggest = chunkx.Accumulator(
+            init=lambda s: jnp.full(s.shape, -jnp.inf, s.dtype),
+            update=lambda c, v, i: jnp.maximum(c, v),
+            finalize=lambda c: c,
+            aggregate=lambda v: jnp.max(v, axis=0),
+        )
+        x = jnp.arange(8.0)
+        f = chunkx.micro_vmap(jnp.sin, microbatch_size=2, accumulator=biggest)
+        assert jnp.allclose(f(x), jnp.max(jnp.sin(x)))
+        ```
+    """
+
+    init: Callable[[Tree], Tree]
+    update: Callable[[Tree, Tree, Any], Tree]
+    finalize: Callable[[Tree], Tree]
+    aggregate: Callable[[Tree], Tree]
+
+
+_FIELDS = ("init", "update", "finalize", "aggregate")
+
+
+def _is_user(x: Any) -> bool:
+    """An Accumulator, or an object with its four functions (optax's Accumulator works too)."""
+    return isinstance(x, Accumulator) or all(callable(getattr(x, f, None)) for f in _FIELDS)
+
+
+def _as_type(x: Any) -> AccumulationType | None:
+    """Our AccumulationType for ours or for an enum member of the same name (optax's)."""
+    if isinstance(x, enum.Enum) and x.name in AccumulationType.__members__:
+        return AccumulationType[x.name]
+    return None
+
+
+def is_accumulation(x: Any) -> bool:
+    return _as_type(x) is not None or _is_user(x)
+
+
+class _LoopOnly(AbstractReducer):
+    """A reducer that joins microbatches within one chunk loop only (no padding, no mesh)."""
+
+    def combine(self, a: Tree, b: Tree) -> Tree:
+        raise NotImplementedError(f"{type(self).__name__} joins within one chunk loop only")
+
+    def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
+        return fn(*args)
+
+    def trim(self, out: Tree, n: int) -> Tree:
+        return out
+
+    def check_rows(self, rows_struct: Tree, who: str) -> None:
+        pass
+
+    def shard_spec(self, axis: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} is not sharded")
+
+    def shard_local(self, partial: Tree, axis: Any) -> Tree:
+        raise NotImplementedError(f"{type(self).__name__} is not sharded")
+
+    def shard_collect(self, gathered: Tree, mesh: Any) -> Tree:
+        raise NotImplementedError(f"{type(self).__name__} is not sharded")
+
+
+class Stack(_LoopOnly):
+    """`microbatch`'s CONCAT: stack the microbatch results, then join axis 0 column-major."""
+
+    def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
+        return rows
+
+    def init(self, part: Tree, n: int) -> Tree:
+        return None
+
+    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
+        return None, part
+
+    def finish(self, acc: Tree, stacked: Tree) -> Tree:
+        def join(y):  # optax's reshape(-1, *y.shape[2:], order="F")
+            return y if y.ndim < 2 else y.swapaxes(0, 1).reshape((-1,) + y.shape[2:])
+
+        return jax.tree_util.tree_map(join, stacked)
+
+    def single(self, part: Tree) -> Tree:
+        """The loop's result for one microbatch (the chunk loop returns `part` then)."""
+        return self.finish(None, jax.tree_util.tree_map(lambda y: y[None], part))
+
+
+class UserAccumulate(_LoopOnly):
+    """A user's Accumulator as the chunk loop's reducer (its result is the carry, unfinalized).
+
+    Microbatches from `num_real` on are run but do not update the carry.
+    """
+
+    acc: Any
+    num_real: Any = None
+    aggregate: bool = eqx.field(static=True, default=False)
+
+    def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
+        return self.acc.aggregate(rows) if self.aggregate else rows
+
+    def init(self, part: Tree, n: int) -> Tree:
+        return self.acc.init(part)
+
+    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
+        new = self.acc.update(acc, part, index)
+        if self.num_real is None:
+            return new, None
+        keep = index < self.num_real
+        return jax.tree_util.tree_map(lambda a, b: jnp.where(keep, a, b), new, acc), None
+
+    def finish(self, acc: Tree, stacked: Tree) -> Tree:
+        return acc
+
+    def single(self, part: Tree) -> Tree:
+        return self.accumulate(self.init(struct_of(part), 1), part, 0, 0)[0]
+
+
+class Leaves(AbstractReducer):
+    """One reducer per leaf of a pytree prefix (`treedef`) of the outputs."""
+
+    reducers: tuple[AbstractReducer, ...]
+    treedef: Any = eqx.field(static=True)
+
+    def _each(self, method: str, *trees: Tree, extra: tuple = ()) -> list:
+        split = [self.treedef.flatten_up_to(t) for t in trees]
+        return [getattr(r, method)(*xs, *extra) for r, *xs in zip(self.reducers, *split)]
+
+    def is_additive(self) -> bool:
+        return all(r.is_additive() for r in self.reducers)
+
+    def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
+        return self.treedef.unflatten(self._each("reduce_rows", rows, extra=(valid,)))
+
+    def combine(self, a: Tree, b: Tree) -> Tree:
+        return self.treedef.unflatten(self._each("combine", a, b))
+
+    def init(self, part: Tree, n: int) -> Tree:
+        return self.treedef.unflatten(self._each("init", part, extra=(n,)))
+
+    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
+        pairs = self._each("accumulate", acc, part, extra=(start, index))
+        return tuple(self.treedef.unflatten([p[i] for p in pairs]) for i in (0, 1))
+
+    def finish(self, acc: Tree, stacked: Tree) -> Tree:
+        return self.treedef.unflatten(self._each("finish", acc, stacked))
+
+    def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
+        return call_with_valid(fn, args, valid)
+
+    def trim(self, out: Tree, n: int) -> Tree:
+        out = jax.tree_util.tree_map(replicated, out)  # cutting rows off an Explicit axis
+        return self.treedef.unflatten(self._each("trim", out, extra=(n,)))
+
+    def check_rows(self, rows_struct: Tree, who: str) -> None:
+        self._each("check_rows", rows_struct, extra=(who,))
+
+    def shard_spec(self, axis: Any) -> Any:
+        return self.treedef.unflatten([r.shard_spec(axis) for r in self.reducers])
+
+    def shard_local(self, partial: Tree, axis: Any) -> Tree:
+        return self.treedef.unflatten(self._each("shard_local", partial, extra=(axis,)))
+
+    def shard_collect(self, gathered: Tree, mesh: Any) -> Tree:
+        return self.treedef.unflatten(self._each("shard_collect", gathered, extra=(mesh,)))
+
+    def single(self, part: Tree) -> Tree:
+        """The loop's result when it ran one microbatch (the chunk loop returns `part`)."""
+        parts = self.treedef.flatten_up_to(part)
+        out = [r.single(p) if hasattr(r, "single") else p for r, p in zip(self.reducers, parts)]
+        return self.treedef.unflatten(out)
+
+
+def plan_leaves(who: str, accumulator: Any, per_example: bool, num_real: Any):
+    """`(Leaves reducer, kinds)`: the reducer per leaf of the accumulator prefix and what
+    each leaf is (an AccumulationType, or the user's accumulator)."""
+    kinds, treedef = jax.tree_util.tree_flatten(accumulator, is_leaf=is_accumulation)
+    reducers, out = [], []
+    for k in kinds:
+        t = _as_type(k)
+        if t is None and not _is_user(k):
+            raise ValueError(
+                f"`{who}(accumulator=...)`: every leaf of the accumulator tree must be an "
+                f"AccumulationType or an Accumulator, got {k!r}."
+            )
+        if t is None:
+            reducers.append(UserAccumulate(k, num_real, per_example))
+        elif t is AccumulationType.CONCAT:
+            reducers.append(Concat() if per_example else Stack())
+        else:
+            reducers.append(Sum(presummed=not per_example))
+        out.append(k if t is None else t)
+    return Leaves(tuple(reducers), treedef), tuple(out)
+
+
+def finalize(who: str, kinds: tuple, leaves: Leaves, carry: Tree, mean_n: Any, run_n: Any):
+    """The result from the loop's carry: MEAN divides by `mean_n`, RUNNING_MEAN by `run_n`
+    (what was run; zero where nothing ran), a user's Accumulator finalizes."""
+    parts = leaves.treedef.flatten_up_to(carry)
+    out = []
+    for k, c in zip(kinds, parts):
+        if k in (AccumulationType.MEAN, AccumulationType.RUNNING_MEAN):
+            _check_floating(who, k, c)
+            n = mean_n if k is AccumulationType.MEAN else run_n
+            c = jax.tree_util.tree_map(lambda x, n=n: jnp.where(n > 0, x / n, 0).astype(x.dtype), c)
+        elif not isinstance(k, AccumulationType):
+            c = k.finalize(c)
+        out.append(c)
+    return leaves.treedef.unflatten(out)
+
+
+def _check_floating(who: str, kind: AccumulationType, tree: Tree) -> None:
+    for x in jax.tree_util.tree_leaves(tree):
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(
+                f"`{who}(accumulator={kind.name})`: MEAN and RUNNING_MEAN need floating-point "
+                f"outputs, got a leaf of dtype {x.dtype}."
+            )

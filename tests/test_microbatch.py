@@ -1,0 +1,561 @@
+"""chunkx's optax microbatching (`microbatch`, `micro_vmap`, `micro_grad`) against optax 0.2.8's
+`optax.microbatching` on the same inputs, and against jax.vmap / jax.grad where optax has no
+answer (a batch the microbatch size does not divide, a backward size, a mesh)."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import AxisType
+from optax import microbatching as om
+
+import chunkx
+
+TYPES = ["SUM", "MEAN", "RUNNING_MEAN", "CONCAT"]
+
+
+def ours(name):
+    return getattr(chunkx.AccumulationType, name)
+
+
+def theirs(name):
+    return getattr(om.AccumulationType, name)
+
+
+def close(a, b, tol=1e-5):
+    la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+        assert x.shape == y.shape and x.dtype == y.dtype, (x.shape, y.shape, x.dtype, y.dtype)
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
+
+
+def data(n=12, d=3, seed=0):
+    k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
+    return (
+        jax.random.normal(k1, (n, d), jnp.float32),
+        jax.random.normal(k2, (d, 2), jnp.float32),
+    )
+
+
+def grouped(x, w):
+    """Depends on how rows are grouped: optax's column-major assignment shows."""
+    h = jnp.tanh(x @ w)
+    return h, jnp.max(h, axis=0), jnp.sum(h**2)
+
+
+# ---------------------------------------------------------------------------------------------
+# microbatch
+
+
+@pytest.mark.parametrize("mb", [1, 2, 3, 6, 12])
+@pytest.mark.parametrize("kind", TYPES)
+def test_microbatch_every_type_matches_optax(mb, kind):
+    x, w = data()
+    acc = lambda T: (T("CONCAT"), T(kind), T(kind))  # noqa: E731
+    want = om.microbatch(grouped, 0, mb, acc(theirs))(x, w)
+    got = chunkx.microbatch(grouped, 0, mb, acc(ours))(x, w)
+    close(got, want)
+    close(jax.jit(chunkx.microbatch(grouped, 0, mb, acc(ours)))(x, w), want)
+
+
+@pytest.mark.parametrize("r", [0, 1, 2, 3, 4, 7])
+@pytest.mark.parametrize("kind", TYPES)
+def test_microbatch_early_stopping_matches_optax(r, kind):
+    x, w = data()
+    k = min(r, 4)  # optax indexes out of range past K microbatches; chunkx stops at K
+    want = om.microbatch(grouped, 0, 3, theirs(kind), num_real_microbatches=k)(x, w)
+    got = chunkx.microbatch(grouped, 0, 3, ours(kind), num_real_microbatches=r)(x, w)
+    close(got, want)
+    traced = jax.jit(lambda x, w, r: chunkx.microbatch(grouped, 0, 3, ours(kind),
+                                                     num_real_microbatches=r)(x, w))
+    close(traced(x, w, r), want)
+
+
+def test_traced_early_stop_skips_microbatches_without_recompiling():
+    x, w = data()
+    calls, traces = [], []
+
+    def fun(x, w):
+        jax.debug.callback(lambda: calls.append(1))
+        return jnp.sum(x @ w)
+
+    @jax.jit
+    def run(x, w, r):
+        traces.append(1)
+        return chunkx.microbatch(fun, 0, 2, num_real_microbatches=r)(x, w)
+
+    for r in (1, 4, 6):
+        calls.clear()
+        want = om.microbatch(lambda x, w: jnp.sum(x @ w), 0, 2, num_real_microbatches=r)(x, w)
+        close(run(x, w, jnp.int32(r)), want)
+        jax.effects_barrier()
+        assert len(calls) == r  # the other microbatches are skipped
+    assert len(traces) == 1
+
+
+def test_microbatch_argnums_argnames_in_axes():
+    x, w = data()
+    xt = x.T  # batch axis 1
+
+    def fun(a, w, *, b, scale):
+        return jnp.sum(jnp.tanh(a.T @ w) * b[:, None]) * scale, jnp.max(a, axis=1)
+
+    b = jnp.arange(12.0, dtype=jnp.float32)
+    acc = lambda T: (T("SUM"), T("CONCAT"))  # noqa: E731
+    kw = dict(argnames="b", in_axes=(1, 0))
+    want = om.microbatch(fun, 0, 4, acc(theirs), **kw)(xt, w, b=b, scale=2.0)
+    got = chunkx.microbatch(fun, 0, 4, acc(ours), **kw)(xt, w, b=b, scale=2.0)
+    close(got, want)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
+def test_dtypes_kept_like_optax(dtype):
+    x, w = (a.astype(dtype) for a in data())
+    for kind in TYPES:
+        want = om.microbatch(grouped, 0, 4, theirs(kind))(x, w)
+        close(chunkx.microbatch(grouped, 0, 4, ours(kind))(x, w), want, tol=2e-2)
+        g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+        want = om.micro_vmap(g, (0, None), microbatch_size=4, accumulator=theirs(kind))(x, w)
+        got = chunkx.micro_vmap(g, (0, None), microbatch_size=4, accumulator=ours(kind))(x, w)
+        close(got, want, tol=2e-2)
+
+
+def test_argnums_and_argnames_are_interchangeable_as_in_optax():
+    a = jax.random.normal(jax.random.PRNGKey(1), (10, 4, 5))
+    b = jnp.transpose(a, (1, 0, 2))
+    fun = lambda a, b: jnp.einsum("bij,kbj->ik", a, b)  # noqa: E731
+    for kind in TYPES:
+        m = lambda **kw: chunkx.microbatch(fun, microbatch_size=2, accumulator=ours(kind), **kw)  # noqa: E731
+        want = om.microbatch(fun, (0, 1), 2, theirs(kind), in_axes=(0, 1))(a, b)
+        close(m(argnums=(0, 1), in_axes=(0, 1))(a, b), want)
+        close(m(argnums=(1, 0), in_axes=(1, 0))(a, b), want)
+        close(m(argnums=(), argnames=("b", "a"), in_axes=(1, 0))(a=a, b=b), want)
+        close(m(argnums=0, argnames="b", in_axes=(0, 1))(a, b=b), want)
+
+
+def test_grad_through_microbatch_matches_optax():
+    x, w = data()
+
+    def loss(w, x, kind, mod):
+        f = mod.microbatch(lambda x, w: jnp.mean(jnp.tanh(x @ w) ** 2), 0, 3, kind)
+        return f(x, w)
+
+    for kind in ("SUM", "MEAN"):
+        want = jax.grad(loss)(w, x, theirs(kind), om)
+        close(jax.grad(loss)(w, x, ours(kind), chunkx), want)
+        close(jax.jit(jax.grad(loss), static_argnums=(2, 3))(w, x, ours(kind), chunkx), want)
+
+
+def test_grad_through_traced_early_stop():
+    """optax's traced bound is a while_loop (no reverse mode); here it differentiates."""
+    x, w = data()
+    f = lambda x, w: jnp.sum(jnp.tanh(x @ w) ** 2)  # noqa: E731
+
+    def loss(w, r):
+        return chunkx.microbatch(f, 0, 3, num_real_microbatches=r)(x, w)
+
+    for r in (1, 3):
+        want = jax.grad(lambda w: om.microbatch(f, 0, 3, num_real_microbatches=r)(x, w))(w)
+        close(jax.jit(jax.grad(loss))(w, jnp.int32(r)), want)
+
+
+def test_microbatch_none_returns_fun():
+    assert chunkx.microbatch(jnp.sin, 0, None) is jnp.sin
+
+
+# ---------------------------------------------------------------------------------------------
+# micro_vmap
+
+
+def per_example(x, w, *, b):
+    return {"h": jnp.tanh(x @ w) * b, "s": jnp.sum(x) * b}
+
+
+@pytest.mark.parametrize("mb", [None, 1, 3, 4, 12])
+@pytest.mark.parametrize("kind", TYPES)
+def test_micro_vmap_every_type_matches_optax(mb, kind):
+    x, w = data()
+    b = jnp.linspace(0.5, 1.5, 12, dtype=jnp.float32)
+    want = om.micro_vmap(per_example, (0, None), microbatch_size=mb,
+                         accumulator=theirs(kind))(x, w, b=b)
+    got = chunkx.micro_vmap(per_example, (0, None), microbatch_size=mb,
+                            accumulator=ours(kind))(x, w, b=b)
+    close(got, want)
+
+
+@pytest.mark.parametrize("r", [0, 1, 3])
+@pytest.mark.parametrize("kind", TYPES)
+def test_micro_vmap_early_stopping_matches_optax(r, kind):
+    x, w = data()
+    g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    want = om.micro_vmap(g, (0, None), microbatch_size=3, accumulator=theirs(kind),
+                         num_real_microbatches=r)(x, w)
+    got = jax.jit(lambda x, w, r: chunkx.micro_vmap(
+        g, (0, None), microbatch_size=3, accumulator=ours(kind), num_real_microbatches=r
+    )(x, w))(x, w, r)
+    close(got, want)
+
+
+def test_micro_vmap_prefix_accumulator_and_vmap_fn():
+    x, w = data()
+    b = jnp.ones(12, jnp.float32)
+    acc = lambda T: {"h": T("CONCAT"), "s": T("MEAN")}  # noqa: E731
+    vmap_fn = lambda f, i, o: jax.vmap(f, i, o, axis_name="batch")  # noqa: E731
+
+    def fun(x, w, *, b):
+        return {"h": jnp.tanh(x @ w) * b, "s": jnp.sum(x) * b}
+
+    want = om.micro_vmap(fun, (0, None), microbatch_size=4, accumulator=acc(theirs),
+                         vmap_fn=vmap_fn)(x, w, b=b)
+    got = chunkx.micro_vmap(fun, (0, None), microbatch_size=4, accumulator=acc(ours),
+                            vmap_fn=vmap_fn)(x, w, b=b)
+    close(got, want)
+
+
+def test_micro_vmap_nested_in_vmap_and_a_module_through_jit():
+    x, w = data(10)
+    ws = jnp.stack([w, 2 * w, -w])
+    g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    f = chunkx.micro_vmap(g, (0, None), microbatch_size=4, accumulator=ours("MEAN"),
+                          num_real_microbatches=2)
+    ran = np.arange(10) % 3 < 2  # 3 microbatches, column-major: rows k, k + 3, ...; run 2
+    want = jax.vmap(lambda w: jax.vmap(lambda x: g(x, w))(x)[ran].sum(0) / 10)(ws)
+    close(jax.vmap(f, (None, 0))(x, ws), want)
+    close(eqx.filter_jit(lambda f, x, w: f(x, w))(f, x, w), want[0])
+
+
+def test_micro_vmap_int_in_axes_maps_every_argument_like_jax_vmap():
+    x, w = data()
+    y = x[:, :2]
+    f = lambda x, y: x[:2] * y  # noqa: E731
+    got = chunkx.micro_vmap(f, 0, microbatch_size=5)(x, y)
+    close(got, jax.vmap(f)(x, y))
+    xt = x.T
+    got = chunkx.micro_vmap(lambda x, w: x @ w, (-1, None), microbatch_size=4)(xt, w)
+    close(got, jax.vmap(lambda x: x @ w, in_axes=-1)(xt))
+
+
+# ---------------------------------------------------------------------------------------------
+# user-written accumulators
+
+
+def biggest(T):
+    return T.Accumulator(
+        init=lambda s: jnp.full(s.shape, -jnp.inf, s.dtype),
+        update=lambda c, v, i: jnp.maximum(c, v),
+        finalize=lambda c: c * 2,
+        aggregate=lambda v: jnp.max(v, axis=0),
+    )
+
+
+def weighted(T):
+    """Depends on the microbatch index: a sum weighted by (index + 1)."""
+    return T.Accumulator(
+        init=lambda s: jax.tree_util.tree_map(lambda t: jnp.zeros(t.shape, t.dtype), s),
+        update=lambda c, v, i: jax.tree_util.tree_map(lambda a, b: a + (i + 1) * b, c, v),
+        finalize=lambda c: c,
+        aggregate=lambda v: jax.tree_util.tree_map(lambda a: jnp.sum(a, axis=0), v),
+    )
+
+
+@pytest.mark.parametrize("r", [None, 2])
+def test_user_accumulators_match_optax(r):
+    x, w = data()
+    acc = lambda T, mod: (weighted(mod), T("SUM"), biggest(mod))  # noqa: E731
+    want = om.microbatch(grouped, 0, 3, acc(theirs, om), num_real_microbatches=r)(x, w)
+    got = chunkx.microbatch(grouped, 0, 3, acc(ours, chunkx), num_real_microbatches=r)(x, w)
+    close(got, want)
+    g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    for mb in (3, 12):
+        k = None if r is None else min(r, 12 // mb)  # optax reads past K microbatches
+        want = om.micro_vmap(g, (0, None), microbatch_size=mb, accumulator=biggest(om),
+                             num_real_microbatches=k)(x, w)
+        got = chunkx.micro_vmap(g, (0, None), microbatch_size=mb, accumulator=biggest(chunkx),
+                                num_real_microbatches=r)(x, w)
+        close(got, want)
+
+
+def test_optax_accumulation_objects_are_accepted():
+    x, w = data()
+    acc = (theirs("CONCAT"), theirs("SUM"), biggest(om))
+    close(chunkx.microbatch(grouped, 0, 4, acc)(x, w), om.microbatch(grouped, 0, 4, acc)(x, w))
+
+
+# ---------------------------------------------------------------------------------------------
+# micro_grad
+
+
+def sq_loss(p, x, y):
+    return 0.5 * jnp.mean((x @ p - y) ** 2)
+
+
+def grad_data(n=12):
+    x, _ = data(n)
+    return jnp.ones(3, jnp.float32) * 0.1, x, jnp.arange(n, dtype=jnp.float32)
+
+
+@pytest.mark.parametrize("keep", [True, False])
+@pytest.mark.parametrize("kind", TYPES)
+def test_micro_grad_matches_optax(keep, kind):
+    p, x, y = grad_data()
+    kw = dict(batch_argnums=(1, 2), keep_batch_dim=keep, microbatch_size=4,
+              transform_fn=lambda g: (g, g**2), metrics_fn=jnp.linalg.norm)
+    want = om.micro_grad(sq_loss, accumulator=theirs(kind), **kw)(p, x, y)
+    got = chunkx.micro_grad(sq_loss, accumulator=ours(kind), **kw)(p, x, y)
+    close(got, want)
+    assert type(got[1]).__name__ == "IndividualOutputs" and got[1]._fields == want[1]._fields
+
+
+def test_micro_grad_has_aux_argnums_early_stopping():
+    p, x, y = grad_data()
+    fun = lambda p, b, x, y: (sq_loss(p, x, y) + b, {"pred": x @ p})  # noqa: E731
+    kw = dict(has_aux=True, argnums=(0, 1), batch_argnums=(2, 3), microbatch_size=3)
+    for r in (None, 2, jnp.int32(3)):
+        want = om.micro_grad(fun, num_real_microbatches=r, **kw)(p, 1.0, x, y)
+        got = chunkx.micro_grad(fun, num_real_microbatches=r, **kw)(p, 1.0, x, y)
+        close(got, want)
+
+
+def test_dpsgd_step_matches_optax_and_vmap():
+    """A DP-SGD step as a user writes it: clip per-example grads, sum, add noise, update."""
+    p, x, y = grad_data(16)
+    c, sigma, key = 0.5, 0.3, jax.random.PRNGKey(3)
+
+    def clip(g):
+        return g * jnp.minimum(1.0, c / (jnp.linalg.norm(g) + 1e-12))
+
+    def step(mod, p):
+        g, aux = mod.micro_grad(sq_loss, batch_argnums=(1, 2), microbatch_size=4,
+                                transform_fn=clip, metrics_fn=jnp.linalg.norm)(p, x, y)
+        g = (g + sigma * c * jax.random.normal(key, g.shape, g.dtype)) / x.shape[0]
+        updates, _ = optax.sgd(0.1).update(g, optax.sgd(0.1).init(p))
+        return optax.apply_updates(p, updates), aux.metrics
+
+    got, want = jax.jit(lambda p: step(chunkx, p))(p), step(om, p)
+    close(got, want)
+    per = jax.vmap(jax.grad(sq_loss), (None, 0, 0))(p, x[:, None], y[:, None])
+    g = (jax.vmap(clip)(per).sum(0) + sigma * c * jax.random.normal(key, p.shape, p.dtype)) / 16
+    close(got[0], p - 0.1 * g)
+    close(got[1], jnp.linalg.norm(per, axis=1))
+
+
+# ---------------------------------------------------------------------------------------------
+# beyond optax: any batch size, a backward size, a mesh
+
+
+def reference(kind, rows, axis=0):
+    return {"SUM": lambda r: r.sum(axis), "MEAN": lambda r: r.mean(axis),
+            "RUNNING_MEAN": lambda r: r.mean(axis), "CONCAT": lambda r: r}[kind](rows)
+
+
+@pytest.mark.parametrize("n,mb", [(10, 4), (7, 3), (5, 8), (13, 5)])
+@pytest.mark.parametrize("kind", TYPES)
+def test_undivided_batch_no_padding_leaks(n, mb, kind):
+    x, w = data(n)
+    g = lambda x, w: jnp.exp(x @ w)  # noqa: E731 (a copied row would change every sum)
+    f = chunkx.micro_vmap(g, (0, None), microbatch_size=mb, accumulator=ours(kind))
+    want = reference(kind, jax.vmap(lambda x: g(x, w))(x))
+    close(f(x, w), want)
+    loss = lambda w, f=f: jnp.sum(f(x, w) ** 2)  # noqa: E731
+    ref = lambda w: jnp.sum(reference(kind, jax.vmap(lambda x: g(x, w))(x)) ** 2)  # noqa: E731
+    close(jax.grad(loss)(w), jax.grad(ref)(w), tol=1e-4)
+
+
+def test_undivided_batch_early_stopping_and_micro_grad():
+    p, x, y = grad_data(10)
+    per = jax.vmap(jax.grad(sq_loss), (None, 0, 0))(p, x[:, None], y[:, None])
+    g, aux = chunkx.micro_grad(sq_loss, batch_argnums=(1, 2), microbatch_size=4,
+                               accumulator=ours("MEAN"), metrics_fn=jnp.linalg.norm)(p, x, y)
+    close(g, per.mean(0))
+    close(aux.metrics, jnp.linalg.norm(per, axis=1))
+    # K = 3 microbatches, column-major: microbatch k holds rows k, k + 3, ...; run 2 of them
+    ran = np.arange(10) % 3 < 2
+    g, aux = chunkx.micro_grad(sq_loss, batch_argnums=(1, 2), microbatch_size=4,
+                               accumulator=ours("RUNNING_MEAN"), num_real_microbatches=2)(p, x, y)
+    close(g, per[ran].mean(0))
+    close(aux.values, jnp.where(ran, jax.vmap(sq_loss, (None, 0, 0))(p, x, y), 0.0))
+
+
+@pytest.mark.parametrize("kind", ["SUM", "MEAN", "CONCAT"])
+def test_backward_microbatch_size(kind):
+    x, w = data(12)
+    g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    f = chunkx.micro_vmap(g, (0, None), microbatch_size=6, grad_microbatch_size=2,
+                          accumulator=ours(kind))
+    loss = lambda w: jnp.sum(jnp.sin(f(x, w)))  # noqa: E731
+    ref = lambda w: jnp.sum(jnp.sin(reference(kind, jax.vmap(lambda x: g(x, w))(x))))  # noqa: E731
+    close(jax.value_and_grad(loss)(w), jax.value_and_grad(ref)(w))
+
+
+MESHES = {
+    "auto": lambda: jax.make_mesh((4,), ("x",), axis_types=(AxisType.Auto,)),
+    "explicit": lambda: jax.make_mesh((4,), ("x",), axis_types=(AxisType.Explicit,)),
+}
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+@pytest.mark.parametrize("kind", TYPES)
+def test_shard_matches_optax(mesh, kind):
+    x, w = data(16)
+    g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    m = MESHES[mesh]()
+    for r in (None, 3):
+        want = om.micro_vmap(g, (0, None), microbatch_size=4, accumulator=theirs(kind),
+                             num_real_microbatches=r)(x, w)
+        f = chunkx.micro_vmap(g, (0, None), microbatch_size=4, accumulator=ours(kind),
+                              num_real_microbatches=r, shard=True, mesh=m)
+        close(f(x, w), want)
+        close(jax.jit(f)(x, w), want)
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_shard_undivided_micro_grad(mesh):
+    p, x, y = grad_data(10)
+    per = jax.vmap(jax.grad(sq_loss), (None, 0, 0))(p, x[:, None], y[:, None])
+    f = chunkx.micro_grad(sq_loss, batch_argnums=(1, 2), microbatch_size=4,
+                          accumulator=ours("MEAN"), shard=True, mesh=MESHES[mesh]())
+    g, aux = f(p, x, y)
+    close(g, per.mean(0))
+    close(aux.values, jax.vmap(sq_loss, (None, 0, 0))(p, x, y))
+
+
+@pytest.mark.parametrize("shard", [False, True])
+def test_batch_laid_out_on_an_explicit_mesh(shard):
+    """optax 0.2.8's reshape raises ShardingTypeError on such a batch under jax 0.10."""
+    x, w = data(16)
+    g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    mesh = MESHES["explicit"]()
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.P("x")))
+        for kind in ("CONCAT", "MEAN"):
+            f = chunkx.micro_vmap(g, (0, None), microbatch_size=4, accumulator=ours(kind),
+                                  shard=shard)
+            close(jax.jit(f)(xs, w), reference(kind, jax.vmap(lambda x: g(x, w))(x)))
+
+
+def test_reshape_batch_axis_matches_optax():
+    x = jnp.arange(24.0).reshape(2, 12)
+    close(chunkx.reshape_batch_axis(x, 3, axis=1), om.reshape_batch_axis(x, 3, axis=1))
+    close(chunkx.reshape_batch_axis({"a": x.T}, 4), om.reshape_batch_axis({"a": x.T}, 4))
+
+
+# ---------------------------------------------------------------------------------------------
+# errors
+
+
+def test_errors():
+    x, w = data(10)
+    g = lambda x, w: x @ w  # noqa: E731
+    with pytest.raises(ValueError, match=r"`microbatch\(microbatch_size=4\)`: the batch of 10 rows must be a multiple"):
+        chunkx.microbatch(g, 0, 4)(x, w)
+    with pytest.raises(ValueError, match=r"`microbatch\(microbatch_size=0\)`: microbatch_size must be a positive int"):
+        chunkx.microbatch(g, 0, 0)
+    with pytest.raises(ValueError, match=r"`microbatch\(in_axes=\(0, 1, 0\)\)`: in_axes needs one entry per batch argument"):
+        chunkx.microbatch(g, 0, 2, in_axes=(0, 1, 0))
+    with pytest.raises(ValueError, match=r"`micro_vmap\(out_axes=1\)`: .* out_axes must be 0"):
+        chunkx.micro_vmap(g, out_axes=1)
+    with pytest.raises(ValueError, match=r'`micro_vmap\(microbatch_size="auto", num_real_microbatches=...\)`'):
+        chunkx.micro_vmap(g, microbatch_size="auto", num_real_microbatches=2)
+    with pytest.raises(ValueError, match=r"`micro_grad\(memory_budget=1000\)`: memory_budget sizes"):
+        chunkx.micro_grad(sq_loss, microbatch_size=2, memory_budget=1000)
+    with pytest.raises(ValueError, match=r'`micro_vmap\(grad_microbatch_size="auto"\)`: a planned backward size needs a forward one'):
+        chunkx.micro_vmap(g, grad_microbatch_size="auto")
+    with pytest.raises(ValueError, match=r'`micro_vmap\(accumulator=...\)`: a user-written Accumulator .* cannot take microbatch_size="auto"'):
+        chunkx.micro_vmap(g, (0, None), microbatch_size="auto", accumulator=biggest(chunkx),
+                          memory_budget=2**20)(x, w)
+    with pytest.raises(ValueError, match=r"`micro_vmap\(grad_microbatch_size=0\)`"):
+        chunkx.micro_vmap(g, grad_microbatch_size=0)
+    with pytest.raises(ValueError, match=r"`micro_vmap\(in_axes=\(0,\)\)`: in_axes has 1 entries but the function was called with 2"):
+        chunkx.micro_vmap(g, (0,), microbatch_size=2)(x, w)
+    with pytest.raises(ValueError, match=r"`micro_grad\(batch_argnums=\(3,\)\)`: the function was called with 3"):
+        chunkx.micro_grad(sq_loss, batch_argnums=3)(*grad_data())
+    with pytest.raises(ValueError, match=r"`micro_vmap\(accumulator=MEAN\)`: MEAN and RUNNING_MEAN need floating-point outputs, got a leaf of dtype int"):
+        chunkx.micro_vmap(lambda i: i * 2, microbatch_size=2, accumulator=ours("MEAN"))(jnp.arange(4))
+    with pytest.raises(ValueError, match=r"`micro_vmap\(accumulator=...\)`: every leaf of the accumulator tree must be"):
+        chunkx.micro_vmap(g, (0, None), microbatch_size=2, accumulator="sum")(x, w)
+    user = biggest(chunkx)
+    for kw, what in [(dict(microbatch_size=4), "a batch that microbatch_size does not divide"),
+                     (dict(microbatch_size=4, shard=True), "shard=True"),
+                     (dict(microbatch_size=2, grad_microbatch_size=1), "grad_microbatch_size")]:
+        with pytest.raises(ValueError, match=rf"`micro_vmap\(accumulator=...\)`: a user-written Accumulator .* cannot take {what}"):
+            chunkx.micro_vmap(g, (0, None), accumulator=user, **kw)(x[:8] if "shard" in kw else x, w)
+    with pytest.raises(ValueError, match=r"`micro_vmap\(microbatch_size=6, shard=True\)`: microbatch_size must be a multiple of the 4 devices"):
+        chunkx.micro_vmap(g, (0, None), microbatch_size=6, shard=True)(x, w)
+    with pytest.raises(ValueError, match=r"`microbatch`: mapped arguments must share the length"):
+        chunkx.microbatch(lambda a, b: a + b, (0, 1), 2)(jnp.ones(4), jnp.ones(6))
+    with pytest.raises(ValueError, match=r"`micro_vmap`: the batch is empty \(0 rows\)"):
+        chunkx.micro_vmap(jnp.sin, microbatch_size=2)(jnp.ones((0, 3)))
+    with pytest.raises(ValueError, match=r"`reshape_batch_axis\(microbatch_size=3\)`: the batch axis 0 has 10 rows"):
+        chunkx.reshape_batch_axis(x, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# microbatch_size="auto": planned by Chunk within memory_budget (XLA temp bytes per device)
+
+
+def temp(f, *args):
+    return jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+def heavy(x, w):
+    """A per-row function with a large intermediate (two 64 x 64 products per row)."""
+    return jnp.sum(jnp.tanh(jnp.tanh(jnp.outer(x, x) @ w) @ w) ** 2)
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHUNKX_CACHE_DIR", str(tmp_path / "plans"))
+    chunkx.clear_plan_cache()
+    yield
+    chunkx.clear_plan_cache()
+
+
+def heavy_data(n=512, d=64):
+    x = jax.random.normal(jax.random.PRNGKey(0), (n, d), jnp.float32)
+    return x, jax.random.normal(jax.random.PRNGKey(1), (d, d), jnp.float32) / d
+
+
+BUDGET = 2**19
+
+
+@pytest.mark.parametrize("kind", ["SUM", "MEAN", "CONCAT"])
+def test_auto_within_budget_equal_to_optax_and_vmap(fresh_cache, kind):
+    x, w = heavy_data()
+    f = chunkx.micro_vmap(heavy, (0, None), microbatch_size="auto", memory_budget=BUDGET,
+                          accumulator=ours(kind))
+    rows = jax.vmap(heavy, (0, None))(x, w)
+    loss = lambda w, f=f: jnp.sum(f(x, w))  # noqa: E731
+    ref = lambda w: jnp.sum(reference(kind, jax.vmap(heavy, (0, None))(x, w)))  # noqa: E731
+    # the premise: unchunked, the reverse pass is over the budget (XLA's CPU forward fuses)
+    assert temp(jax.grad(ref), w) > BUDGET
+    want = om.micro_vmap(heavy, (0, None), microbatch_size=64, accumulator=theirs(kind))(x, w)
+    close(jax.jit(f)(x, w), want, tol=1e-4)
+    close(jax.jit(f)(x, w), reference(kind, rows), tol=1e-4)
+    close(jax.jit(jax.grad(loss))(w), jax.grad(ref)(w), tol=1e-3)
+    assert temp(f, x, w) <= BUDGET
+    assert temp(jax.grad(loss), w) <= BUDGET
+
+
+def test_auto_micro_grad_within_budget_equal_to_optax(fresh_cache):
+    x, w = heavy_data()
+    y = jnp.linspace(0.0, 1.0, x.shape[0], dtype=jnp.float32)
+    loss = lambda w, x, y: heavy(x[0], w) - y[0]  # noqa: E731 (keep_batch_dim: one row)
+    kw = dict(batch_argnums=(1, 2), accumulator=theirs("MEAN"), transform_fn=lambda g: g * 2)
+    want = om.micro_grad(loss, microbatch_size=64, **kw)(w, x, y)
+    kw["accumulator"] = ours("MEAN")
+    f = chunkx.micro_grad(loss, microbatch_size="auto", memory_budget=BUDGET, **kw)
+    close(jax.jit(f)(w, x, y), want, tol=1e-4)
+    assert temp(chunkx.micro_grad(loss, microbatch_size=None, **kw), w, x, y) > BUDGET
+    assert temp(f, w, x, y) <= BUDGET
+
+
+def test_auto_sharded_within_budget_per_device(fresh_cache):
+    x, w = heavy_data()
+    mesh = MESHES["explicit"]()
+    f = chunkx.micro_vmap(heavy, (0, None), microbatch_size="auto", memory_budget=BUDGET // 4,
+                          accumulator=ours("MEAN"), shard=True, mesh=mesh)
+    close(jax.jit(f)(x, w), jax.vmap(heavy, (0, None))(x, w).mean(), tol=1e-4)
+    assert temp(f, x, w) <= BUDGET // 4
