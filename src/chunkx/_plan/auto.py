@@ -168,7 +168,8 @@ def forward_plan(chunk: Any, tree: tuple, n: int) -> MemoryPlan:
     who = names(chunk)
     m = measured(key, measure, f"{who['who']}({who['arg']}='auto')", _notice(chunk, "forward"))
     plan = quick_search(
-        m, n, budget, n, (n, proportional_size(n, budget, n, _shift(chunk))), shift=_shift(chunk),
+        m, n, budget, n, (n, proportional_size(n, n, budget, n, _shift(chunk))),
+        shift=_shift(chunk),
         who=who["who"], what=who["what"], name=who["name"],
     )
     logger.info("Chunk(size='auto'): chunk size %d of %d rows (budget %d bytes, %d points)",
@@ -197,10 +198,9 @@ def reverse_plan(
 
     who = names(chunk, reverse=True)
     m = measured(key, measure, f"{who['who']} (reverse pass)", _notice(chunk, "backward"))
-    p = divisor_below(n, size // 8)
-    q = divisor_below(n, size // 2)
-    q = q if q > p else min(size, p + 1)  # rows with few divisors
-    first = (size, p) if size >= n else (p, q)
+    p = divisor_below(n, size // 8)  # far below the answer: the forward size is the budget's
+    first = (size, proportional_size(size, size, budget, n, _shift(chunk))) if size >= n else (
+        p, proportional_size(p, size, budget, n, _shift(chunk)))
     plan = quick_search(
         m, size, budget, n, first, shift=_shift(chunk),
         who=who["who"], what=who["what"], name=who["name"],

@@ -350,13 +350,17 @@ def _bracketed(seen: dict[int, int], model: _Model, n: int, rows: int, budget: i
     return size if over or size <= 2 * max(seen) else None
 
 
-def proportional_size(n: int, budget: int, rows: int, shift: bool) -> Callable[[dict], int]:
-    """The second size the forward search measures, from the first (the whole batch, `n`):
-    90% of the size at which memory proportional to the rows would meet the budget (a divisor
-    of the rows unless `shift`), so that it usually fits and brackets the answer with `n`."""
+def proportional_size(
+    base: int, limit: int, budget: int, rows: int, shift: bool
+) -> Callable[[dict], int]:
+    """The next size to measure after `base`: 90% of the size at which memory proportional to
+    the rows would meet the budget, given what `base` measured (at most `limit - 1`; a divisor
+    of the rows unless `shift`), so that it usually fits and, with `base`, brackets the answer
+    or lies within 10% below it."""
 
     def second(seen: dict[int, int]) -> int:
-        size = max(1, min(n - 1, int(0.9 * n * budget / max(seen[n], 1))))
+        size = int(0.9 * base * budget / max(seen[base], 1))
+        size = max(1, min(limit - 1, size)) if base == limit else max(1, min(limit, size))
         return size if shift else divisor_below(rows, size)
 
     return second
