@@ -211,3 +211,34 @@ def test_chunk_auto_errors():
         x, w = data(n=64)
         chunkx.Chunk(chunkx.Vmap(sorted_energy, (0, None)), "auto", in_axes=(0, None),
                      reducer=chunkx.Sum(), memory_budget=4)(x, w)
+
+
+def test_sharded_batch_vmap_gradient_within_budget_per_device(fresh_cache):
+    x, w = data(n=2048)
+    budget = 2**20
+    g = chunkx.batch_vmap(lambda w, x: energy(x, w), (None, 0), batch_size="auto",
+                          memory_budget=budget, shard=True, reducer=chunkx.Sum())
+    unchunked = chunkx.batch_vmap(lambda w, x: energy(x, w), (None, 0), shard=True,
+                                  reducer=chunkx.Sum())
+    assert temp(jax.grad(unchunked), w, x) > budget  # the premise
+    assert temp(jax.grad(g), w, x) <= budget
+    close(jax.jit(jax.grad(g))(w, x), jax.grad(lambda w: jnp.sum(jax.vmap(energy, (0, None))(
+        x, w)))(w))
+
+
+def test_under_an_outer_vmap_the_batched_program_is_within_budget(fresh_cache):
+    x, w = data(n=512)
+    budget = 2**22
+    chunk = chunkx.Chunk(chunkx.Vmap(sorted_energy, (0, None)), "auto", reducer=chunkx.Sum(),
+                         in_axes=(0, None), memory_budget=budget)
+    xs = jnp.stack([x, 2 * x, 3 * x])
+    ensemble = lambda xs, w: eqx.filter_vmap(lambda x: chunk(x, w))(xs)  # noqa: E731
+    # the premise: the size planned for one call, batched over 3, is over the budget
+    size = chunk.memory_plan(x, w).chunk_size
+    fixed = chunkx.Chunk(chunkx.Vmap(sorted_energy, (0, None)), size, reducer=chunkx.Sum(),
+                         in_axes=(0, None), remainder="shift")
+    assert temp(lambda xs, w: jax.vmap(lambda x: fixed(x, w))(xs), xs, w) > budget
+    with pytest.warns(UserWarning, match=r"`Chunk`: .* under jax.vmap over 3 .* / 3"):
+        assert temp(ensemble, xs, w) <= budget
+    close(jax.jit(ensemble)(xs, w), jax.vmap(lambda x: jnp.sum(jax.vmap(
+        sorted_energy, (0, None))(x, w)))(xs))
