@@ -242,3 +242,13 @@ def test_under_an_outer_vmap_the_batched_program_is_within_budget(fresh_cache):
         assert temp(ensemble, xs, w) <= budget
     close(jax.jit(ensemble)(xs, w), jax.vmap(lambda x: jnp.sum(jax.vmap(
         sorted_energy, (0, None))(x, w)))(xs))
+
+
+def test_progress_says_that_it_plans(fresh_cache, capfd):
+    x, w = data(n=256)
+    chunk = chunkx.Chunk(chunkx.Vmap(sorted_energy, (0, None)), "auto", reducer=chunkx.Sum(),
+                         in_axes=(0, None), memory_budget=2**21, progress=True)
+    chunk.memory_plan(x, w)
+    assert "chunkx: planning the forward chunk size" in capfd.readouterr().err
+    chunk.memory_plan(x, w)  # cached: nothing is compiled, nothing said
+    assert "planning" not in capfd.readouterr().err
