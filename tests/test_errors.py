@@ -10,8 +10,9 @@ x10 = jnp.arange(10.0)
 
 
 def test_batch_size_type_checked():
-    """A float is caught by the runtime type check (beartype), which names the parameter."""
-    with pytest.raises(TypeError, match=r"batch_vmap(.|\n)*parameter 'batch_size'(.|\n)*2\.0"):
+    """A float gets the house one-line message (not beartype's dump of every parameter)."""
+    with pytest.raises(ValueError, match=r"^`batch_vmap\(batch_size=2\.0\)`: batch_size must be a "
+                       r"positive int or None, got 2\.0 \(float\)\.$"):
         chunkx.batch_vmap(jnp.sin, batch_size=2.0)
 
 
@@ -33,9 +34,9 @@ def test_unexpected_kwargs():
 def test_in_axes_validated():
     with pytest.raises(ValueError, match=r"`batch_vmap\(in_axes=\(None, None\)\)`: at least one argument must be mapped"):
         chunkx.batch_vmap(lambda a, b: a, (None, None), batch_size=2)(x10, x10)
-    with pytest.raises(ValueError, match=r"`batch_vmap\(in_axes=\(0,\)\)`: in_axes has 1 entries but the function was called with 2"):
+    with pytest.raises(ValueError, match=r"`batch_vmap\(in_axes=\(0,\)\)`: in_axes has 1 entry but the function was called with 2 positional arguments\.$"):
         chunkx.batch_vmap(lambda a, b: a, (0,), batch_size=2)(x10, x10)
-    with pytest.raises(TypeError, match=r"parameter 'in_axes'(.|\n)*\('a',\)"):
+    with pytest.raises(ValueError, match=r"^`batch_vmap\(in_axes=\('a',\)\)`: entries must be ints or None, got 'a'\.$"):
         chunkx.batch_vmap(lambda a: a, ("a",), batch_size=2)
     with pytest.raises(ValueError, match=r"axis 3 of argument 0 is out of range for a leaf of shape \(10,\)"):
         chunkx.batch_vmap(lambda a: a, 3, batch_size=2)(x10)

@@ -14,7 +14,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from ._checks import check_positive
+from ._checks import check_budget
 
 _MAX_COMPILES = 12
 
@@ -211,7 +211,7 @@ def fit_memory(
         assert plan.chunk_size == best == 50 and len(plan.points) <= 12
         ```
     """
-    budget = check_positive(who, name, budget_bytes, allow_none=False)
+    budget = check_budget(who, name, budget_bytes, allow_none=False)
     if n < 1:
         return MemoryPlan(max(n, 0), budget, (), 0.0, 0.0, 1, 1)
     rows = n if rows is None else rows

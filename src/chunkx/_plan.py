@@ -12,11 +12,11 @@ from beartype import beartype
 from jax.sharding import Mesh
 from jaxtyping import PyTree, jaxtyped
 
-from ._checks import check_positive
+from ._checks import check_budget
 from ._combinators.reduce import identity
 from ._maps.adv import batch_vmap
 from ._memory import MemoryPlan
-from ._types import InAxes
+from ._types import Budget, InAxes
 
 
 @jaxtyped(typechecker=beartype)
@@ -24,7 +24,7 @@ def plan_memory(
     f: Callable[..., Any],
     *args: PyTree[Any],
     in_axes: InAxes = 0,
-    budget_bytes: int,
+    budget_bytes: Budget,
     reduction: Callable[[Any, Any], Any] | None = None,
     chunk_reduction: Callable[[Any], Any] = identity,
     shard: bool = False,
@@ -49,7 +49,7 @@ def plan_memory(
         assert plan.bytes_at(plan.chunk_size) <= 100_000 < plan.bytes_at(256)
         ```
     """
-    check_positive("plan_chunk_size", "budget_bytes", budget_bytes, allow_none=False)
+    budget_bytes = check_budget("plan_chunk_size", "budget_bytes", budget_bytes, allow_none=False)
     name = getattr(f, "__name__", type(f).__name__)
     g = batch_vmap(
         f,
@@ -76,7 +76,7 @@ def plan_chunk_size(
     f: Callable[..., Any],
     *args: PyTree[Any],
     in_axes: InAxes = 0,
-    budget_bytes: int,
+    budget_bytes: Budget,
     reduction: Callable[[Any, Any], Any] | None = None,
     chunk_reduction: Callable[[Any], Any] = identity,
     shard: bool = False,

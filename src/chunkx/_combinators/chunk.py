@@ -6,7 +6,7 @@ from typing import Any
 import equinox as eqx
 import jax
 
-from .._checks import as_in_axes, check_choice, check_positive, zero_in_axes
+from .._checks import as_in_axes, as_size, check_choice, check_positive, zero_in_axes
 from .._types import GradPolicy, InAxes, Remainder, RowMask
 from ._rows import join_args, mapped_length, split_args
 from ._sharding import on_inputs_mesh
@@ -113,14 +113,14 @@ class Chunk(eqx.Module):
     """
 
     fn: Callable[..., Any]
-    size: int | None = eqx.field(static=True)
+    size: int | None = eqx.field(static=True, converter=as_size)
     reducer: AbstractReducer = Concat()
     in_axes: InAxes = eqx.field(static=True, default=0, converter=as_in_axes)
     remainder: Remainder = eqx.field(static=True, default="call")
     checkpoint: bool = eqx.field(static=True, default=True)
     grad: GradPolicy = eqx.field(static=True, default="auto")
-    grad_size: int | None = eqx.field(static=True, default=None)
-    unroll: int = eqx.field(static=True, default=1)
+    grad_size: int | None = eqx.field(static=True, default=None, converter=as_size)
+    unroll: int = eqx.field(static=True, default=1, converter=as_size)
     progress: bool = eqx.field(static=True, default=False)
 
     def __check_init__(self):

@@ -12,7 +12,10 @@ from jaxtyping import jaxtyped
 
 from .._checks import (
     as_in_axes,
+    as_size,
+    check_budget,
     check_choice,
+    check_in_axes,
     check_mesh_1d,
     check_positive,
     in_axes_tuple,
@@ -26,7 +29,7 @@ from .._combinators.shard import Shard
 from .._combinators.vmap import Vmap
 from .._grad_plan import ClosedOver, default_wrt, plan_reverse, reverse_planned_call
 from .._memory import MemoryPlan, per_device_rows, plan_auto
-from .._types import GradPolicy, InAxes
+from .._types import Budget, GradPolicy, InAxes, Size
 from ._axes import move_axis, normalize_axis
 
 
@@ -123,7 +126,7 @@ class BatchVmap(eqx.Module):
 
     f: Callable[..., Any]
     in_axes: InAxes = eqx.field(static=True, converter=as_in_axes)
-    batch_size: int | Literal["auto"] | None = eqx.field(static=True)
+    batch_size: int | Literal["auto"] | None = eqx.field(static=True, converter=as_size)
     reducer: AbstractReducer
     post: Callable | None = eqx.field(static=True)
     shard: bool = eqx.field(static=True)
@@ -132,7 +135,9 @@ class BatchVmap(eqx.Module):
     memory_budget: int | None = eqx.field(static=True, default=None)
     progress: bool = eqx.field(static=True, default=False)
     grad: GradPolicy = eqx.field(static=True, default="auto")
-    grad_batch_size: int | Literal["auto"] | None = eqx.field(static=True, default=None)
+    grad_batch_size: int | Literal["auto"] | None = eqx.field(
+        static=True, default=None, converter=as_size
+    )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with on_inputs_mesh((args, kwargs)):
@@ -140,6 +145,8 @@ class BatchVmap(eqx.Module):
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
         f, zero, args = self._prepare(args, kwargs)
+        if isinstance(self.reducer, Monoid):  # checked in the name the user called
+            self.reducer.check_rows(eqx.filter_eval_shape(Vmap(f, zero), *args), "batch_vmap")
         size, grad_size = self.batch_size, self.grad_batch_size
         if size == "auto":
             size = self._plan(f, zero, args).chunk_size
@@ -253,17 +260,17 @@ def batch_vmap(
     /,
     in_axes: InAxes = 0,
     *,
-    batch_size: int | Literal["auto"] | None = None,
+    batch_size: Size | Literal["auto"] = None,
     reduction: Callable[[Any, Any], Any] | None = None,
     chunk_reduction: Callable[[Any], Any] = identity,
     reducer: AbstractReducer | None = None,
     shard: bool = False,
     mesh: Mesh | None = None,
     checkpoint: bool = True,
-    memory_budget: int | None = None,
+    memory_budget: Budget = None,
     progress: bool = False,
     grad: GradPolicy = "auto",
-    grad_batch_size: int | None = None,
+    grad_batch_size: Size = None,
     **kwargs: Any,
 ) -> BatchVmap:
     """`jax.vmap(f, in_axes)` evaluated in chunks of `batch_size` rows (adv-jax-math 1.3 API).
@@ -336,6 +343,8 @@ def batch_vmap(
         ```
     """
     who = "batch_vmap"
+    check_in_axes(who, in_axes)
+    memory_budget = check_budget(who, "memory_budget", memory_budget)
     batch_size = check_options(who, batch_size, kwargs, memory_budget, shard, mesh)
     grad_batch_size = check_grad_options(who, batch_size, grad, grad_batch_size)
     reducer, post = reducer_for(who, reduction, chunk_reduction, reducer, grad)
@@ -348,7 +357,7 @@ def batch_vmap(
 def check_grad_options(who: str, batch_size: Any, grad: str, grad_batch_size: Any) -> Any:
     """The reverse-mode options: a policy, and a backward size ("auto" with an "auto" map)."""
     check_choice(who, "grad", grad, ("auto", "fused", "recompute", "store"))
-    check_positive(who, "grad_batch_size", grad_batch_size)
+    grad_batch_size = check_positive(who, "grad_batch_size", grad_batch_size)
     if grad_batch_size is not None and batch_size is None:
         raise ValueError(
             f"`{who}(grad_batch_size={grad_batch_size!r})`: a backward chunk size needs a "
@@ -378,7 +387,7 @@ def batch_map(
     fun: Callable[[Any], Any],
     fun_input: Any,
     /,
-    batch_size: int | Literal["auto"] | None = None,
+    batch_size: Size | Literal["auto"] = None,
     *,
     reduction: Callable[[Any, Any], Any] | None = None,
     chunk_reduction: Callable[[Any], Any] = identity,
@@ -387,10 +396,10 @@ def batch_map(
     shard: bool = False,
     mesh: Mesh | None = None,
     checkpoint: bool = True,
-    memory_budget: int | None = None,
+    memory_budget: Budget = None,
     progress: bool = False,
     grad: GradPolicy = "auto",
-    grad_batch_size: int | None = None,
+    grad_batch_size: Size = None,
     **kwargs: Any,
 ) -> Any:
     """`chunk_reduction(fun(fun_input))` computed in chunks; `fun` is *not* vmapped.
@@ -431,6 +440,7 @@ def batch_map(
         ```
     """
     who = "batch_map"
+    memory_budget = check_budget(who, "memory_budget", memory_budget)
     batch_size = check_options(who, batch_size, kwargs, memory_budget, shard, mesh)
     check_strip(who, strip_dim0, batch_size)
     grad_batch_size = check_grad_options(who, batch_size, grad, grad_batch_size)

@@ -19,6 +19,7 @@ from jaxtyping import jaxtyped
 
 from chunkx import MemoryPlan, compiled_temp_bytes, fit_memory
 from chunkx._checks import check_positive
+from chunkx._types import Size
 
 from ._format import prod
 from ._transpose import tv_probe_derivatives_transpose
@@ -117,7 +118,7 @@ def estimate_chunk_size(
     *,
     n_tangent: int = 1,
     stack_shape: Sequence[int] = (),
-    n_shards: int = 1,
+    n_shards: Size = 1,
     dtype=None,
 ) -> int:
     """A memory-balanced `chunk_size` for the transposes, from the problem shapes.
@@ -174,7 +175,7 @@ def max_chunk_size_within(
     *,
     n_tangent: int = 1,
     stack_shape: Sequence[int] = (),
-    n_shards: int = 1,
+    n_shards: Size = 1,
     dtype=None,
 ) -> int:
     """The largest `chunk_size` whose measured XLA temp memory fits `target_bytes` per device.
