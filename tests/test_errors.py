@@ -107,3 +107,25 @@ def test_zero_dim_mapped_leaf():
 def test_not_callable():
     with pytest.raises(TypeError, match=r"batch_vmap(.|\n)*parameter 'f'(.|\n)*Actual value: 3"):
         chunkx.batch_vmap(3)
+
+
+def test_errors_name_the_function_called():
+    """The peers' names, not the combinators' a map is built from."""
+    with pytest.raises(ValueError, match=r"^`vmap_chunked\(in_axes=\(0, 0\)\)`: in_axes has 2 entries but the function was called with 1 positional argument\.$"):
+        chunkx.vmap_chunked(lambda a, b: a, (0, 0), chunk_size=2, axis_0_is_sharded=False)(x10)
+    with pytest.raises(ValueError, match=r"^`apply_chunked`: mapped arguments must share the length of their leading axis, got argument 0 shape \(10,\), argument 1 shape \(4,\)\.$"):
+        chunkx.apply_chunked(jnp.add, chunk_size=2, axis_0_is_sharded=False)(x10, jnp.ones(4))
+    with pytest.raises(ValueError, match=r"^`batch_vmap\(reduction=\.\.\.\)`: chunk_reduction must remove the mapped axis"):
+        chunkx.batch_vmap(jnp.sin, batch_size=3, reduction=jnp.add, chunk_reduction=lambda o: o)(x10)
+
+
+def test_length_mismatch_lists_arguments_in_order():
+    with pytest.raises(ValueError, match=r"got argument 0 shape \(10,\), argument 1 shape \(4,\)\.$"):
+        chunkx.batch_vmap(jnp.add, batch_size=3)(x10, jnp.ones(4))
+
+
+def test_vmap_of_a_non_callable_fails_when_built():
+    """When built, not when called (`'str' object is not callable`); under the jaxtyping import
+    hook the field's annotation catches it first."""
+    with pytest.raises(TypeError, match=r"^`Vmap\(fn='loss'\)`: fn must be callable \(the per-example function\), got str\.$|Vmap(.|\n)*'fn'(.|\n)*'loss'"):
+        chunkx.Vmap("loss")

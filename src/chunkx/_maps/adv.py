@@ -1,5 +1,6 @@
 """`batch_vmap` and `batch_map`: adv-jax-math 1.3 semantics, composed from the combinators."""
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -22,7 +23,7 @@ from .._checks import (
     resolve_batch_size,
 )
 from .._combinators._rows import mapped_length
-from .._combinators._sharding import call_mesh, on_inputs_mesh
+from .._combinators._sharding import auto_twin, call_mesh, on_inputs_mesh, to_mesh
 from .._combinators.chunk import Chunk, Reduce
 from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
 from .._combinators.shard import Shard
@@ -140,6 +141,10 @@ class BatchVmap(eqx.Module):
     )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        twin = auto_twin((args, kwargs)) if self.shard and self.mesh is None else None
+        if twin is not None:  # inputs on a caller's Explicit mesh: as adv, on an Auto mesh
+            args, kwargs = to_mesh((args, kwargs), twin)
+            return dataclasses.replace(self, mesh=twin)._call(args, kwargs)
         with on_inputs_mesh((args, kwargs)):
             return self._call(args, kwargs)
 
