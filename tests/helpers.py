@@ -90,6 +90,21 @@ def cases():
     return list(itertools.product(SIZES, DTYPES))
 
 
+# Nested maps: an outer map sharded over a 1-D mesh around an inner chunked map, swept over
+# rows left over by the mesh (6 and 3 rows on 4 devices; 8: none), Auto/Explicit mesh axes,
+# eager/jit, reverse/forward mode, and the inner reducer (Sum: a reduction; Concat: rows).
+NESTED_ROWS = [6, 3, 8]
+NESTED_CASES = [
+    (rows, kind, mode, deriv, inner)
+    for rows in NESTED_ROWS
+    for kind in ("auto", "explicit")
+    for mode in ("eager", "jit")
+    for deriv in ("grad", "jvp")
+    for inner in ("sum", "concat")
+    if (rows + len(kind) + len(mode) + len(deriv) + len(inner)) % 2 == 0 or rows == 6
+]
+
+
 class BackendCompiles:
     """Counts XLA backend compilations (`jax.monitoring` compile events) inside a `with`."""
 

@@ -4,6 +4,7 @@ Every public function and combinator validates through these, so one kind of arg
 always checked, and reported, the same way.
 """
 
+import operator
 from typing import Any
 
 import numpy as np
@@ -12,17 +13,51 @@ from jax.sharding import Mesh
 from ._types import AxisSpec, InAxes
 
 
+def as_size(value: Any) -> Any:
+    """An integer scalar of any integer type (Python, NumPy, a concrete JAX integer) as an int.
+
+    `operator.index` decides what is an integer; anything else (a float, a string, a tracer)
+    comes back unchanged, for the check that follows to report. Modules use it as the
+    `converter` of their size fields, so a stored size is a hashable Python int.
+    """
+    if value is None or isinstance(value, bool | str):
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        return value
+
+
 def check_positive(who: str, name: str, value: Any, *, allow_none: bool = True) -> Any:
-    """Raise unless `value` is a positive int (NumPy ints too), or `None` where allowed."""
+    """Raise unless `value` is a positive integer of any integer type (`operator.index`), or
+    `None` where allowed; return it as a Python int."""
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+    size = as_size(value)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         kind = "a positive int or None" if allow_none else "a positive int"
         raise ValueError(
             f"`{who}({name}={value!r})`: {name} must be {kind}, got {value!r} "
             f"({type(value).__name__})."
         )
-    return int(value)
+    return size
+
+
+def check_budget(who: str, name: str, value: Any, *, allow_none: bool = True) -> Any:
+    """A memory budget in bytes: a positive integer of any integer type, or an integral float
+    (`64e6`, a NumPy float); returned as a Python int (`None` where allowed)."""
+    if value is None and allow_none:
+        return None
+    size = as_size(value)
+    if isinstance(size, float | np.floating) and np.isfinite(size) and float(size).is_integer():
+        size = int(size)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        kind = " or None" if allow_none else ""
+        raise ValueError(
+            f"`{who}({name}={value!r})`: {name} must be a positive number of bytes (an int or "
+            f"an integral float such as 64e6){kind}, got {value!r} ({type(value).__name__})."
+        )
+    return size
 
 
 def check_choice(who: str, name: str, value: Any, choices: tuple) -> Any:
@@ -46,10 +81,10 @@ def as_in_axes(in_axes: InAxes) -> int | None | tuple[AxisSpec, ...]:
     return tuple(in_axes) if isinstance(in_axes, list) else in_axes
 
 
-def in_axes_tuple(who: str, in_axes: InAxes, nargs: int) -> tuple[AxisSpec, ...]:
-    """One int/`None` entry per positional argument (ints may be any axis)."""
+def check_in_axes(who: str, in_axes: Any) -> None:
+    """Raise unless `in_axes` is an int, `None`, or a tuple/list of ints and `None`s."""
     if in_axes is None or (isinstance(in_axes, int) and not isinstance(in_axes, bool)):
-        return (in_axes,) * nargs
+        return
     if not isinstance(in_axes, tuple | list):
         raise TypeError(
             f"`{who}(in_axes={in_axes!r})`: in_axes must be an int, None or a tuple of them, "
@@ -60,10 +95,22 @@ def in_axes_tuple(who: str, in_axes: InAxes, nargs: int) -> tuple[AxisSpec, ...]
             raise ValueError(
                 f"`{who}(in_axes={in_axes!r})`: entries must be ints or None, got {a!r}."
             )
+
+
+def _count(k: int, one: str, many: str) -> str:
+    return f"{k} {one if k == 1 else many}"
+
+
+def in_axes_tuple(who: str, in_axes: InAxes, nargs: int) -> tuple[AxisSpec, ...]:
+    """One int/`None` entry per positional argument (ints may be any axis)."""
+    check_in_axes(who, in_axes)
+    if not isinstance(in_axes, tuple | list):
+        return (in_axes,) * nargs
     if len(in_axes) != nargs:
         raise ValueError(
-            f"`{who}(in_axes={in_axes!r})`: in_axes has {len(in_axes)} entries but the "
-            f"function was called with {nargs} positional arguments."
+            f"`{who}(in_axes={in_axes!r})`: in_axes has "
+            f"{_count(len(in_axes), 'entry', 'entries')} but the function was called with "
+            f"{_count(nargs, 'positional argument', 'positional arguments')}."
         )
     return tuple(in_axes)
 
@@ -109,7 +156,7 @@ def resolve_batch_size(
     if batch_size != "auto":
         batch_size = check_positive(who, name, batch_size)
     if memory_budget is not None:
-        check_positive(who, "memory_budget", memory_budget)
+        check_budget(who, "memory_budget", memory_budget)
         if batch_size != "auto":
             won = "" if alias is None or name == "chunk_size" else (
                 f" ({name} wins over its alias chunk_size={alias!r})"

@@ -8,6 +8,7 @@ import pathlib
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import chunkx.t3 as t3
@@ -60,11 +61,62 @@ def test_estimate_cuts_memory_with_equal_chunks():
 
 
 @pytest.mark.parametrize("fraction", [0.4])
-def test_max_chunk_size_within_fits_its_budget(fraction):
+def test_max_chunk_size_within_program_scope_fits_its_budget(fraction):
+    """`scope="program"`: the whole transpose program's XLA temp within the budget."""
     full = temp_bytes(W, None)
     target = int(fraction * full)
-    cs = t3.max_chunk_size_within(**SHAPE, n_probes=W, target_bytes=target)
+    cs = t3.max_chunk_size_within(**SHAPE, n_probes=W, target_bytes=target, scope="program")
     assert isinstance(cs, int) and 1 <= cs < W
     assert temp_bytes(W, cs) <= target
     assert temp_bytes(W, min(W, 2 * cs)) > target  # not far below what fits
     assert t3.max_chunk_size_within(**SHAPE, n_probes=W, target_bytes=10 * full) == W
+
+
+# -- t3toolbox's contracts (its own tests' assertions, against t3toolbox itself) ----------------
+
+BASELINE = ((40,) * 6, (8,) * 6, (1,) + (8,) * 5 + (1,), 2)  # d=6, N=40, n=8, r=8, order 2
+
+
+def _per_row_independent(W=512, lo=128, hi=256):
+    """Bytes per probe of a chunk, from XLA's memory analysis of the transpose (not chunkx's)."""
+    return (temp_bytes(W, hi) - temp_bytes(W, lo)) / (hi - lo)
+
+
+@pytest.mark.parametrize("target", [1, 3000, 10**5, 4e5, 10**9])
+def test_max_chunk_size_within_caps_the_assembly_as_t3toolbox(target):
+    """t3toolbox's contract: `cs * per_row <= target`, at least 1, at most the local W."""
+    cs = t3.max_chunk_size_within(**SHAPE, n_probes=W, target_bytes=target)
+    per_row = _per_row_independent()
+    assert isinstance(cs, int) and 1 <= cs <= W
+    if cs > 1:
+        assert cs * per_row <= target * 1.001
+    if cs < W:  # not far below the cap: equal chunks of at most cs
+        assert 2 * (cs + 1) * per_row > target
+
+
+def test_max_chunk_size_within_matches_t3toolbox():
+    """A budget below the whole program (19.7 MB) still gets a chunk, as in t3toolbox (51)."""
+    sd = pytest.importorskip("t3toolbox.backend.sampling_derivatives")
+    for target, shards in [(10**6, 1), (10**6, 4), (1e8, 1), (1e8, 4)]:
+        ours = t3.max_chunk_size_within(*BASELINE, 4096, target, n_shards=shards)
+        theirs = sd.max_chunk_size_within(*BASELINE, 4096, target, n_shards=shards)
+        assert abs(ours - theirs) <= 0.1 * theirs, (target, shards, ours, theirs)
+    with pytest.raises(ValueError, match=r"the budget is smaller than one row"):
+        t3.max_chunk_size_within(*BASELINE, 4096, 10**6, scope="program")  # the whole program
+
+
+@pytest.mark.parametrize("as_numpy", [False, True])
+def test_sharding_sizes_the_local_shard(as_numpy):
+    """t3toolbox's `test_sharding_sizes_the_local_shard`: each device's chunk shrinks with its
+    share of the probes; chunkx keeps equal chunks and the 256-probe floor per chunk step."""
+    sd = pytest.importorskip("t3toolbox.backend.sampling_derivatives")
+    cast = np.int64 if as_numpy else int
+    n_probes = cast(4000)
+    one = t3.estimate_chunk_size(**SHAPE, n_probes=n_probes)
+    four = t3.estimate_chunk_size(**SHAPE, n_probes=n_probes, n_shards=cast(4))
+    assert round(one / four) == 4
+    args = tuple(SHAPE.values())
+    assert round(sd.estimate_chunk_size(*args, 4000) / sd.estimate_chunk_size(
+        *args, 4000, n_shards=4)) == 4
+    assert four == -(-1000 // -(-1000 // four))  # equal chunks of the local 1000 probes
+    assert t3.estimate_chunk_size(**SHAPE, n_probes=240, n_shards=4) == 60  # small: unchunked

@@ -41,7 +41,7 @@ def mapped_length(args: tuple, axes: tuple[AxisSpec, ...], who: str) -> int:
             "hold no array leaves; a mapped argument needs at least one array."
         )
     if len(lengths) > 1:
-        seen = ", ".join(s for _, s in sorted(lengths.items()))
+        seen = ", ".join(lengths.values())  # in argument order
         raise ValueError(
             f"`{who}`: mapped arguments must share the length of their leading axis, got {seen}."
         )

@@ -85,3 +85,50 @@ def place(x, mesh: Mesh | AbstractMesh, spec: P):
     if is_explicit(mesh):
         return jax.sharding.reshard(x, sharding)
     return jax.lax.with_sharding_constraint(x, sharding)
+
+
+def auto_twin(args) -> Mesh | None:
+    """With no context mesh, inputs typed on an Explicit mesh: an Auto mesh of that shape.
+
+    JAX's eager `jax.grad` cannot start from an output typed on an Explicit mesh unless a
+    context mesh is set (`jax.set_mesh`); a map run on an Auto mesh returns an output that is
+    not typed on a mesh, as adv-jax-math's sharded maps (always on an Auto mesh) do. `None` in
+    a context mesh, where no input is typed on an Explicit mesh, or where that mesh does not
+    span every device (an abstract mesh's devices are not known under a trace).
+    """
+    if not jax.sharding.get_abstract_mesh().empty:
+        return None
+    for leaf in jax.tree_util.tree_leaves(args):
+        found = mesh_of(leaf) if eqx.is_array(leaf) else None
+        if found is not None and is_explicit(found):
+            auto = (AxisType.Auto,) * len(found.axis_names)
+            if isinstance(found, Mesh):
+                return Mesh(found.devices, found.axis_names, axis_types=auto)
+            if found.size != jax.device_count():
+                return None
+            return jax.make_mesh(found.axis_sizes, found.axis_names, axis_types=auto)
+    return None
+
+
+def to_mesh(args, mesh: Mesh):
+    """Every array leaf typed on an Explicit mesh, resharded replicated onto `mesh`."""
+
+    def move(x):
+        found = mesh_of(x) if eqx.is_array(x) else None
+        if found is None or not is_explicit(found):
+            return x
+        return jax.sharding.reshard(x, NamedSharding(mesh, P()))
+
+    return jax.tree_util.tree_map(move, args)
+
+
+def typed_like(buf, x):
+    """`buf` typed on the Explicit mesh `x` is typed on (same spec), where `buf` is on none.
+
+    A buffer made with `jnp.zeros` under `jit` without a context mesh is on no mesh; JAX
+    rejects writing rows typed on an Explicit mesh into it.
+    """
+    mesh = mesh_of(x)
+    if mesh is None or not is_explicit(mesh) or mesh_of(buf) is not None:
+        return buf
+    return jax.sharding.reshard(buf, NamedSharding(mesh, jax.typeof(x).sharding.spec))

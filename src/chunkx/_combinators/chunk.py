@@ -6,7 +6,7 @@ from typing import Any, Literal
 import equinox as eqx
 import jax
 
-from .._checks import as_in_axes, check_choice, check_positive, zero_in_axes
+from .._checks import as_in_axes, as_size, check_budget, check_choice, check_positive, zero_in_axes
 from .._plan.auto import auto_call, default_grad_wrt, forward_plan, planned_tree, reverse_plan
 from .._plan.search import MemoryPlan
 from .._types import GradPolicy, InAxes, Remainder, RowMask
@@ -15,6 +15,15 @@ from ._sharding import on_inputs_mesh
 from .fused import fused_call, grad_policy, regrad_call
 from .loop import chunk_loop, evaluate
 from .reduce import AbstractReducer, Concat
+
+
+def _as_budget(value: Any) -> Any:
+    """An integral float or NumPy number budget as an int (anything else unchanged, for the
+    check that follows)."""
+    try:
+        return check_budget("Chunk", "memory_budget", value)
+    except ValueError:
+        return value
 
 
 class Reduce(eqx.Module):
@@ -136,16 +145,18 @@ class Chunk(eqx.Module):
     """
 
     fn: Callable[..., Any]
-    size: int | Literal["auto"] | None = eqx.field(static=True)
+    size: int | Literal["auto"] | None = eqx.field(static=True, converter=as_size)
     reducer: AbstractReducer = Concat()
     in_axes: InAxes = eqx.field(static=True, default=0, converter=as_in_axes)
     remainder: Remainder | None = eqx.field(static=True, default=None)
     checkpoint: bool = eqx.field(static=True, default=True)
     grad: GradPolicy = eqx.field(static=True, default="auto")
-    grad_size: int | Literal["auto"] | None = eqx.field(static=True, default=None)
-    unroll: int = eqx.field(static=True, default=1)
+    grad_size: int | Literal["auto"] | None = eqx.field(
+        static=True, default=None, converter=as_size
+    )
+    unroll: int = eqx.field(static=True, default=1, converter=as_size)
     progress: bool = eqx.field(static=True, default=False)
-    memory_budget: int | None = eqx.field(static=True, default=None)
+    memory_budget: int | None = eqx.field(static=True, default=None, converter=_as_budget)
     owner: tuple[str, str, str, str] | None = eqx.field(static=True, default=None)
 
     def __check_init__(self):
@@ -157,7 +168,7 @@ class Chunk(eqx.Module):
         check_choice("Chunk", "grad", self.grad, ("auto", "fused", "recompute", "store"))
         if self.grad_size != "auto":
             check_positive("Chunk", "grad_size", self.grad_size)
-        check_positive("Chunk", "memory_budget", self.memory_budget)
+        check_budget("Chunk", "memory_budget", self.memory_budget)
         if self.grad_size is not None and self.grad == "store":
             raise ValueError(
                 f"`Chunk(grad='store', grad_size={self.grad_size!r})`: a backward chunk size "

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
 from ._rows import join_args, rows, struct_of, zeros_like_struct
+from ._sharding import typed_like
 from .loop import chunk_loop, evaluate
 
 #: `grad="auto"` fuses where the reduced output has at most this many real elements.
@@ -200,6 +201,7 @@ class _FusedAcc:
         vec, jw = jax.tree_util.tree_map(jnp.add, acc[:2], part[:2])
 
         def add_rows(buf, j):
+            buf = typed_like(buf, j)
             old = jax.lax.dynamic_slice_in_dim(buf, start, j.shape[1], axis=1)
             return jax.lax.dynamic_update_slice_in_dim(buf, old + j, start, axis=1)
 

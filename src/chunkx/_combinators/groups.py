@@ -13,7 +13,7 @@ from typing import Any
 
 import equinox as eqx
 
-from .._checks import as_in_axes, check_positive, zero_in_axes
+from .._checks import as_in_axes, as_size, check_positive, zero_in_axes
 from .._types import InAxes
 from ._rows import map_mapped, mapped_length
 
@@ -32,8 +32,8 @@ class Groups(eqx.Module):
     """
 
     fn: Callable[..., Any]
-    groups: int = eqx.field(static=True)
-    size: int = eqx.field(static=True)
+    groups: int = eqx.field(static=True, converter=as_size)
+    size: int = eqx.field(static=True, converter=as_size)
     in_axes: InAxes = eqx.field(static=True, default=0, converter=as_in_axes)
 
     def __check_init__(self):

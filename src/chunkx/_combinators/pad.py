@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import as_in_axes, check_choice, check_positive, zero_in_axes
+from .._checks import as_in_axes, as_size, check_choice, check_positive, zero_in_axes
 from .._types import AxisSpec, InAxes, RowMask
 from ._rows import map_mapped, mapped_length
 from ._sharding import on_inputs_mesh
@@ -105,7 +105,7 @@ class Pad(eqx.Module):
     """
 
     fn: Callable[..., Any]
-    multiple: int = eqx.field(static=True)
+    multiple: int = eqx.field(static=True, converter=as_size)
     reducer: AbstractReducer | None = None
     in_axes: InAxes = eqx.field(static=True, default=0, converter=as_in_axes)
     fill: Fill = eqx.field(static=True, default="edge")

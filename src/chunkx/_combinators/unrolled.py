@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import as_in_axes, check_positive, zero_in_axes
+from .._checks import as_in_axes, as_size, check_positive, zero_in_axes
 from .._progress import ticker
 from .._types import InAxes
 from ._rows import map_mapped, mapped_length
@@ -25,7 +25,7 @@ class Unrolled(eqx.Module):
     """
 
     fn: Callable[..., Any]
-    size: int = eqx.field(static=True)
+    size: int = eqx.field(static=True, converter=as_size)
     reducer: AbstractReducer = Concat()
     in_axes: InAxes = eqx.field(static=True, default=0, converter=as_in_axes)
     progress: bool = eqx.field(static=True, default=False)

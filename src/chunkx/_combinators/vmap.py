@@ -36,6 +36,13 @@ class Vmap(eqx.Module):
     in_axes: InAxes = eqx.field(static=True, default=0, converter=as_in_axes)
     out_axes: Any = eqx.field(static=True, default=0)
 
+    def __check_init__(self):
+        if not callable(self.fn):
+            raise TypeError(
+                f"`Vmap(fn={self.fn!r})`: fn must be callable (the per-example function), got "
+                f"{type(self.fn).__name__}."
+            )
+
     def __call__(self, *args: Any) -> Any:
         axes = zero_in_axes("Vmap", self.in_axes, len(args))
         spec = tuple(None if a is None else eqx.if_array(0) for a in axes)

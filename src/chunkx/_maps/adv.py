@@ -1,5 +1,6 @@
 """`batch_vmap` and `batch_map`: adv-jax-math 1.3 semantics, composed from the combinators."""
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -12,21 +13,24 @@ from jaxtyping import jaxtyped
 
 from .._checks import (
     as_in_axes,
+    as_size,
+    check_budget,
     check_choice,
+    check_in_axes,
     check_mesh_1d,
     check_positive,
     in_axes_tuple,
     resolve_batch_size,
 )
 from .._combinators._rows import mapped_length
-from .._combinators._sharding import call_mesh, on_inputs_mesh
+from .._combinators._sharding import auto_twin, call_mesh, on_inputs_mesh, to_mesh
 from .._combinators.chunk import Chunk, Reduce
 from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
 from .._combinators.shard import Shard
 from .._combinators.vmap import Vmap
 from .._plan.measure import per_device_rows
 from .._plan.search import MemoryPlan
-from .._types import GradPolicy, InAxes
+from .._types import Budget, GradPolicy, InAxes, Size
 from ._axes import move_axis, normalize_axis
 
 
@@ -175,7 +179,7 @@ class BatchVmap(eqx.Module):
 
     f: Callable[..., Any]
     in_axes: InAxes = eqx.field(static=True, converter=as_in_axes)
-    batch_size: int | Literal["auto"] | None = eqx.field(static=True)
+    batch_size: int | Literal["auto"] | None = eqx.field(static=True, converter=as_size)
     reducer: AbstractReducer
     post: Callable | None = eqx.field(static=True)
     shard: bool = eqx.field(static=True)
@@ -184,14 +188,22 @@ class BatchVmap(eqx.Module):
     memory_budget: int | None = eqx.field(static=True, default=None)
     progress: bool = eqx.field(static=True, default=False)
     grad: GradPolicy = eqx.field(static=True, default="auto")
-    grad_batch_size: int | Literal["auto"] | None = eqx.field(static=True, default=None)
+    grad_batch_size: int | Literal["auto"] | None = eqx.field(
+        static=True, default=None, converter=as_size
+    )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        twin = auto_twin((args, kwargs)) if self.shard and self.mesh is None else None
+        if twin is not None:  # inputs on a caller's Explicit mesh: as adv, on an Auto mesh
+            args, kwargs = to_mesh((args, kwargs), twin)
+            return dataclasses.replace(self, mesh=twin)._call(args, kwargs)
         with on_inputs_mesh((args, kwargs)):
             return self._call(args, kwargs)
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
         f, zero, args = self._prepare(args, kwargs)
+        if isinstance(self.reducer, Monoid):  # checked in the name the user called
+            self.reducer.check_rows(eqx.filter_eval_shape(Vmap(f, zero), *args), "batch_vmap")
         out = self._build(f, zero)(*args)
         return out if self.post is None else self.post(out)
 
@@ -269,17 +281,17 @@ def batch_vmap(
     /,
     in_axes: InAxes = 0,
     *,
-    batch_size: int | Literal["auto"] | None = None,
+    batch_size: Size | Literal["auto"] = None,
     reduction: Callable[[Any, Any], Any] | None = None,
     chunk_reduction: Callable[[Any], Any] = identity,
     reducer: AbstractReducer | None = None,
     shard: bool = False,
     mesh: Mesh | None = None,
     checkpoint: bool = True,
-    memory_budget: int | None = None,
+    memory_budget: Budget = None,
     progress: bool = False,
     grad: GradPolicy = "auto",
-    grad_batch_size: int | None = None,
+    grad_batch_size: Size = None,
     **kwargs: Any,
 ) -> BatchVmap:
     """`jax.vmap(f, in_axes)` evaluated in chunks of `batch_size` rows (adv-jax-math 1.3 API).
@@ -355,6 +367,8 @@ def batch_vmap(
         ```
     """
     who = "batch_vmap"
+    check_in_axes(who, in_axes)
+    memory_budget = check_budget(who, "memory_budget", memory_budget)
     batch_size = check_options(who, batch_size, kwargs, memory_budget, shard, mesh)
     grad_batch_size = check_grad_options(who, batch_size, grad, grad_batch_size)
     reducer, post = reducer_for(who, reduction, chunk_reduction, reducer, grad)
@@ -367,7 +381,7 @@ def batch_vmap(
 def check_grad_options(who: str, batch_size: Any, grad: str, grad_batch_size: Any) -> Any:
     """The reverse-mode options: a policy, and a backward size ("auto" with an "auto" map)."""
     check_choice(who, "grad", grad, ("auto", "fused", "recompute", "store"))
-    check_positive(who, "grad_batch_size", grad_batch_size)
+    grad_batch_size = check_positive(who, "grad_batch_size", grad_batch_size)
     if grad_batch_size is not None and batch_size is None:
         raise ValueError(
             f"`{who}(grad_batch_size={grad_batch_size!r})`: a backward chunk size needs a "
@@ -397,7 +411,7 @@ def batch_map(
     fun: Callable[[Any], Any],
     fun_input: Any,
     /,
-    batch_size: int | Literal["auto"] | None = None,
+    batch_size: Size | Literal["auto"] = None,
     *,
     reduction: Callable[[Any, Any], Any] | None = None,
     chunk_reduction: Callable[[Any], Any] = identity,
@@ -406,10 +420,10 @@ def batch_map(
     shard: bool = False,
     mesh: Mesh | None = None,
     checkpoint: bool = True,
-    memory_budget: int | None = None,
+    memory_budget: Budget = None,
     progress: bool = False,
     grad: GradPolicy = "auto",
-    grad_batch_size: int | None = None,
+    grad_batch_size: Size = None,
     **kwargs: Any,
 ) -> Any:
     """`chunk_reduction(fun(fun_input))` computed in chunks; `fun` is *not* vmapped.
@@ -452,6 +466,7 @@ def batch_map(
         ```
     """
     who = "batch_map"
+    memory_budget = check_budget(who, "memory_budget", memory_budget)
     batch_size = check_options(who, batch_size, kwargs, memory_budget, shard, mesh)
     check_strip(who, strip_dim0, batch_size)
     grad_batch_size = check_grad_options(who, batch_size, grad, grad_batch_size)

@@ -11,18 +11,26 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import jaxtyped
 
-from .._checks import resolve_batch_size
+from .._checks import as_size, resolve_batch_size
+from .._types import Size
 from .adv import batch_vmap
 
 Argnums = int | tuple[int, ...]
 
 
-def _index(argnums: Any) -> Argnums:
+def _index(who: str, argnums: Any) -> Argnums:
     """An int, or a tuple of ints (JAX's rule for `argnums`)."""
     try:
         return operator.index(argnums)
     except TypeError:
+        pass
+    try:
         return tuple(map(operator.index, argnums))
+    except TypeError:
+        raise TypeError(
+            f"`{who}(argnums={argnums!r})`: argnums must be an int or a sequence of ints, "
+            f"got {argnums!r}."
+        ) from None
 
 
 def _partial(fun, argnums, args, kwargs):
@@ -117,7 +125,7 @@ class BatchJacfwd(eqx.Module):
     argnums: Argnums = eqx.field(static=True)
     has_aux: bool = eqx.field(static=True)
     holomorphic: bool = eqx.field(static=True)
-    batch_size: int | None = eqx.field(static=True)
+    batch_size: int | None = eqx.field(static=True, converter=as_size)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         f, dyn = _partial(self.fun, self.argnums, args, kwargs)
@@ -172,7 +180,7 @@ class BatchJacrev(eqx.Module):
     has_aux: bool = eqx.field(static=True)
     holomorphic: bool = eqx.field(static=True)
     allow_int: bool = eqx.field(static=True)
-    batch_size: int | None = eqx.field(static=True)
+    batch_size: int | None = eqx.field(static=True, converter=as_size)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         f, dyn = _partial(self.fun, self.argnums, args, kwargs)
@@ -198,11 +206,11 @@ class BatchJacrev(eqx.Module):
 @jaxtyped(typechecker=beartype)
 def batch_jacfwd(
     fun: Any,
-    argnums: int | Sequence[int] = 0,
+    argnums: int | Sequence = 0,
     has_aux: bool = False,
     holomorphic: bool = False,
     *,
-    batch_size: int | None = None,
+    batch_size: Size = None,
     **kwargs: Any,
 ) -> BatchJacfwd:
     """`jax.jacfwd(fun, argnums, has_aux, holomorphic)`, with the columns in chunks.
@@ -244,7 +252,7 @@ def batch_jacfwd(
         assert jnp.allclose(J, jax.jacfwd(jnp.sin)(x))
         ```
     """
-    argnums = _index(argnums)
+    argnums = _index("batch_jacfwd", argnums)
     jax.jacfwd(fun, argnums, has_aux, holomorphic)  # JAX's checks of fun and argnums
     batch_size = resolve_batch_size("batch_jacfwd", batch_size, kwargs, auto=False)
     return BatchJacfwd(fun, argnums, has_aux, holomorphic, batch_size)
@@ -253,12 +261,12 @@ def batch_jacfwd(
 @jaxtyped(typechecker=beartype)
 def batch_jacrev(
     fun: Any,
-    argnums: int | Sequence[int] = 0,
+    argnums: int | Sequence = 0,
     has_aux: bool = False,
     holomorphic: bool = False,
     allow_int: bool = False,
     *,
-    batch_size: int | None = None,
+    batch_size: Size = None,
     **kwargs: Any,
 ) -> BatchJacrev:
     """`jax.jacrev(fun, argnums, has_aux, holomorphic, allow_int)`, with the rows in chunks.
@@ -299,7 +307,7 @@ def batch_jacrev(
         assert jnp.allclose(J, jax.jacrev(f)(jnp.ones(50)))
         ```
     """
-    argnums = _index(argnums)
+    argnums = _index("batch_jacrev", argnums)
     jax.jacrev(fun, argnums, has_aux, holomorphic, allow_int)  # JAX's check of fun
     batch_size = resolve_batch_size("batch_jacrev", batch_size, kwargs, auto=False)
     return BatchJacrev(fun, argnums, has_aux, holomorphic, allow_int, batch_size)

@@ -10,13 +10,15 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import PyTree, jaxtyped
 
-from .._checks import check_positive
+from .._checks import as_size, check_positive, in_axes_tuple
+from .._combinators._rows import mapped_length
 from .._combinators.chunk import Chunk
 from .._combinators.reduce import AbstractReducer, Concat, Sum
 from .._combinators.shard import Shard
 from .._combinators.vmap import Vmap
+from .._types import InAxes, Size
 
-Argnums = int | tuple[int, ...]
+Argnums = int | tuple  # entries checked by `_argnums` (beartype samples one of tuple[X, ...])
 
 
 # -- argument checks particular to netket's API (sizes: `chunkx._checks.check_positive`) -------
@@ -25,7 +27,9 @@ Argnums = int | tuple[int, ...]
 def _argnums(who: str, name: str, value: Argnums, nargs: int | None) -> tuple[int, ...]:
     nums = (value,) if isinstance(value, int) else tuple(value)
     for i in nums:
-        if isinstance(i, bool) or i < 0 or (nargs is not None and i >= nargs):
+        if not isinstance(i, int) or isinstance(i, bool) or i < 0 or (
+            nargs is not None and i >= nargs
+        ):
             expected = ("be non-negative argument indices" if nargs is None else
                         f"index the {nargs} primals (0 <= i < {nargs})")
             raise ValueError(f"`{who}({name}={value!r})`: {name} must {expected}, got {i!r}.")
@@ -72,23 +76,36 @@ def _pipeline(fn, size, reducer, in_axes, shard):
 # -- vmap_chunked / apply_chunked ---------------------------------------------------------------
 
 
+class _Named(eqx.Module):
+    """`fn(*args)`, with `in_axes` and the rows checked first in the name the user called."""
+
+    fn: Callable[..., Any]
+    in_axes: Any = eqx.field(static=True)
+    who: str = eqx.field(static=True)
+
+    def __call__(self, *args: Any) -> Any:
+        mapped_length(args, in_axes_tuple(self.who, self.in_axes, len(args)), self.who)
+        return self.fn(*args)
+
+
 def _apply(who, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums, lift):
     in_axes = _chunk_in_axes(who, in_axes)
-    check_positive(who, "chunk_size", chunk_size)
+    chunk_size = check_positive(who, "chunk_size", chunk_size)
     if pvary_argnums is not None:
         _argnums(who, "pvary_argnums", pvary_argnums, None)
     fn = Vmap(f, in_axes) if lift else f
     if chunk_size is None:
         return fn
-    return _pipeline(fn, chunk_size, Concat(), in_axes, _sharded(axis_0_is_sharded))
+    return _Named(_pipeline(fn, chunk_size, Concat(), in_axes, _sharded(axis_0_is_sharded)),
+                  in_axes, who)
 
 
 @jaxtyped(typechecker=beartype)
 def apply_chunked(
     f: Callable[..., Any],
-    in_axes: int | None | tuple[int | None, ...] | list[int | None] = 0,
+    in_axes: InAxes = 0,
     *,
-    chunk_size: int | None,
+    chunk_size: Size,
     axis_0_is_sharded: bool | None = None,
     pvary_argnums: Argnums | None = None,
 ) -> Callable[..., Any]:
@@ -123,8 +140,9 @@ def apply_chunked(
 
     **Returns:**
 
-    `f` when `chunk_size` is `None`, else a [`chunkx.Chunk`][] (inside a [`chunkx.Shard`][]
-    when sharded): an equinox Module `g(*args)`.
+    `f` when `chunk_size` is `None`, else an equinox Module `g(*args)` holding a
+    [`chunkx.Chunk`][] (inside a [`chunkx.Shard`][] when sharded); it checks the arguments
+    against `in_axes` in `apply_chunked`'s name first.
 
     !!! Example
 
@@ -142,9 +160,9 @@ def apply_chunked(
 @jaxtyped(typechecker=beartype)
 def vmap_chunked(
     f: Callable[..., Any],
-    in_axes: int | None | tuple[int | None, ...] | list[int | None] = 0,
+    in_axes: InAxes = 0,
     *,
-    chunk_size: int | None,
+    chunk_size: Size,
     axis_0_is_sharded: bool | None = None,
     pvary_argnums: Argnums | None = None,
 ) -> Callable[..., Any]:
@@ -171,8 +189,9 @@ def vmap_chunked(
 
     **Returns:**
 
-    A [`chunkx.Vmap`][] when `chunk_size` is `None`, else a [`chunkx.Chunk`][] of it (inside a
-    [`chunkx.Shard`][] when sharded): an equinox Module `g(*args)`.
+    A [`chunkx.Vmap`][] when `chunk_size` is `None`, else an equinox Module `g(*args)` holding
+    a [`chunkx.Chunk`][] of it (inside a [`chunkx.Shard`][] when sharded); it checks the
+    arguments against `in_axes` in `vmap_chunked`'s name first.
 
     !!! Example
 
@@ -302,6 +321,10 @@ class ChunkedVjp(eqx.Module):
     """The pullback returned by [`chunkx.vjp_chunked`][]; an equinox Module (a pytree).
 
     Call it with the cotangents of `fun`'s output (the same rows as the chunked primals).
+    It goes wherever netket's pullback (a `jax.tree_util.Partial`) goes: as the function given
+    to `jax.jit` (the primals are then constants of the compiled program; the pullback hashes
+    by identity), as an argument of a jitted function (its leaves are the primals and the
+    arrays `fun` holds; the rest of `fun` is static), and through `eqx.filter_jit`.
 
     !!! Example
 
@@ -315,19 +338,30 @@ class ChunkedVjp(eqx.Module):
         gw, gx = pull(ct)
         rw, rx = jax.vjp(f, w, x)[1](ct)
         assert jnp.allclose(gw, rw) and jnp.allclose(gx, rx)
+        assert jnp.allclose(jax.jit(pull)(ct)[0], rw)                  # netket's jax.jit(pull)
+        assert jnp.allclose(jax.jit(lambda p, c: p(c))(pull, ct)[0], rw)  # or as an argument
         ```
     """
 
-    fun: Callable[..., Any]
+    fun_arrays: Any  # the arrays `fun` holds (a pytree argument under `jax.jit`)
+    fun_static: Any = eqx.field(static=True)  # the rest of `fun`
     primals: tuple
     chunk_argnums: tuple[int, ...] = eqx.field(static=True)
     nondiff_argnums: tuple[int, ...] = eqx.field(static=True)
-    chunk_size: int | None = eqx.field(static=True)
-    chunk_size_bwd: int | None = eqx.field(static=True)
+    chunk_size: int | None = eqx.field(static=True, converter=as_size)
+    chunk_size_bwd: int | None = eqx.field(static=True, converter=as_size)
     return_forward: bool = eqx.field(static=True)
     conjugate: bool = eqx.field(static=True)
     has_aux: bool = eqx.field(static=True)
     shard: bool = eqx.field(static=True)
+
+    # netket's pullback, a `Partial`, is accepted as `jax.jit`'s function, which is hashed: by
+    # identity here, as a function is (the fields hold arrays, which have no hash).
+    __hash__ = object.__hash__
+
+    @property
+    def fun(self) -> Callable[..., Any]:
+        return eqx.combine(self.fun_arrays, self.fun_static)
 
     def __call__(self, cotangents: PyTree[Any]) -> Any:
         fwd = self.chunk_size
@@ -395,11 +429,11 @@ def vjp_chunked(
     *primals: PyTree[Any],
     has_aux: bool = False,
     chunk_argnums: Argnums = (),
-    chunk_size: int | None = None,
+    chunk_size: Size = None,
     nondiff_argnums: Argnums = (),
     return_forward: bool = False,
     conjugate: bool = False,
-    chunk_size_bwd: int | None = None,
+    chunk_size_bwd: Size = None,
     axis_0_is_sharded: bool | None = None,
 ) -> ChunkedVjp:
     """The pullback of a row-wise `fun` at `primals`, computed in chunks (netket 3.23 API).
@@ -468,8 +502,8 @@ def vjp_chunked(
         ```
     """
     who = "vjp_chunked"
-    check_positive(who, "chunk_size", chunk_size)
-    check_positive(who, "chunk_size_bwd", chunk_size_bwd)
+    chunk_size = check_positive(who, "chunk_size", chunk_size)
+    chunk_size_bwd = check_positive(who, "chunk_size_bwd", chunk_size_bwd)
     chunk_argnums = _argnums(who, "chunk_argnums", chunk_argnums, len(primals))
     nondiff_argnums = _argnums(who, "nondiff_argnums", nondiff_argnums, len(primals))
     shard = bool(chunk_argnums) and _sharded(axis_0_is_sharded)
@@ -477,5 +511,6 @@ def vjp_chunked(
         n = _check_rows(primals, chunk_argnums, None)
         if not shard:  # netket: a chunk as large as the batch means no chunking
             chunk_size = None if chunk_size is not None and chunk_size >= n else chunk_size
-    return ChunkedVjp(fun, tuple(primals), chunk_argnums, nondiff_argnums, chunk_size,
-                      chunk_size_bwd, return_forward, conjugate, has_aux, shard)
+    fun_arrays, fun_static = eqx.partition(fun, eqx.is_array)
+    return ChunkedVjp(fun_arrays, fun_static, tuple(primals), chunk_argnums, nondiff_argnums,
+                      chunk_size, chunk_size_bwd, return_forward, conjugate, has_aux, shard)

@@ -12,11 +12,11 @@ from beartype import beartype
 from jax.sharding import Mesh
 from jaxtyping import PyTree, jaxtyped
 
-from .._checks import check_positive
+from .._checks import check_budget
 from .._combinators.reduce import identity
 from .._combinators.vmap import Vmap
 from .._plan.search import MemoryPlan
-from .._types import InAxes
+from .._types import Budget, InAxes
 from .adv import (
     _ndev,
     check_options,
@@ -34,7 +34,7 @@ def plan_memory(
     f: Callable[..., Any],
     *args: PyTree[Any],
     in_axes: InAxes = 0,
-    budget_bytes: int,
+    budget_bytes: Budget,
     reduction: Callable[[Any, Any], Any] | None = None,
     chunk_reduction: Callable[[Any], Any] = identity,
     shard: bool = False,
@@ -61,7 +61,7 @@ def plan_memory(
         ```
     """
     who = "plan_chunk_size"
-    check_positive(who, "budget_bytes", budget_bytes, allow_none=False)
+    budget_bytes = check_budget(who, "budget_bytes", budget_bytes, allow_none=False)
     check_options(who, "auto", {}, budget_bytes, shard, mesh)
     reducer, _ = reducer_for("batch_vmap", reduction, chunk_reduction)
     owner = (who, "batch_size", "budget_bytes", f"batch_vmap({fn_name(f)})")
@@ -83,7 +83,7 @@ def plan_chunk_size(
     f: Callable[..., Any],
     *args: PyTree[Any],
     in_axes: InAxes = 0,
-    budget_bytes: int,
+    budget_bytes: Budget,
     reduction: Callable[[Any, Any], Any] | None = None,
     chunk_reduction: Callable[[Any], Any] = identity,
     shard: bool = False,

@@ -8,7 +8,15 @@ from beartype import beartype
 from jax.sharding import Mesh
 from jaxtyping import jaxtyped
 
-from .._checks import as_in_axes, check_positive, in_axes_tuple, resolve_batch_size
+from .._checks import (
+    as_in_axes,
+    as_size,
+    check_budget,
+    check_in_axes,
+    check_positive,
+    in_axes_tuple,
+    resolve_batch_size,
+)
 from .._combinators._rows import array_leaves, mapped_length
 from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.chunk import Chunk
@@ -17,7 +25,7 @@ from .._combinators.pad import Pad
 from .._combinators.shard import Shard
 from .._combinators.unrolled import Unrolled
 from .._plan.measure import padded_rows_per_device
-from .._types import InAxes
+from .._types import Budget, InAxes, Size
 from ._axes import MovedAxes, map_outputs, move_axis, normalize_axis
 
 
@@ -39,14 +47,14 @@ class ChunkMap(eqx.Module):
     f: Callable[..., Any]
     in_axes: InAxes = eqx.field(static=True, converter=as_in_axes)
     out_axes: int | tuple[int, ...] = eqx.field(static=True)
-    chunk_size: int | Literal["auto"] | None = eqx.field(static=True)
+    chunk_size: int | Literal["auto"] | None = eqx.field(static=True, converter=as_size)
     use_scan: bool = eqx.field(static=True)
     shard_batch: bool = eqx.field(static=True)
     atleast_1chunk: bool = eqx.field(static=True)
     mesh: Mesh | None = eqx.field(static=True)
     memory_budget: int | None = eqx.field(static=True, default=None)
     progress: bool = eqx.field(static=True, default=False)
-    chunk_size_bwd: int | None = eqx.field(static=True, default=None)
+    chunk_size_bwd: int | None = eqx.field(static=True, default=None, converter=as_size)
 
     def __call__(self, *args: Any) -> Any:
         with on_inputs_mesh(args):
@@ -197,16 +205,16 @@ class _CheckedOutAxes(eqx.Module):
 def chunk_map(
     f: Callable[..., Any],
     in_axes: InAxes = 0,
-    out_axes: int | tuple[int, ...] | None = 0,
-    chunk_size: int | Literal["auto"] | None = None,
+    out_axes: int | tuple | None = 0,
+    chunk_size: Size | Literal["auto"] = None,
     use_scan: bool = False,
     shard_batch: bool = False,
     atleast_1chunk: bool = False,
     mesh: Mesh | None = None,
     *,
-    memory_budget: int | None = None,
+    memory_budget: Budget = None,
     progress: bool = False,
-    chunk_size_bwd: int | None = None,
+    chunk_size_bwd: Size = None,
 ) -> Callable[..., Any]:
     """Evaluate an already-batched `f` in chunks of `chunk_size` rows per device (quantax 0.4.0).
 
@@ -265,8 +273,10 @@ def chunk_map(
         ```
     """
     who = "chunk_map"
-    resolve_batch_size(who, chunk_size, {}, memory_budget, name="chunk_size")
-    check_positive(who, "chunk_size_bwd", chunk_size_bwd)
+    check_in_axes(who, in_axes)
+    memory_budget = check_budget(who, "memory_budget", memory_budget)
+    chunk_size = resolve_batch_size(who, chunk_size, {}, memory_budget, name="chunk_size")
+    chunk_size_bwd = check_positive(who, "chunk_size_bwd", chunk_size_bwd)
     if chunk_size_bwd is not None and not use_scan:
         raise ValueError(
             f"`{who}(chunk_size_bwd={chunk_size_bwd})`: a backward chunk size needs the scan "
@@ -284,6 +294,10 @@ def chunk_map(
             f"`{who}(out_axes={out_axes!r})`: `chunk_map` with `out_axes=None` not implemented; "
             "every output must carry the batch axis."
         )
+    for a in out_axes if isinstance(out_axes, tuple) else (out_axes,):
+        if isinstance(a, bool) or not isinstance(a, int):
+            raise TypeError(f"`{who}(out_axes={out_axes!r})`: out_axes must be an int or a tuple "
+                            f"of ints, got {a!r}.")
     return ChunkMap(
         _CheckedOutAxes(f, out_axes), in_axes, out_axes, chunk_size, use_scan, shard_batch,
         atleast_1chunk, mesh, memory_budget, progress, chunk_size_bwd,
@@ -294,8 +308,8 @@ def chunk_map(
 def jit_chunk_vmap(
     f: Callable[..., Any],
     in_axes: InAxes = 0,
-    out_axes: int | tuple[int, ...] = 0,
-    chunk_size: int | None = None,
+    out_axes: int | tuple = 0,
+    chunk_size: Size = None,
     shard_batch: bool = False,
     mesh: Mesh | None = None,
 ) -> Callable[..., Any]:

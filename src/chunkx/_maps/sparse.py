@@ -11,9 +11,11 @@ from beartype import beartype
 from jax.sharding import Mesh
 from jaxtyping import PRNGKeyArray, PyTree, UInt32, jaxtyped
 
+from .._checks import check_budget
 from .._combinators._rows import mapped_length
 from .._combinators.pullback import Pullback, check_contract
 from .._combinators.reduce import identity
+from .._types import Budget, Size
 from .adv import check_grad_options, check_options, check_strip, run_one_input
 
 
@@ -109,7 +111,7 @@ def sparse_pullback(
     fn: Callable[[Any], Any],
     y: PyTree,
     /,
-    batch_size: int | Literal["auto"] | None = None,
+    batch_size: Size | Literal["auto"] = None,
     *,
     reduction: Callable[[Any, Any], Any] | None = None,
     chunk_reduction: Callable[[Any], Any] = identity,
@@ -119,9 +121,9 @@ def sparse_pullback(
     higher_order: bool = False,
     checkpoint: bool = False,
     check_block_diagonal: bool = False,
-    memory_budget: int | None = None,
+    memory_budget: Budget = None,
     progress: bool = False,
-    grad_batch_size: int | None = None,
+    grad_batch_size: Size = None,
     **kwargs: Any,
 ) -> Any:
     """`chunk_reduction(fn(y))` in chunks, differentiated through the diagonal blocks of `fn`.
@@ -183,6 +185,7 @@ def sparse_pullback(
         ```
     """
     who = "sparse_pullback"
+    memory_budget = check_budget(who, "memory_budget", memory_budget)
     batch_size = check_options(who, batch_size, kwargs, memory_budget, shard, mesh)
     check_strip(who, strip_dim0, batch_size)
     if grad_batch_size is not None:

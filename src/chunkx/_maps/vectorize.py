@@ -11,7 +11,8 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import jaxtyped
 
-from .._checks import resolve_batch_size
+from .._checks import as_size, resolve_batch_size
+from .._types import Size
 from .adv import batch_vmap
 
 _WHO = "batch_vectorize"
@@ -126,7 +127,7 @@ class BatchVectorize(eqx.Module):
     pyfunc: Callable[..., Any]
     excluded: frozenset = eqx.field(static=True)
     signature: str | None = eqx.field(static=True)
-    batch_size: int | None = eqx.field(static=True)
+    batch_size: int | None = eqx.field(static=True, converter=as_size)
     context: str = eqx.field(static=True)  # jnp.vectorize's suffix of shape errors
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -229,7 +230,7 @@ def batch_vectorize(
     *,
     excluded: Collection[Any] = frozenset(),
     signature: str | None = None,
-    batch_size: int | None = None,
+    batch_size: Size = None,
     **kwargs: Any,
 ) -> BatchVectorize:
     """`jax.numpy.vectorize(pyfunc, excluded=..., signature=...)` with chunked loop dimensions.

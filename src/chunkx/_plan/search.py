@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import equinox as eqx
 import numpy as np
 
-from .._checks import check_positive
+from .._checks import check_budget
 from .measure import divisor_below
 
 _MAX_COMPILES = 12
@@ -212,7 +212,7 @@ def fit_memory(
         assert plan.chunk_size == best == 50 and len(plan.points) <= 12
         ```
     """
-    budget = check_positive(who, name, budget_bytes, allow_none=False)
+    budget = check_budget(who, name, budget_bytes, allow_none=False)
     if n < 1:
         return MemoryPlan(max(n, 0), budget, (), 0.0, 0.0, 1, 1)
     rows = n if rows is None else rows

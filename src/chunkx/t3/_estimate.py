@@ -1,15 +1,19 @@
 """Chunk-size estimators for the transposes: `estimate_chunk_size`, `max_chunk_size_within`.
 
-Both are ordinary users of the public planner: `chunkx.compiled_temp_bytes` of the public summed
-tangent transpose, compiled (not run) from `jax.ShapeDtypeStruct`s for the local probe shard, and
-`chunkx.fit_memory` to pick the largest chunk whose measured temp fits a budget. The chunk is then
-evened out over the probes (`ceil(W / ceil(W / c))`), so a zero-padded last chunk never costs more
-than equal chunks would.
+Both measure `chunkx.compiled_temp_bytes` of the public summed tangent transpose, compiled (not
+run) from `jax.ShapeDtypeStruct`s. The balanced estimate and the whole-program budget
+(`scope="program"`) are ordinary users of the public planner (`chunkx.fit_memory` picks the
+largest chunk whose measured temp fits, for the local probe shard); the assembly budget
+(t3toolbox's `target_bytes`) divides by the measured bytes per probe of one chunk. The chunk is
+then evened out over the probes (`ceil(W / ceil(W / c))`), so a zero-padded last chunk never
+costs more than equal chunks would.
 """
 
 import functools
 import math
+import numbers
 from collections.abc import Sequence
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -18,13 +22,14 @@ from beartype import beartype
 from jaxtyping import jaxtyped
 
 from chunkx import MemoryPlan, compiled_temp_bytes, fit_memory
-from chunkx._checks import check_positive
+from chunkx._checks import check_choice, check_positive
+from chunkx._types import Budget, Size
 
 from ._format import prod
 from ._transpose import tv_probe_derivatives_transpose
 
-# Below this many probes per chunk the loop overhead dominates and the memory saved is small:
-# the balanced estimate never goes under `min(W_local, MIN_ROWS)`.
+# Below this many probes per chunk step (over all shards) the loop overhead dominates and the
+# memory saved is small: the balanced estimate never goes under `min(W_local, MIN_ROWS / shards)`.
 MIN_ROWS = 256
 
 
@@ -97,6 +102,14 @@ def _plan(who, N, n, r, order, w_local, n_tangent, stack, dtype_name, budget) ->
                       plan.b, plan.predicted, even)
 
 
+@functools.lru_cache(maxsize=64)
+def _per_row(who, N, n, r, order, n_tangent, stack, dtype_name) -> float:
+    """Bytes per probe of one chunk of the summed tangent transpose: the slope of its XLA temp in
+    the chunk size (512 probes in chunks of 128 and of 256; the resident jets stay the same)."""
+    lo, hi = (_temp(who, N, n, r, order, 512, n_tangent, stack, dtype_name, c) for c in (128, 256))
+    return max((hi - lo) / 128.0, 1.0)
+
+
 def _prepare(fn, mode_shapes, tucker_ranks, tt_ranks, order, n_probes, n_tangent, stack_shape,
              n_shards, dtype):
     _check(fn, mode_shapes, tucker_ranks, tt_ranks, order, n_probes, n_tangent, n_shards)
@@ -112,12 +125,12 @@ def estimate_chunk_size(
     mode_shapes: Sequence[int],
     tucker_ranks: Sequence[int],
     tt_ranks: Sequence[int],
-    order: int,
-    n_probes: int,
+    order: Size,
+    n_probes: Size,
     *,
-    n_tangent: int = 1,
+    n_tangent: Size = 1,
     stack_shape: Sequence[int] = (),
-    n_shards: int = 1,
+    n_shards: Size = 1,
     dtype=None,
 ) -> int:
     """A memory-balanced `chunk_size` for the transposes, from the problem shapes.
@@ -126,9 +139,12 @@ def estimate_chunk_size(
     [`chunkx.fit_memory`][] on [`chunkx.compiled_temp_bytes`][]) is at most twice the bytes
     of the transpose's own inputs (residual jets and probes of the local shard): the chunked
     scratch is never the tallest pole. It is then evened out to `ceil(W / ceil(W / c))`
-    (equal chunks, no large zero-padded tail); chunks are never smaller than
-    `min(W_local, 256)` probes (smaller chunks save little and cost loop overhead; then
-    `ceil(W_local / floor(W_local / 256))`), so small problems run unchunked.
+    (equal chunks, no large zero-padded tail); a chunk step over all `n_shards` devices is never
+    smaller than 256 probes, i.e. chunks of at least `low = ceil(256 / n_shards)` per device
+    (smaller chunks save little and cost loop overhead; then `ceil(W_local / floor(W_local /
+    low))`), so small problems run unchunked. The chunk sizes the local shard: with the probes
+    split over `n_shards` devices, each device's chunk shrinks with its share (about
+    `estimate(n_shards=1) / n_shards`, as in t3toolbox).
     Compiles (never runs) a few programs once per shape (cached).
     Call it eagerly, outside `jit`, and pass the int as `chunk_size`.
 
@@ -155,12 +171,13 @@ def estimate_chunk_size(
     key = _prepare("estimate_chunk_size", mode_shapes, tucker_ranks, tt_ranks, order, n_probes,
                    n_tangent, stack_shape, n_shards, dtype)
     w_local = key[4]
-    if w_local <= MIN_ROWS:
+    low = -(-MIN_ROWS // int(n_shards))  # per shard: every device's share of one chunk step
+    if w_local <= low:
         return w_local
     size = _plan("estimate_chunk_size", *key, None).chunk_size
-    if size >= MIN_ROWS:
+    if size >= low:
         return int(size)  # already even (`_plan`)
-    return int(-(-w_local // max(1, w_local // MIN_ROWS)))  # equal chunks of >= MIN_ROWS
+    return int(-(-w_local // max(1, w_local // low)))  # equal chunks of >= low
 
 
 @jaxtyped(typechecker=beartype)
@@ -168,27 +185,41 @@ def max_chunk_size_within(
     mode_shapes: Sequence[int],
     tucker_ranks: Sequence[int],
     tt_ranks: Sequence[int],
-    order: int,
-    n_probes: int,
-    target_bytes: int | float,
+    order: Size,
+    n_probes: Size,
+    target_bytes: Budget,
     *,
-    n_tangent: int = 1,
+    n_tangent: Size = 1,
     stack_shape: Sequence[int] = (),
-    n_shards: int = 1,
+    n_shards: Size = 1,
     dtype=None,
+    scope: Literal["assembly", "program"] = "assembly",
 ) -> int:
-    """The largest `chunk_size` whose measured XLA temp memory fits `target_bytes` per device.
+    """The largest `chunk_size` whose chunk of the gradient assembly fits `target_bytes`.
 
-    [`chunkx.fit_memory`][] over [`chunkx.compiled_temp_bytes`][] of the summed tangent
-    transpose for the local probe shard: the returned size (evened out to equal chunks) was
-    compiled and measured within the budget, and the planner's model (a line plus the cost of
-    a remainder chunk) allows no larger size. The budget is XLA's temp of the whole transpose
-    program (its inputs are not counted); it does not scale with `stack_shape`: pass the frame
-    stack. Raises `ValueError` if even one probe per chunk does not fit.
+    `scope="assembly"` (t3toolbox's meaning): `target_bytes` caps the bytes a chunk of probes
+    adds beyond the resident jets, per device:
+
+    ```python
+    cs = max(1, min(W_local, floor(target_bytes / per_row)))   # W_local = ceil(W / n_shards)
+    ```
+
+    where `per_row` is measured: the slope in the chunk size of the XLA temp of the summed
+    tangent transpose ([`chunkx.compiled_temp_bytes`][], 512 probes in chunks of 128 and 256).
+    So `cs * per_row <= target_bytes`, at least 1, at most the local W; a budget below one
+    probe still gives 1. `cs` is then evened out to equal chunks (never larger).
+
+    `scope="program"` (chunkx's whole-program budget): `target_bytes` is XLA's temp of the
+    whole transpose program (resident jets included, its inputs not), planned by
+    [`chunkx.fit_memory`][] for the local probe shard: the returned size was compiled and
+    measured within the budget. Raises `ValueError` if even one probe per chunk does not fit.
+
+    Neither budget scales with `stack_shape`: pass the frame stack.
 
     **Arguments:**
 
-    As `estimate_chunk_size`, plus `target_bytes`: the byte budget per device.
+    As `estimate_chunk_size`, plus `target_bytes`: the byte budget per device (an int or an
+    integral float), and `scope`: what the budget covers, `"assembly"` or `"program"`.
 
     **Returns:**
 
@@ -200,13 +231,23 @@ def max_chunk_size_within(
         import chunkx.t3 as t3
         cs = t3.max_chunk_size_within((4, 5), (2, 3), (1, 2, 1), 1, 64, 1e9)
         assert cs == 64  # everything fits
+        whole = t3.max_chunk_size_within((4, 5), (2, 3), (1, 2, 1), 1, 64, 1e9, scope="program")
+        assert whole == 64
         ```
     """
     fn = "max_chunk_size_within"
-    if isinstance(target_bytes, bool) or not target_bytes >= 1:
+    if isinstance(target_bytes, bool) or not isinstance(target_bytes, numbers.Real) or not (
+        target_bytes >= 1
+    ):
         raise ValueError(
             f"`{fn}(target_bytes={target_bytes!r})`: must be at least 1 byte, got {target_bytes!r}."
         )
+    check_choice(fn, "scope", scope, ("assembly", "program"))
     key = _prepare(fn, mode_shapes, tucker_ranks, tt_ranks, order, n_probes, n_tangent,
                    stack_shape, n_shards, dtype)
-    return int(_plan(fn, *key, int(target_bytes)).chunk_size)
+    if scope == "program":
+        return int(_plan(fn, *key, int(target_bytes)).chunk_size)
+    w_local = key[4]
+    per_row = _per_row(fn, *key[:4], *key[5:])
+    cs = max(1, min(w_local, int(float(target_bytes) // per_row)))
+    return equal_chunks(w_local, cs)

@@ -8,6 +8,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jaxtyping import Array, ArrayLike, Float
 
+from chunkx._checks import as_size
+
 from ._format import TuckerTensorTrain, as_core_pair, prod
 from ._forward import t3_probe_derivatives
 from ._pipeline import chunk_rows, normal_pipeline
@@ -98,7 +100,7 @@ class GaussNewton(eqx.Module):
     order: int = eqx.field(static=True)
     weights: Float[Array, "*W"]
     damping: Float[Array, ""]
-    chunk_size: int | None = eqx.field(static=True)
+    chunk_size: int | None = eqx.field(static=True, converter=as_size)
     mesh: Mesh | None = eqx.field(static=True)
 
     def __init__(

@@ -9,6 +9,7 @@ from jax.sharding import Mesh
 
 from chunkx import Chunk, Concat, Pad, Shard, Sum, Vmap
 from chunkx._plan.measure import equal_chunks, padded_rows_per_device
+from chunkx._types import Size
 
 from ._stacks import corewise_rows_fn, tangent_rows_fn
 
@@ -52,7 +53,7 @@ def _assemble(chunk_fn, per_probe_fn, n_fixed, sum_over_probes, chunk_size, mesh
 def corewise_pipeline(
     order: int,
     sum_over_probes: bool,
-    chunk_size: int | None,
+    chunk_size: Size,
     c_stacked: bool,
     mesh: Mesh | None = None,
     kind: str = "probe",
@@ -77,7 +78,7 @@ def corewise_pipeline(
 def tangent_pipeline(
     order: int,
     sum_over_probes: bool,
-    chunk_size: int | None,
+    chunk_size: Size,
     b_stacked: bool,
     c_stacked: bool,
     mesh: Mesh | None = None,

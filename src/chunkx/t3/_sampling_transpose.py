@@ -9,6 +9,8 @@ from beartype import beartype
 from jax.sharding import Mesh
 from jaxtyping import jaxtyped
 
+from chunkx._types import Size
+
 from ._format import CorePair, TuckerTensorTrain, as_core_pair, prod
 from ._forward import Directions, Frame, Probes
 from ._sampling import Index, SampleResiduals, _modes, _samples
@@ -68,7 +70,7 @@ def t3_apply_corewise_derivatives_transpose(
     core_pair: TuckerTensorTrain | CorePair,
     order: int,
     sum_over_probes: bool = False,
-    chunk_size: int | None = 100,
+    chunk_size: Size = 100,
     *,
     mesh: Mesh | None = None,
 ) -> Grads:
@@ -118,7 +120,7 @@ def t3_entries_corewise_derivatives_transpose(
     core_pair: TuckerTensorTrain | CorePair,
     order: int,
     sum_over_probes: bool = False,
-    chunk_size: int | None = 100,
+    chunk_size: Size = 100,
     *,
     mesh: Mesh | None = None,
 ) -> Grads:
@@ -163,7 +165,7 @@ def tv_apply_derivatives_transpose(
     frame: Frame,
     order: int,
     sum_over_probes: bool = False,
-    chunk_size: int | None = 100,
+    chunk_size: Size = 100,
     *,
     mesh: Mesh | None = None,
 ) -> Pair:
@@ -207,7 +209,7 @@ def tv_entries_derivatives_transpose(
     frame: Frame,
     order: int,
     sum_over_probes: bool = False,
-    chunk_size: int | None = 100,
+    chunk_size: Size = 100,
     *,
     mesh: Mesh | None = None,
 ) -> Pair:

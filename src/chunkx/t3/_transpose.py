@@ -11,6 +11,8 @@ from beartype import beartype
 from jax.sharding import Mesh
 from jaxtyping import Array, ArrayLike, Float, jaxtyped
 
+from chunkx._types import Size
+
 from ._format import CorePair, TuckerTensorTrain, as_core_pair, prod
 from ._forward import Directions, Frame, Probes
 from ._pipeline import chunk_rows, corewise_pipeline, tangent_pipeline
@@ -83,7 +85,7 @@ def t3_probe_corewise_derivatives_transpose(
     core_pair: TuckerTensorTrain | CorePair,
     order: int,
     sum_over_probes: bool = False,
-    chunk_size: int | None = 100,
+    chunk_size: Size = 100,
     *,
     mesh: Mesh | None = None,
 ) -> Grads:
@@ -161,7 +163,7 @@ def tv_probe_derivatives_transpose(
     frame: Frame,
     order: int,
     sum_over_probes: bool = False,
-    chunk_size: int | None = 100,
+    chunk_size: Size = 100,
     *,
     mesh: Mesh | None = None,
 ) -> Pair:

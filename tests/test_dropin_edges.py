@@ -1,0 +1,168 @@
+"""Drop-in at the edges: nested sharded gradients, adv's eager sharded gradient, sizes typed the
+way users type them (NumPy and JAX integers, float budgets), annotations that beartype would
+sample. References: `jax.grad`/`jax.jvp` of plain `jnp` code, `jax.vmap`, the peer libraries.
+"""
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import chunkx
+from helpers import NESTED_CASES, assert_tree_close
+
+X_LEN = 10  # rows of the inner map (4 per chunk: 2 full chunks and 2 left over)
+
+
+def _nested(rows, kind, inner):
+    mesh = jax.make_mesh((4,), ("x",), axis_types=(getattr(AxisType, kind.capitalize()),))
+    red = chunkx.Sum() if inner == "sum" else None
+    inside = chunkx.batch_vmap(lambda y, x: x * jnp.sin(y), (0, None), batch_size=4, reducer=red)
+    outer = chunkx.batch_vmap(lambda x, Y: jnp.sum(inside(Y, x) ** 2), (0, None), batch_size=1,
+                              shard=True, mesh=mesh, reducer=chunkx.Sum())
+    ref = lambda X, Y: jnp.sum(  # noqa: E731
+        jax.vmap(lambda x: jnp.sum((jnp.sum(x * jnp.sin(Y)) if red else x * jnp.sin(Y)) ** 2))(X))
+    X = jnp.linspace(0.1, 1.0, rows)
+    Y = jnp.linspace(0.0, 1.0, X_LEN)
+    if kind == "explicit":
+        X, Y = jax.device_put((X, Y), NamedSharding(mesh, P()))
+    return outer, ref, X, Y
+
+
+@pytest.mark.parametrize(("rows", "kind", "mode", "deriv", "inner"), NESTED_CASES)
+def test_nested_sharded_derivatives(rows, kind, mode, deriv, inner):
+    """map in map, sharded outside, chunked inside; rows left over by the mesh's 4 devices."""
+    outer, ref, X, Y = _nested(rows, kind, inner)
+    tY = jnp.cos(jnp.arange(X_LEN, dtype=Y.dtype))
+    if deriv == "grad":
+        run = lambda f: jax.grad(lambda X, Y: f(X, Y), argnums=(0, 1))  # noqa: E731
+    else:
+        run = lambda f: lambda X, Y: jax.jvp(lambda Y: f(X, Y), (Y,), (tY,))  # noqa: E731
+    # JAX's eager `grad` of a value typed on an Explicit mesh needs a context mesh (jnp too)
+    ctx = jax.set_mesh(outer.mesh) if (kind, mode, deriv) == ("explicit", "eager", "grad") else (
+        contextlib.nullcontext())
+    with ctx:
+        got = (jax.jit(run(outer)) if mode == "jit" else run(outer))(X, Y)
+    want = run(ref)(*jax.device_get((X, Y)))
+    assert_tree_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+# -- adv-jax-math: eager grad of a sharded map on inputs typed on a caller's Explicit mesh ------
+
+
+def test_eager_grad_of_sharded_batch_vmap_on_caller_explicit_mesh():
+    """adv 1.3's own `test_sharded_chunked_batching` step: eager, no context mesh."""
+    adv = pytest.importorskip("adv_jax_math")
+    mesh = jax.make_mesh((4,), ("caller",))  # Explicit axes
+    x = jax.device_put(jnp.arange(3.0), NamedSharding(mesh, P()))
+
+    def grad_of(lib):
+        small = lambda y: lib.batch_vmap(lambda z: z**2, batch_size=2, shard=True)(y)  # noqa: E731
+        return jax.grad(lambda y: jnp.sum(small(y)))(x)
+
+    want = grad_of(adv)
+    assert_tree_close(grad_of(chunkx), want)
+    assert_tree_close(want, 2 * jnp.arange(3.0))
+    y = jax.device_put(jnp.arange(12.0), NamedSharding(mesh, P("caller")))  # rows on devices
+    g = chunkx.batch_vmap(jnp.sin, batch_size=2, shard=True)
+    assert_tree_close(jax.grad(lambda y: jnp.sum(g(y)))(y), jnp.cos(jnp.arange(12.0)))
+
+
+# -- sizes typed the way users type them --------------------------------------------------------
+
+SIZES_AS = [np.int64(3), np.int32(3), jnp.int32(3), np.uint8(3)]
+
+
+@pytest.mark.parametrize("size", SIZES_AS, ids=lambda s: type(s).__name__ + str(s.dtype))
+def test_integer_scalars_of_any_type_are_sizes(size):
+    x = jnp.linspace(0.0, 1.0, 10)
+    want = jnp.sin(x)
+    maps = [
+        chunkx.batch_vmap(jnp.sin, batch_size=size),
+        chunkx.batch_vmap(jnp.sin, chunk_size=size),
+        chunkx.chunk_map(jax.vmap(jnp.sin), chunk_size=size, use_scan=True, chunk_size_bwd=size),
+        chunkx.vmap_chunked(jnp.sin, chunk_size=size, axis_0_is_sharded=False),
+        chunkx.Chunk(chunkx.Vmap(jnp.sin), size, grad_size=size),
+        chunkx.Pad(chunkx.Vmap(jnp.sin), size),
+        chunkx.batch_jacrev(jnp.sin, batch_size=size),
+    ]
+    for g in maps[:-1]:
+        assert_tree_close(jax.jit(lambda x: g(x))(x), want)  # a static size must hash
+        assert_tree_close(jax.grad(lambda x: jnp.sum(g(x)))(x), jnp.cos(x))
+    assert_tree_close(maps[-1](x), jax.jacrev(jnp.sin)(x))
+    assert isinstance(maps[4].size, int) and type(maps[4].size) is int
+    pull = chunkx.vjp_chunked(jax.vmap(jnp.sin), x, chunk_argnums=0, chunk_size=size,
+                              chunk_size_bwd=size, axis_0_is_sharded=False)
+    assert_tree_close(pull(jnp.ones(10)), jax.vjp(jax.vmap(jnp.sin), x)[1](jnp.ones(10)))
+
+
+@pytest.mark.parametrize("budget", [2e6, np.float64(2e6), np.int64(2_000_000), 2_000_000])
+def test_budget_as_an_integral_float_or_numpy_number(budget):
+    x = jnp.ones((512, 16))
+    g = chunkx.batch_vmap(jnp.sin, batch_size="auto", memory_budget=budget)
+    assert_tree_close(g(x), jnp.sin(x))
+    assert g.memory_plan(x).chunk_size == chunkx.batch_vmap(
+        jnp.sin, batch_size="auto", memory_budget=2_000_000).memory_plan(x).chunk_size
+    q = chunkx.chunk_map(jax.vmap(jnp.sin), chunk_size="auto", memory_budget=budget)
+    assert_tree_close(q(x), jnp.sin(x))
+    assert chunkx.plan_chunk_size(jnp.sin, x, budget_bytes=budget) == chunkx.plan_chunk_size(
+        jnp.sin, x, budget_bytes=2_000_000)
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda: chunkx.batch_vmap(jnp.sin, batch_size="auto", memory_budget=64.5),
+     r"^`batch_vmap\(memory_budget=64\.5\)`: memory_budget must be a positive number of bytes "
+     r"\(an int or an integral float such as 64e6\) or None, got 64\.5 \(float\)\.$"),
+    (lambda: chunkx.chunk_map(jnp.sin, chunk_size="auto", memory_budget=float("inf")),
+     r"^`chunk_map\(memory_budget=inf\)`: memory_budget must be a positive number of bytes"),
+    (lambda: chunkx.plan_chunk_size(jnp.sin, jnp.ones(4), budget_bytes="1GB"),
+     r"^`plan_chunk_size\(budget_bytes='1GB'\)`: budget_bytes must be a positive number of "
+     r"bytes \(an int or an integral float such as 64e6\), got '1GB' \(str\)\.$"),
+    (lambda: chunkx.batch_vmap(jnp.sin, batch_size="big"),
+     r"^`batch_vmap\(batch_size='big'\)`: batch_size must be a positive int or None, got 'big' "
+     r"\(str\)\.$"),
+    (lambda: chunkx.chunk_map(jnp.sin, chunk_size=np.float32(2.0)),
+     r"^`chunk_map\(chunk_size=np\.float32\(2\.0\)\)`: chunk_size must be a positive int or "
+     r"None, got np\.float32\(2\.0\) \(float32\)\.$"),
+    (lambda: chunkx.vjp_chunked(jnp.sin, jnp.ones(4), chunk_argnums=0, chunk_size=np.int64(0)),
+     r"^`vjp_chunked\(chunk_size=np\.int64\(0\)\)`: chunk_size must be a positive int or None"),
+])
+def test_wrong_sizes_get_the_one_line_error(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# -- annotations beartype would sample: chunkx checks every entry -------------------------------
+
+
+def test_chunk_map_out_axes_none_entry_is_always_not_implemented():
+    """quantax raises NotImplementedError for `out_axes=(0, None)` on every call; so do we."""
+    qx = pytest.importorskip("quantax.utils")
+    for lib in (qx, chunkx):
+        for _ in range(12):  # beartype samples one tuple entry per call: every call must agree
+            with pytest.raises(NotImplementedError):
+                lib.chunk_map(jax.vmap(jnp.sin), 0, (0, None), 2)
+
+
+@pytest.mark.parametrize(("call", "err", "match"), [
+    (lambda: chunkx.chunk_map(jax.vmap(jnp.sin), 0, (0, "a"), 2), TypeError,
+     r"^`chunk_map\(out_axes=\(0, 'a'\)\)`: out_axes must be an int or a tuple of ints, got 'a'\.$"),
+    (lambda: chunkx.batch_vmap(jnp.add, (0, "a"), batch_size=2), ValueError,
+     r"^`batch_vmap\(in_axes=\(0, 'a'\)\)`: entries must be ints or None, got 'a'\.$"),
+    (lambda: chunkx.chunk_map(jnp.add, (0, 1.0), chunk_size=2), ValueError,
+     r"^`chunk_map\(in_axes=\(0, 1\.0\)\)`: entries must be ints or None, got 1\.0\.$"),
+    (lambda: chunkx.vjp_chunked(jnp.sin, jnp.ones(4), chunk_argnums=(0, "a")), ValueError,
+     r"^`vjp_chunked\(chunk_argnums=\(0, 'a'\)\)`: chunk_argnums must index the 1 primals"),
+    (lambda: chunkx.batch_jacfwd(jnp.sin, argnums=(0, "a")), TypeError,
+     r"^`batch_jacfwd\(argnums=\(0, 'a'\)\)`: argnums must be an int or a sequence of ints"),
+    (lambda: chunkx.vmap_chunked(jnp.sin, (0, "a"), chunk_size=2), NotImplementedError,
+     r"^`vmap_chunked\(in_axes=\(0, 'a'\)\)`: every in_axes entry must be 0 or None"),
+])
+def test_every_tuple_entry_gets_chunkx_error(call, err, match):
+    for _ in range(6):  # the same error on every call, whichever entry beartype would sample
+        with pytest.raises(err, match=match):
+            call()
