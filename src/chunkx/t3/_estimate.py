@@ -10,7 +10,6 @@ costs more than equal chunks would.
 """
 
 import functools
-import math
 import numbers
 from collections.abc import Sequence
 from typing import Literal
@@ -23,6 +22,7 @@ from jaxtyping import jaxtyped
 
 from chunkx import MemoryPlan, compiled_temp_bytes, fit_memory
 from chunkx._checks import check_choice, check_positive
+from chunkx._plan.measure import equal_chunks, padded_rows_per_device
 from chunkx._types import Budget, Size
 
 from ._format import prod
@@ -44,13 +44,6 @@ def _check(fn, mode_shapes, tucker_ranks, tt_ranks, order, n_probes, n_tangent, 
         raise ValueError(f"`{fn}(order={order!r})`: order must be an int >= 0, got {order!r}.")
     for name, v in (("n_probes", n_probes), ("n_tangent", n_tangent), ("n_shards", n_shards)):
         check_positive(fn, name, v, allow_none=False)
-
-
-def equal_chunks(n: int, size: int) -> int:
-    """The smallest chunk that splits `n` rows into as many chunks as `size` does."""
-    if n < 1:
-        return max(1, size)
-    return -(-n // -(-n // max(1, size)))
 
 
 def _structs(N, n, r, order, w, n_tangent, stack, dtype):
@@ -115,7 +108,7 @@ def _prepare(fn, mode_shapes, tucker_ranks, tt_ranks, order, n_probes, n_tangent
     _check(fn, mode_shapes, tucker_ranks, tt_ranks, order, n_probes, n_tangent, n_shards)
     N, n, r = (tuple(int(v) for v in s) for s in (mode_shapes, tucker_ranks, tt_ranks))
     stack = tuple(int(c) for c in stack_shape)
-    w_local = max(1, math.ceil(int(n_probes) / int(n_shards)))
+    w_local = max(1, padded_rows_per_device(int(n_probes), int(n_shards)))
     dtype = jnp.dtype(jnp.float32 if dtype is None else dtype)
     return (N, n, r, int(order), w_local, int(n_tangent), stack, dtype.name)
 
