@@ -118,6 +118,7 @@ class BatchJacfwd(eqx.Module):
     has_aux: bool = eqx.field(static=True)
     holomorphic: bool = eqx.field(static=True)
     batch_size: int | None = eqx.field(static=True)
+    linearize: bool = eqx.field(static=True, default=False)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         f, dyn = _partial(self.fun, self.argnums, args, kwargs)
@@ -131,15 +132,7 @@ class BatchJacfwd(eqx.Module):
             if self.has_aux:
                 aux = f(*dyn)[1]
         else:
-
-            def push(tangent, primal):
-                out = jax.jvp(f, primal, tangent, has_aux=self.has_aux)
-                return _no_float0(out[1]), (out[2] if self.has_aux else None)
-
-            tangents, aux = batch_vmap(push, (0, None), batch_size=self.batch_size)(
-                _basis(dyn), dyn
-            )
-            aux = jax.tree_util.tree_map(lambda x: x[0], aux)
+            tangents, aux = (self._linearized if self.linearize else self._pushed)(f, dyn)
             blocks = [  # (n, *y.shape) -> y.shape + x.shape for every input leaf x
                 None if t is None else jnp.moveaxis(t[s : s + k], 0, -1)
                 for t in tangents
@@ -149,6 +142,34 @@ class BatchJacfwd(eqx.Module):
         if not self.has_aux:
             return jac
         return jac, jax.tree_util.tree_map(lambda a, r: _like(a, r), aux, ref_aux)
+
+    def _pushed(self, f: Callable, dyn: tuple) -> tuple:
+        """`jax.jvp` of `f` per chunk of basis vectors (the primal runs once per chunk)."""
+
+        def push(tangent, primal):
+            out = jax.jvp(f, primal, tangent, has_aux=self.has_aux)
+            return _no_float0(out[1]), (out[2] if self.has_aux else None)
+
+        tangents, aux = batch_vmap(push, (0, None), batch_size=self.batch_size)(_basis(dyn), dyn)
+        return tangents, jax.tree_util.tree_map(lambda x: x[0], aux)
+
+    def _linearized(self, f: Callable, dyn: tuple) -> tuple:
+        """`jax.linearize` once; only the linear map runs per chunk, on basis vectors built
+        from their indices inside the chunk (the n x n identity is never materialised)."""
+        out = jax.linearize(f, *dyn, has_aux=self.has_aux)
+        f_jvp, aux = out[1], (out[2] if self.has_aux else None)
+        leaves, treedef = jax.tree_util.tree_flatten(dyn)
+        cols = _offsets(dyn)
+
+        def push(i):
+            tangent = [
+                (jnp.arange(k) == i - s).astype(jnp.result_type(x)).reshape(np.shape(x))
+                for x, (s, k) in zip(leaves, cols)
+            ]
+            return _no_float0(f_jvp(*jax.tree_util.tree_unflatten(treedef, tangent)))
+
+        n = sum(k for _, k in cols)
+        return batch_vmap(push, batch_size=self.batch_size)(jnp.arange(n)), aux
 
 
 class BatchJacrev(eqx.Module):
@@ -203,6 +224,7 @@ def batch_jacfwd(
     holomorphic: bool = False,
     *,
     batch_size: int | None = None,
+    linearize: bool = False,
     **kwargs: Any,
 ) -> BatchJacfwd:
     """`jax.jacfwd(fun, argnums, has_aux, holomorphic)`, with the columns in chunks.
@@ -245,7 +267,7 @@ def batch_jacfwd(
     argnums = _index(argnums)
     jax.jacfwd(fun, argnums, has_aux, holomorphic)  # JAX's checks of fun and argnums
     batch_size = resolve_batch_size("batch_jacfwd", batch_size, kwargs)
-    return BatchJacfwd(fun, argnums, has_aux, holomorphic, batch_size)
+    return BatchJacfwd(fun, argnums, has_aux, holomorphic, batch_size, linearize)
 
 
 @jaxtyped(typechecker=beartype)
