@@ -114,6 +114,15 @@ def test_vmap_axis_size_broadcast_and_sum_reducer():
     assert_tree_close(g, jax.grad(lambda w: jnp.sum(jnp.sin(x * w)))(w))
 
 
+@pytest.mark.parametrize("grad", ["auto", "recompute"])
+def test_vmap_backward_chunk_size(grad):
+    x, w = _fixed((11, 3)), _fixed((3,), 1)
+    f = lambda x, w: jnp.sin(x * w)  # noqa: E731
+    g = chunkx.vmap(f, (0, None), batch_size=4, grad=grad, grad_batch_size=2)
+    ref = jax.grad(lambda w: jnp.sum(jax.vmap(f, (0, None))(x, w) ** 2))(w)
+    assert_tree_close(jax.grad(lambda w: jnp.sum(g(x, w) ** 2))(w), ref)
+
+
 def test_vmap_is_a_module_through_filter_jit():
     w = _fixed((3, 2))
     g = chunkx.vmap(lambda x, w: x @ w, (1, None), batch_size=3)
