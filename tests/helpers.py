@@ -88,3 +88,23 @@ def temp_bytes(f, *args):
 
 def cases():
     return list(itertools.product(SIZES, DTYPES))
+
+
+class BackendCompiles:
+    """Counts XLA backend compilations (`jax.monitoring` compile events) inside a `with`."""
+
+    EVENT = "/jax/core/compile/backend_compile_duration"
+
+    def __init__(self):
+        self.count = 0
+
+    def _listen(self, event, duration, **kwargs):
+        if event == self.EVENT:
+            self.count += 1
+
+    def __enter__(self):
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+        return self
+
+    def __exit__(self, *exc):
+        jax.monitoring.unregister_event_duration_listener(self._listen)

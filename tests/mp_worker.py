@@ -1,5 +1,6 @@
 """One process of the 2-process test (run by test_multiprocess.py, not collected by pytest)."""
 
+import logging
 import os
 import sys
 
@@ -9,6 +10,7 @@ import jax  # noqa: E402
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.config.update("jax_enable_x64", True)
 port, pid, out_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+os.environ["CHUNKX_CACHE_DIR"] = sys.argv[4]  # this process's own plan cache
 jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid)
 
 import jax.numpy as jnp  # noqa: E402
@@ -49,6 +51,29 @@ for n in (22, 20):  # 20 divides over 4 devices; 22 leaves 2 rows outside the sh
     for name, fn in [("vmap", g), ("sum", s), ("grad", grad), ("chunk_map", cm)]:
         out = jax.jit(fn)(x, w)
         results[f"{name}_{n}"] = np.asarray(multihost_utils.process_allgather(out, tiled=True))
+
+
+class Sizes(logging.Handler):
+    """The chunk sizes this process used (the planner logs them in a multi-process run)."""
+
+    used: list = []
+
+    def emit(self, record):
+        if "uses" in record.getMessage():
+            self.used.append(int(record.getMessage().split()[-1]))
+
+
+logging.getLogger("chunkx").addHandler(Sizes())
+logging.getLogger("chunkx").setLevel(logging.INFO)
+x = global_array(np.tile(x_np, (8, 1)), P())  # 176 rows
+w = global_array(w_np, P())
+auto = chunkx.batch_vmap(per_row, (0, None), batch_size="auto", memory_budget=1200, shard=True,
+                         mesh=mesh, reducer=chunkx.Sum())
+results["auto_sum"] = np.asarray(multihost_utils.process_allgather(jax.jit(auto)(x, w),
+                                                                 tiled=True))
+results["auto_grad"] = np.asarray(multihost_utils.process_allgather(
+    jax.jit(jax.grad(auto, argnums=1))(x, w), tiled=True))
+np.save(f"{out_path}.sizes{pid}.npy", np.array(Sizes.used))
 if pid == 0:
     np.savez(out_path, **results)
 jax.distributed.shutdown()

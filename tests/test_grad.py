@@ -217,12 +217,14 @@ def test_auto_plans_forward_and_reverse_within_the_budget(case):
 
 
 def test_auto_plans_the_reverse_pass_only_when_differentiated(monkeypatch):
-    import chunkx._grad_plan as grad_plan
+    import chunkx._plan.auto as auto
+    from chunkx._plan.reverse import VjpProgram
 
-    compiled = []
-    real = grad_plan.compiled_temp_bytes
-    monkeypatch.setattr(grad_plan, "compiled_temp_bytes",
-                        lambda *a, **k: compiled.append(1) or real(*a, **k))
+    compiled = []  # the VJP programs compiled for planning
+    real = auto.compiled_temp_bytes
+    monkeypatch.setattr(auto, "compiled_temp_bytes", lambda fn, *a, **k: (
+        compiled.append(1) if isinstance(fn, VjpProgram) else None) or real(fn, *a, **k))
+    chunkx.clear_plan_cache()
     p, x = params(), rows(1024)
     g = chunkx.batch_vmap(energy, (None, 0), batch_size="auto", memory_budget=2**14,
                           reduction=jnp.add, chunk_reduction=jnp.sum)

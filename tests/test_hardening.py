@@ -258,7 +258,7 @@ def test_fit_memory_measures_what_plan_chunk_size_says():
     plan = chunkx.fit_memory(measure, 2048, 6000)
     assert seen[:2] == [2048, 256]  # the whole batch, then a divisor up to n / 8 (docstring)
     assert plan.chunk_size == 500 and measure(plan.chunk_size) <= 6000 < measure(501)
-    assert "256 for `n = 2048`" in chunkx.plan_chunk_size.__doc__
+    assert "then a divisor `p` of the rows near `n / 8`" in chunkx.fit_memory.__doc__
 
 
 def test_sparse_pullback_pytree_output_is_a_value_error():

@@ -8,14 +8,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import chunkx
-from chunkx._memory import (
-    DEFAULT_BUDGET_FRACTION,
-    MemoryPlan,
-    default_budget,
-    fit_memory,
-    temp_bytes_of,
-)
-from chunkx._plan import plan_chunk_size, plan_memory
+from chunkx import MemoryPlan, fit_memory, plan_chunk_size, plan_memory
+from chunkx._plan.measure import DEFAULT_BUDGET_FRACTION, default_budget, temp_bytes_of
 
 S = jax.ShapeDtypeStruct
 f32 = jnp.float32

@@ -123,6 +123,25 @@ def test_vmap_backward_chunk_size(grad):
     assert_tree_close(jax.grad(lambda w: jnp.sum(g(x, w) ** 2))(w), ref)
 
 
+def _temp(fn, *args):
+    return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+def test_vmap_auto_within_budget_and_equal():
+    """batch_size="auto": the Chunk plans its size; the program fits, the values are jax.vmap's."""
+    f = lambda x, w: jnp.sort(jnp.tanh(x[:, None] * w).ravel())[-4:]  # noqa: E731 (unfusable)
+    x, w = jnp.linspace(0.0, 1.0, 1000 * 32).reshape(1000, 32), jnp.ones((32, 32))
+    budget, ref = 2**20, jax.vmap(f, (0, None))
+    assert _temp(ref, x, w) > 2 * budget  # unchunked, it does not fit
+    g = chunkx.vmap(f, (0, None), batch_size="auto", memory_budget=budget)
+    assert _temp(g, x, w) <= budget
+    assert_tree_close(g(x, w), ref(x, w))
+    moved = chunkx.vmap(f, (1, None), -1, batch_size="auto", memory_budget=budget)
+    assert_tree_close(moved(x.T, w), jax.vmap(f, (1, None), -1)(x.T, w))
+    loss = lambda m: lambda w: jnp.sum(m(x, w) ** 2)  # noqa: E731
+    assert_tree_close(jax.grad(loss(g))(w), jax.grad(loss(ref))(w))
+
+
 def test_vmap_is_a_module_through_filter_jit():
     w = _fixed((3, 2))
     g = chunkx.vmap(lambda x, w: x @ w, (1, None), batch_size=3)

@@ -25,11 +25,9 @@ from ._maps.quantax import ChunkMap as ChunkMap, chunk_map as chunk_map
 from ._maps.quantax import jit_chunk_vmap as jit_chunk_vmap
 from ._maps.netket import apply_chunked as apply_chunked, vmap_chunked as vmap_chunked
 from ._maps.netket import ChunkedVjp as ChunkedVjp, vjp_chunked as vjp_chunked
-from ._memory import (
-    MemoryPlan as MemoryPlan,
-    compiled_temp_bytes as compiled_temp_bytes,
-    fit_memory as fit_memory,
-)
-from ._plan import plan_chunk_size as plan_chunk_size, plan_memory as plan_memory
+from ._plan.search import MemoryPlan as MemoryPlan, fit_memory as fit_memory
+from ._plan.measure import compiled_temp_bytes as compiled_temp_bytes
+from ._plan.cache import clear_plan_cache as clear_plan_cache
+from ._maps.planning import plan_chunk_size as plan_chunk_size, plan_memory as plan_memory
 
 __version__ = "0.1.0"

@@ -101,7 +101,12 @@ def resolve_batch_size(
     alias = kwargs.get("chunk_size")
     if batch_size is None and alias is not None:
         batch_size, name = alias, "chunk_size"
-    if not (auto and batch_size == "auto"):
+    if batch_size == "auto" and not auto:
+        raise ValueError(
+            f"`{who}({name}='auto')`: {who} does not plan its chunk size; give {name} as a "
+            "positive int or None (plan one with chunkx.plan_chunk_size)."
+        )
+    if batch_size != "auto":
         batch_size = check_positive(who, name, batch_size)
     if memory_budget is not None:
         check_positive(who, "memory_budget", memory_budget)

@@ -1,12 +1,14 @@
 """`Chunk` and `Reduce`: evaluate a batched function over the mapped axis piece by piece."""
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import equinox as eqx
 import jax
 
 from .._checks import as_in_axes, check_choice, check_positive, zero_in_axes
+from .._plan.auto import auto_call, default_grad_wrt, forward_plan, planned_tree, reverse_plan
+from .._plan.search import MemoryPlan
 from .._types import GradPolicy, InAxes, Remainder, RowMask
 from ._rows import join_args, mapped_length, split_args
 from ._sharding import on_inputs_mesh
@@ -85,17 +87,29 @@ class Chunk(eqx.Module):
     **Arguments:**
 
     - `fn`: a batched function (mapped axis 0 in and out), e.g. a [`chunkx.Vmap`][].
-    - `size`: rows per chunk, or `None` for one call.
+    - `size`: rows per chunk, `None` for one call, or `"auto"`: the largest size whose
+      compiled loop fits in `memory_budget` bytes of XLA temp memory (per device), planned
+      when the Chunk is first traced, on the arguments it is called with (one device's rows
+      inside [`chunkx.Shard`][]); see "Choose a chunk size" in the docs and `memory_plan`.
     - `reducer`: how chunk results join; [`chunkx.Concat`][] by default.
     - `in_axes`: `0`, `None`, or one `0`/`None` per positional argument.
-    - `remainder`: `"call"` or `"shift"`.
+    - `remainder`: `"call"` or `"shift"`; `None` (the default): `"call"`, except that a
+      planned size shifts its last chunk wherever the reducer can mask (no remainder
+      program to budget for).
     - `checkpoint`: rematerialise each chunk in reverse mode (what `grad="auto"` does when it
       does not fuse).
     - `grad`: `"auto"`, `"fused"`, `"recompute"` or `"store"` (see above).
-    - `grad_size`: rows per chunk of the reverse pass, or `None` for `size`.
+    - `grad_size`: rows per chunk of the reverse pass, `None` for `size`, or `"auto"`: planned
+      within `memory_budget` on the compiled VJP, only when the Chunk is differentiated, for
+      what is differentiated (see `grad_memory_plan`).
     - `unroll`: scan steps per loop iteration (fewer loop overheads for small chunks).
     - `progress`: show a progress bar over the chunks (tqdm, from compiled code through
-      `jax.debug.callback`); off, nothing is added to the program.
+      `jax.debug.callback`), and say when planning compiles; off, nothing is added to the
+      program.
+    - `memory_budget`: with an `"auto"` size, bytes of XLA temp memory per device; `None`:
+      half the device's memory where the backend reports it (a CPU needs a budget).
+    - `owner`: `(map, size argument, budget argument, what)`, the public map that built
+      this Chunk, named in planning messages; `None`: the Chunk itself.
 
     !!! Example
 
@@ -113,36 +127,98 @@ class Chunk(eqx.Module):
     """
 
     fn: Callable[..., Any]
-    size: int | None = eqx.field(static=True)
+    size: int | Literal["auto"] | None = eqx.field(static=True)
     reducer: AbstractReducer = Concat()
     in_axes: InAxes = eqx.field(static=True, default=0, converter=as_in_axes)
-    remainder: Remainder = eqx.field(static=True, default="call")
+    remainder: Remainder | None = eqx.field(static=True, default=None)
     checkpoint: bool = eqx.field(static=True, default=True)
     grad: GradPolicy = eqx.field(static=True, default="auto")
-    grad_size: int | None = eqx.field(static=True, default=None)
+    grad_size: int | Literal["auto"] | None = eqx.field(static=True, default=None)
     unroll: int = eqx.field(static=True, default=1)
     progress: bool = eqx.field(static=True, default=False)
+    memory_budget: int | None = eqx.field(static=True, default=None)
+    owner: tuple[str, str, str, str] | None = eqx.field(static=True, default=None)
 
     def __check_init__(self):
-        check_positive("Chunk", "size", self.size)
+        if self.size != "auto":
+            check_positive("Chunk", "size", self.size)
         check_positive("Chunk", "unroll", self.unroll, allow_none=False)
-        check_choice("Chunk", "remainder", self.remainder, ("call", "shift"))
+        if self.remainder is not None:
+            check_choice("Chunk", "remainder", self.remainder, ("call", "shift"))
         check_choice("Chunk", "grad", self.grad, ("auto", "fused", "recompute", "store"))
-        check_positive("Chunk", "grad_size", self.grad_size)
+        if self.grad_size != "auto":
+            check_positive("Chunk", "grad_size", self.grad_size)
+        check_positive("Chunk", "memory_budget", self.memory_budget)
         if self.grad_size is not None and self.grad == "store":
             raise ValueError(
-                f"`Chunk(grad='store', grad_size={self.grad_size})`: a backward chunk size needs "
-                "a reverse pass that runs chunk by chunk; use grad='fused', 'recompute' or "
-                "'auto', or leave grad_size=None."
+                f"`Chunk(grad='store', grad_size={self.grad_size!r})`: a backward chunk size "
+                "needs a reverse pass that runs chunk by chunk; use grad='fused', 'recompute' "
+                "or 'auto', or leave grad_size=None."
+            )
+        if self.grad_size == "auto" and self.size is None:
+            raise ValueError(
+                "`Chunk(size=None, grad_size='auto')`: a planned backward chunk size needs a "
+                "forward one; give size (an int or 'auto')."
+            )
+        if self.memory_budget is not None and "auto" not in (self.size, self.grad_size):
+            raise ValueError(
+                f"`Chunk(memory_budget={self.memory_budget})`: a memory budget is only used "
+                f"with size='auto' or grad_size='auto', got size={self.size!r} and "
+                f"grad_size={self.grad_size!r}."
             )
 
     def __call__(self, *args: Any, valid: RowMask | None = None) -> Any:
         with on_inputs_mesh(args):  # eager inputs on an Explicit mesh: the buffers join them
             return self._call(args, valid)
 
+    def memory_plan(self, *args: Any, valid: RowMask | None = None) -> MemoryPlan:
+        """The [`chunkx.MemoryPlan`][] that `size="auto"` follows for these arguments.
+
+        Arrays or `jax.ShapeDtypeStruct`s; nothing is run. The plan is cached, so calling the
+        Chunk afterwards compiles nothing more for planning.
+        """
+        if self.size != "auto":
+            raise ValueError(
+                f"`Chunk(size={self.size!r}).memory_plan`: only a Chunk with size='auto' has a "
+                "memory plan."
+            )
+        def plan(args, valid):  # traced: arrays and `jax.ShapeDtypeStruct`s alike
+            axes = zero_in_axes("Chunk", self.in_axes, len(args))
+            n = mapped_length(args, axes, "Chunk")
+            return forward_plan(self, planned_tree(self, args, valid, axes), n)
+
+        return eqx.filter_eval_shape(plan, args, valid)
+
+    def grad_memory_plan(self, *args: Any, valid: RowMask | None = None) -> MemoryPlan:
+        """The [`chunkx.MemoryPlan`][] of the reverse pass (`grad_size="auto"`): its
+        `chunk_size` is the backward size.
+
+        Differentiating the Chunk plans for what is differentiated; this method plans for the
+        floating arrays of `fn` (the weights it holds or closes over) and of the unmapped
+        arguments (every floating argument if there are none of those), which is the same
+        plan when those are what the gradient is taken with respect to. Nothing is run; the
+        plan is cached.
+        """
+        if self.grad_size != "auto":
+            raise ValueError(
+                f"`Chunk(grad_size={self.grad_size!r}).grad_memory_plan`: only a Chunk with "
+                "grad_size='auto' has a gradient plan."
+            )
+        size = self.memory_plan(*args, valid=valid).chunk_size if self.size == "auto" else self.size
+
+        def plan(args, valid):
+            axes = zero_in_axes("Chunk", self.in_axes, len(args))
+            n = mapped_length(args, axes, "Chunk")
+            tree = planned_tree(self, args, valid, axes)
+            return reverse_plan(self, tree, size, n, default_grad_wrt(tree, axes), axes)
+
+        return eqx.filter_eval_shape(plan, args, valid)
+
     def _call(self, args: tuple, valid: RowMask | None) -> Any:
         axes = zero_in_axes("Chunk", self.in_axes, len(args))
         n = mapped_length(args, axes, "Chunk")
+        if "auto" in (self.size, self.grad_size):
+            return auto_call(self, args, valid, axes, n)
         s = self.size
         if s is None or n <= min(s, self.grad_size or s):
             return evaluate(self.fn, self.reducer, args, valid, "Chunk")
@@ -152,9 +228,9 @@ class Chunk(eqx.Module):
             return fused_call(self, mapped, fixed, static, valid, n)
         if self.grad_size is not None:
             return regrad_call(self, mapped, fixed, static, valid, n)
-        return self.plain(mapped, fixed, static, valid, n, s, policy == "recompute")
+        return self._plain(mapped, fixed, static, valid, n, s, policy == "recompute")
 
-    def plain(self, mapped, fixed, static, valid, n, size, checkpoint):
+    def _plain(self, mapped, fixed, static, valid, n, size, checkpoint):
         """The chunk loop itself, at chunk size `size` (`n > size`)."""
         fn, reducer = self.fn, self.reducer
 

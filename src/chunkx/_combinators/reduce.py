@@ -15,6 +15,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -289,7 +290,9 @@ class Monoid(AbstractReducer):
     joins two partial results. Pieces are folded left to right in row order, seeded from the
     first piece (no identity element is needed), so `reduction` must be associative; it need not
     be commutative, also under [`chunkx.Shard`][] (devices are folded in mesh order). Rows
-    cannot be masked, so a [`chunkx.Chunk`][] with a Monoid uses `remainder="call"`.
+    cannot be masked, so a [`chunkx.Chunk`][] with a Monoid uses `remainder="call"`, except
+    for a plain sum (`reduction=jnp.add`, `chunk_reduction=jnp.sum`), whose masked rows are
+    zeroed.
 
     **Arguments:**
 
@@ -321,12 +324,20 @@ class Monoid(AbstractReducer):
             return self.additive
         return any(self.reduction is add for add in _ADDITIONS)
 
+    def can_mask(self) -> bool:
+        """Whether rows can be masked out: for a sum only (`reduction` adds and
+        `chunk_reduction` is `jnp.sum` or `np.sum`, a sum over every axis), whose masked rows
+        are zeroed before `chunk_reduction`."""
+        return self.is_additive() and any(self.chunk_reduction is s for s in (jnp.sum, np.sum))
+
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
         if valid is not None:
-            raise ValueError(
-                "`Monoid.reduce_rows`: a user reduction cannot mask repeated or padded rows; "
-                "use remainder='call' (no padding) or the Sum reducer."
-            )
+            if not self.can_mask():
+                raise ValueError(
+                    "`Monoid.reduce_rows`: a user reduction cannot mask repeated or padded "
+                    "rows; use remainder='call' (no padding) or the Sum reducer."
+                )
+            rows = jax.tree_util.tree_map(lambda x: _zero_masked(x, valid), rows)
         return self.chunk_reduction(rows)
 
     def combine(self, a: Tree, b: Tree) -> Tree:
@@ -378,6 +389,11 @@ class Monoid(AbstractReducer):
 
     def shard_collect(self, gathered: Tree, mesh: Mesh | AbstractMesh) -> Tree:
         return _fold_devices(self, gathered, mesh)
+
+
+def _zero_masked(x: Any, valid: Any) -> Any:
+    mask = jnp.reshape(jnp.asarray(valid), (-1,) + (1,) * (jnp.ndim(x) - 1))
+    return jnp.where(mask, x, jnp.zeros((), jnp.result_type(x)))
 
 
 def reducer_of(who: str, fn: Any, reducer: AbstractReducer | None) -> AbstractReducer:

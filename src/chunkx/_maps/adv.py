@@ -24,8 +24,8 @@ from .._combinators.chunk import Chunk, Reduce
 from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
 from .._combinators.shard import Shard
 from .._combinators.vmap import Vmap
-from .._grad_plan import ClosedOver, default_wrt, plan_reverse, reverse_planned_call
-from .._memory import MemoryPlan, per_device_rows, plan_auto
+from .._plan.measure import per_device_rows
+from .._plan.search import MemoryPlan
 from .._types import GradPolicy, InAxes
 from ._axes import move_axis, normalize_axis
 
@@ -71,15 +71,21 @@ def check_options(who: str, batch_size: Any, kwargs: dict, memory_budget, shard,
 
 def compose(
     inner, axes, batch_size, reducer, shard, mesh, checkpoint=True, progress=False, grad="auto",
-    grad_size=None,
+    grad_size=None, memory_budget=None, owner=None, remainder=None,
 ):
-    """The adv pipeline: [Shard ∘] (Chunk | Reduce) ∘ inner, all with one reducer."""
+    """The adv pipeline: [Shard ∘] (Chunk | Reduce) ∘ inner, all with one reducer.
+
+    An "auto" size is the Chunk's to plan (`memory_budget`; `owner` names the map in its
+    messages)."""
     if batch_size is None:
         piece = Reduce(inner, reducer)
     else:
+        planned = "auto" in (batch_size, grad_size)
         piece = Chunk(
             inner, batch_size, reducer=reducer, in_axes=axes, checkpoint=checkpoint,
             progress=progress, grad=grad, grad_size=grad_size,
+            memory_budget=memory_budget if planned else None, owner=owner if planned else None,
+            remainder=remainder,
         )
     if shard:
         piece = Shard(piece, mesh, in_axes=axes)
@@ -89,6 +95,52 @@ def compose(
 def _ndev(shard: bool, mesh: Mesh | None, args: Any) -> int:
     """Devices the rows are split over: those of the mesh `Shard` will run on."""
     return call_mesh(mesh, args).size if shard else 1
+
+
+def local_args(args: tuple, axes: tuple, who: str, ndev: int) -> tuple:
+    """`jax.ShapeDtypeStruct`s of the rows one device's Chunk sees (`per_device_rows`)."""
+    n = mapped_length(args, axes, who)
+    k = per_device_rows(n, ndev)
+
+    def struct(x, mapped):
+        if not eqx.is_array(x):
+            return x
+        shape = np.shape(x)
+        return jax.ShapeDtypeStruct((k,) + shape[1:] if mapped else shape, x.dtype)
+
+    return tuple(
+        jax.tree_util.tree_map(lambda x, a=a: struct(x, a is not None), arg)
+        for arg, a in zip(args, axes)
+    )
+
+
+def the_chunk(pipeline: Any) -> Chunk:
+    """The Chunk of an adv pipeline (inside its Shard, if any)."""
+    return pipeline.fn if isinstance(pipeline, Shard) else pipeline
+
+
+def prepare_args(who: str, f: Callable, in_axes: Any, args: tuple, kwargs: dict):
+    """`(f, axes, args)` with every mapped axis moved to the front (keywords: unmapped)."""
+    axes = in_axes_tuple(who, in_axes, len(args))
+    if all(a is None for a in axes):
+        raise ValueError(
+            f"`{who}(in_axes={in_axes!r})`: at least one argument must be mapped; "
+            "every in_axes entry is None."
+        )
+    axes = tuple(
+        None if a is None else normalize_axis(who, "in_axes", i, arg, a)
+        for i, (arg, a) in enumerate(zip(args, axes))
+    )
+    args = tuple(a if ax is None else move_axis(a, ax, 0) for a, ax in zip(args, axes))
+    zero = tuple(None if a is None else 0 for a in axes)
+    mapped_length(args, zero, who)  # lengths and leaves checked here, named `who`
+    if not kwargs:
+        return f, zero, args
+    return _with_kwargs(f), zero + (None,), args + (kwargs,)
+
+
+def fn_name(f: Any) -> str:
+    return getattr(f, "__name__", type(f).__name__)
 
 
 class BatchVmap(eqx.Module):
@@ -140,13 +192,7 @@ class BatchVmap(eqx.Module):
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
         f, zero, args = self._prepare(args, kwargs)
-        size, grad_size = self.batch_size, self.grad_batch_size
-        if size == "auto":
-            size = self._plan(f, zero, args).chunk_size
-        if grad_size != "auto":
-            out = self._build(f, zero, size, grad_size)(*args)
-        else:  # the reverse pass is planned only if the call is differentiated
-            out = reverse_planned_call(*self._reverse(zero, size, self._tree(f, zero, args)))
+        out = self._build(f, zero)(*args)
         return out if self.post is None else self.post(out)
 
     def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
@@ -157,87 +203,57 @@ class BatchVmap(eqx.Module):
         is differentiated; this method plans for the floating arguments that are not mapped and
         the arrays `f` holds or closes over (every floating argument if there are none of
         those), which is the same plan when those are what the gradient is taken with respect
-        to. Nothing is run; measurements are cached, and differentiating the map follows a plan
-        made here without compiling more for it. Raises `ValueError` where not even one row of
-        the reverse pass fits the budget (differentiating the map raises it too).
+        to. Nothing is run; plans are cached, and differentiating the map follows a plan made
+        here without compiling more for it. Raises `ValueError` where not even one row of the
+        reverse pass fits the budget (differentiating the map raises it too). With
+        `shard=True` the plan is one device's.
         """
         if self.grad_batch_size != "auto":
             raise ValueError(
                 f"`batch_vmap(grad_batch_size={self.grad_batch_size!r}).grad_memory_plan`: only "
                 "a map whose backward size is planned (batch_size='auto') has a gradient plan."
             )
-        f, zero, args = self._prepare(args, kwargs)
-        tree = self._tree(f, zero, args)
-        reverse = self._reverse(zero, self._plan(f, zero, args).chunk_size, tree)
-        return plan_reverse(*reverse, default_wrt(tree, zero))
+        def plan(args, kwargs):  # traced: arrays and `jax.ShapeDtypeStruct`s alike
+            chunk, local = self._local(args, kwargs)
+            return chunk.grad_memory_plan(*local)
+
+        return eqx.filter_eval_shape(plan, args, kwargs)
 
     def memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
         """The [`chunkx.MemoryPlan`][] that `batch_size="auto"` follows for these arguments.
 
-        Arrays or `jax.ShapeDtypeStruct`s; nothing is run. Measurements are cached, so calling
-        the map afterwards compiles nothing more for planning.
+        Arrays or `jax.ShapeDtypeStruct`s; nothing is run. Plans are cached, so calling the
+        map afterwards compiles nothing more for planning. With `shard=True` the plan is one
+        device's (its rows are `n // D`, or the leftover rows where those are more).
         """
         if self.batch_size != "auto":
             raise ValueError(
                 f"`batch_vmap(batch_size={self.batch_size!r}).memory_plan`: only a map built "
                 "with batch_size='auto' has a memory plan."
             )
-        return self._plan(*self._prepare(args, kwargs))
+        def plan(args, kwargs):  # traced: arrays and `jax.ShapeDtypeStruct`s alike
+            chunk, local = self._local(args, kwargs)
+            return chunk.memory_plan(*local)
+
+        return eqx.filter_eval_shape(plan, args, kwargs)
+
+    def _local(self, args: tuple, kwargs: dict) -> tuple:
+        """The pipeline's Chunk and the structs of the rows it plans for."""
+        f, zero, args = self._prepare(args, kwargs)
+        ndev = _ndev(self.shard, self.mesh, args)
+        return the_chunk(self._build(f, zero)), local_args(args, zero, "batch_vmap", ndev)
 
     def _prepare(self, args: tuple, kwargs: dict):
-        """`(f, axes, args)` with every mapped axis moved to the front (keywords: unmapped)."""
-        who = "batch_vmap"
-        axes = in_axes_tuple(who, self.in_axes, len(args))
-        if all(a is None for a in axes):
-            raise ValueError(
-                f"`{who}(in_axes={self.in_axes!r})`: at least one argument must be mapped; "
-                "every in_axes entry is None."
-            )
-        axes = tuple(
-            None if a is None else normalize_axis(who, "in_axes", i, arg, a)
-            for i, (arg, a) in enumerate(zip(args, axes))
-        )
-        args = tuple(a if ax is None else move_axis(a, ax, 0) for a, ax in zip(args, axes))
-        zero = tuple(None if a is None else 0 for a in axes)
-        mapped_length(args, zero, who)  # lengths and leaves checked here, named batch_vmap
-        if not kwargs:
-            return self.f, zero, args
-        return _with_kwargs(self.f), zero + (None,), args + (kwargs,)
+        return prepare_args("batch_vmap", self.f, self.in_axes, args, kwargs)
 
-    def _build(self, f, zero, size, grad_size=None):
+    def _build(self, f, zero, owner=None):
+        owner = owner or ("batch_vmap", "batch_size", "memory_budget",
+                          f"batch_vmap({fn_name(self.f)})")
         return compose(
-            Vmap(f, zero), zero, size, self.reducer, self.shard, self.mesh, self.checkpoint,
-            self.progress, self.grad, grad_size,
+            Vmap(f, zero), zero, self.batch_size, self.reducer, self.shard, self.mesh,
+            self.checkpoint, self.progress, self.grad, self.grad_batch_size, self.memory_budget,
+            owner,
         )
-
-    def _plan(self, f, zero, args, **names: str) -> MemoryPlan:
-        who = names.pop("who", "batch_vmap")
-        n = per_device_rows(mapped_length(args, zero, who), _ndev(self.shard, self.mesh, args))
-        key = (self.f, zero, self.reducer, self.shard, self.mesh, self.checkpoint, "batch_vmap")
-        return plan_auto(
-            who, lambda size: self._build(f, zero, size), args, n, self.memory_budget,
-            cache_on=key, **names,
-        )
-
-    def _tree(self, f, zero, args) -> tuple:
-        """`(f, args)` with the arrays `f` closes over lifted into its leaves."""
-
-        def row(x):
-            return jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype) if eqx.is_array(x) else x
-
-        example = [a if ax is None else jax.tree_util.tree_map(row, a) for a, ax in zip(args, zero)]
-        return ClosedOver.of(f, *example), args  # f runs on single rows
-
-    def _reverse(self, zero, size, tree) -> tuple:
-        """The arguments of `reverse_planned_call`/`plan_reverse` for this map."""
-        who, args = "batch_vmap", tree[1]
-        rows = per_device_rows(mapped_length(args, zero, who), _ndev(self.shard, self.mesh, args))
-        key = (self.f, zero, self.reducer, self.shard, self.mesh, self.grad)
-
-        def build(f, size, g):
-            return self._build(f, zero, size, g)
-
-        return who, build, tree, size, rows, self.memory_budget, key
 
 
 class _with_kwargs(eqx.Module):
@@ -441,7 +457,7 @@ def batch_map(
     n = _length(who, fun_input)
     return run_one_input(
         who, fun, fun_input, n, batch_size, reduction, chunk_reduction, strip_dim0, shard, mesh,
-        checkpoint, progress, memory_budget, key=(fun, who), arg="fun_input", reducer=reducer,
+        checkpoint, progress, memory_budget, arg="fun_input", reducer=reducer,
         grad=(grad, grad_batch_size),
     )
 
@@ -456,12 +472,12 @@ def check_strip(who: str, strip_dim0: bool, batch_size: Any) -> None:
 
 def run_one_input(
     who, fun, x, n, batch_size, reduction, chunk_reduction, strip_dim0, shard, mesh,
-    checkpoint, progress, memory_budget, key, arg, reducer=None, grad=("auto", None),
+    checkpoint, progress, memory_budget, arg, reducer=None, grad=("auto", None),
 ):
     """The tail shared by `batch_map` and `sparse_pullback`: one chunked input pytree `x`.
 
     `strip_dim0` calls `fun` per row; with a `reduction` those rows are folded (seeded from
-    row 0, so 0 rows is an error). `batch_size="auto"` is planned here.
+    row 0, so 0 rows is an error). An "auto" size is planned by the pipeline's Chunk.
     """
     if strip_dim0:
         fun = _Strip(fun)
@@ -474,23 +490,13 @@ def run_one_input(
             chunk_reduction = _first_row
     reducer, post = reducer_for(who, reduction, chunk_reduction, reducer, grad[0])
     policy, grad_size = grad
-
-    def build(size, g=None if grad_size == "auto" else grad_size, f=fun):
-        return compose(f, (0,), size, reducer, shard, mesh, checkpoint, progress, policy, g)
-
-    key = key + (strip_dim0, reducer, shard, mesh, checkpoint, grad)
-    rows = per_device_rows(n, _ndev(shard, mesh, x))
-    if batch_size == "auto":
-        batch_size = plan_auto(who, build, (x,), rows, memory_budget, cache_on=key).chunk_size
+    what = f"{who}({fn_name(fun)})"
+    pipeline = compose(
+        fun, (0,), batch_size, reducer, shard, mesh, checkpoint, progress, policy, grad_size,
+        memory_budget, (who, "batch_size", "memory_budget", what),
+    )
     with on_inputs_mesh(x):
-        if grad_size == "auto":  # the reverse pass is planned only if the call is differentiated
-            tree = (ClosedOver.of(fun, x), (x,))  # so that closed-over parameters are planned for
-            out = reverse_planned_call(
-                who, lambda f, size, g: build(size, g, f), tree, batch_size, rows,
-                memory_budget, key,
-            )
-        else:
-            out = build(batch_size)(x)
+        out = pipeline(x)
         return out if post is None else post(out)
 
 

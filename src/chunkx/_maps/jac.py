@@ -282,7 +282,7 @@ def batch_jacfwd(
     """
     argnums = _index(argnums)
     jax.jacfwd(fun, argnums, has_aux, holomorphic)  # JAX's checks of fun and argnums
-    batch_size = resolve_batch_size("batch_jacfwd", batch_size, kwargs)
+    batch_size = resolve_batch_size("batch_jacfwd", batch_size, kwargs, auto=False)
     return BatchJacfwd(fun, argnums, has_aux, holomorphic, batch_size, linearize)
 
 
@@ -335,5 +335,5 @@ def batch_jacrev(
     """
     argnums = _index(argnums)
     jax.jacrev(fun, argnums, has_aux, holomorphic, allow_int)  # JAX's check of fun
-    batch_size = resolve_batch_size("batch_jacrev", batch_size, kwargs)
+    batch_size = resolve_batch_size("batch_jacrev", batch_size, kwargs, auto=False)
     return BatchJacrev(fun, argnums, has_aux, holomorphic, allow_int, batch_size)

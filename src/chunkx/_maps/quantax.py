@@ -16,8 +16,6 @@ from .._combinators.groups import Groups
 from .._combinators.pad import Pad
 from .._combinators.shard import Shard
 from .._combinators.unrolled import Unrolled
-from .._grad_plan import ClosedOver, reverse_planned_call
-from .._memory import plan_auto
 from .._types import InAxes
 from ._axes import MovedAxes, map_outputs, move_axis, normalize_axis
 
@@ -59,39 +57,78 @@ class ChunkMap(eqx.Module):
         mapped = tuple(i for i, a in enumerate(axes) if a is not None)
         if not mapped or not any(array_leaves(args[i]) for i in mapped):
             return self.f(*args)
-        mesh = self.mesh
-        ndev = call_mesh(mesh, args).size  # the mesh Shard runs on, or lays the rows out for
+        ndev = call_mesh(self.mesh, args).size  # the mesh Shard runs on, or lays rows out for
         moved = tuple(a if ax is None else move_axis(a, ax, 0) for a, ax in zip(args, axes))
         zero = tuple(None if a is None else 0 for a in axes)
         n = mapped_length(moved, zero, who)
-        per_device = -(-n // ndev)
         inner = MovedAxes(self.f, axes, self.out_axes)
-        key = (self.f, axes, self.out_axes, self.shard_batch, mesh, "chunk_map")
         c = self.chunk_size
-        if c == "auto":  # planned with a scan: an unrolled loop's memory is not bounded anyway
-            build = lambda s: self._pipeline(inner, s, zero, n, ndev, "scan")  # noqa: E731
-            c = plan_auto(
-                who, build, moved, per_device, self.memory_budget, arg="chunk_size", cache_on=key
-            ).chunk_size
-        if self._plans_reverse():  # planned if differentiated, even where one chunk fits
-            tree = (ClosedOver.of(inner, *moved), moved)  # closed-over parameters planned for
-
-            def build_bwd(f, s, g):
-                return self._pipeline(f, s, zero, n, ndev, "scan", g)
-
-            out = reverse_planned_call(who, build_bwd, tree, c, per_device, self.memory_budget, key)
+        if c == "auto":
+            out = self._planned(inner, zero)(*moved)
         else:
-            if c is None or per_device == c or (per_device < c and not self.atleast_1chunk):
+            per_device = -(-n // ndev)
+            fits = per_device == c or (per_device < c and not self.atleast_1chunk)
+            if c is None or (fits and self.chunk_size_bwd is None):
                 size = None  # quantax's fast path: f sees the whole (local) batch
-            else:
-                size = c
+            else:  # a backward size: the Chunk runs the batch whole, its reverse pass in chunks
+                size = min(c, per_device) if fits else c
             loop = "scan" if self.use_scan else "python"
             out = self._pipeline(inner, size, zero, n, ndev, loop)(*moved)
         return map_outputs(out, self.out_axes, lambda o, ax: move_axis(o, 0, ax))
 
-    def _plans_reverse(self) -> bool:
-        """Whether the reverse pass gets its own planned size: "auto" with a scan loop."""
-        return self.chunk_size == "auto" and self.use_scan and self.chunk_size_bwd is None
+    def memory_plan(self, *args: Any):
+        """The [`chunkx.MemoryPlan`][] that `chunk_size="auto"` follows for these arguments
+        (one device's with `shard_batch=True`); nothing is run, and the plan is cached."""
+        def plan(args):
+            chunk, local = self._local(args, "memory_plan")
+            return chunk.memory_plan(*local)
+
+        return eqx.filter_eval_shape(plan, args)
+
+    def grad_memory_plan(self, *args: Any):
+        """The [`chunkx.MemoryPlan`][] of the reverse pass of `chunk_size="auto"` with
+        `use_scan=True` (see [`chunkx.BatchVmap`][]'s `grad_memory_plan`)."""
+        if self.chunk_size == "auto" and (self.chunk_size_bwd is not None or not self.use_scan):
+            raise ValueError(
+                f"`chunk_map(chunk_size_bwd={self.chunk_size_bwd!r}).grad_memory_plan`: only a "
+                "map whose backward size is planned (chunk_size='auto', use_scan=True, "
+                "chunk_size_bwd=None) has a gradient plan."
+            )
+
+        def plan(args):
+            chunk, local = self._local(args, "grad_memory_plan")
+            return chunk.grad_memory_plan(*local)
+
+        return eqx.filter_eval_shape(plan, args)
+
+    def _local(self, args: tuple, method: str) -> tuple:
+        from .adv import local_args, the_chunk
+
+        if self.chunk_size != "auto":
+            raise ValueError(
+                f"`chunk_map(chunk_size={self.chunk_size!r}).{method}`: only a map built with "
+                "chunk_size='auto' has a memory plan."
+            )
+        axes = _arg_axes("chunk_map", self.in_axes, args)
+        moved = tuple(a if ax is None else move_axis(a, ax, 0) for a, ax in zip(args, axes))
+        zero = tuple(None if a is None else 0 for a in axes)
+        ndev = call_mesh(self.mesh, args).size if self.shard_batch else 1
+        pipeline = self._planned(MovedAxes(self.f, axes, self.out_axes), zero)
+        return the_chunk(pipeline), local_args(moved, zero, "chunk_map", ndev)
+
+    def _planned(self, inner, zero):
+        """`chunk_size="auto"`: [Shard ∘] Chunk(size="auto"); the Chunk plans (the scan loop;
+        with `use_scan=True` and no `chunk_size_bwd`, the reverse pass too)."""
+        bwd = self.chunk_size_bwd
+        if bwd is None and self.use_scan:
+            bwd = "auto"
+        name = getattr(self.f, "__name__", type(self.f).__name__)
+        chunk = Chunk(
+            inner, "auto", in_axes=zero, remainder="shift", progress=self.progress,
+            grad_size=bwd, memory_budget=self.memory_budget,
+            owner=("chunk_map", "chunk_size", "memory_budget", f"chunk_map({name})"),
+        )
+        return Shard(chunk, self.mesh, in_axes=zero) if self.shard_batch else chunk
 
     def _pipeline(self, inner, size, zero, n, ndev, loop, bwd=None):
         """[Shard ∘] [Pad ∘] [Groups ∘] Chunk ∘ f, in quantax's per-device row layout.

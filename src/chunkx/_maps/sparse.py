@@ -198,7 +198,7 @@ def sparse_pullback(
     out = run_one_input(
         who, Pullback(fn, higher_order), y, n, batch_size, reduction, chunk_reduction,
         strip_dim0, shard, mesh, checkpoint, progress, memory_budget,
-        key=(fn, higher_order, who), arg="y",
+        arg="y",
         grad=("auto", None) if grad_batch_size is None else ("recompute", grad_batch_size),
     )
     if check_block_diagonal and n:  # under jit: an equinox.error_if on the output

@@ -273,7 +273,7 @@ def batch_vectorize(
         assert jnp.allclose(y, jnp.vectorize(jnp.dot, signature="(m,n),(n)->(m)")(a, v))
         ```
     """
-    batch_size = resolve_batch_size(_WHO, batch_size, kwargs)
+    batch_size = resolve_batch_size(_WHO, batch_size, kwargs, auto=False)
     if any(not isinstance(e, int | str) for e in excluded):
         raise TypeError(
             f"`{_WHO}(excluded=...)`: jax.numpy.vectorize can only exclude integer or string "

@@ -18,7 +18,7 @@ from .._combinators.reduce import AbstractReducer, Concat
 from .._combinators.vmap import Vmap
 from .._types import GradPolicy
 from ._vmap_axes import Spec, by_name, check_spec, flat_axes, in_axis, leaf_names, out_axis
-from .adv import check_grad_options, compose
+from .adv import check_grad_options, compose, fn_name
 
 _AXES = (0, None)  # the pipeline's two arguments: mapped rows, fixed leaves
 
@@ -224,9 +224,11 @@ class ChunkedVmap(eqx.Module):
         return jax.tree_util.tree_map(lambda o: jnp.moveaxis(o, 0, axis(o)), out)
 
     def _pipeline(self, body: _Body) -> Callable:
+        """[Shard ∘] (Chunk | Reduce) ∘ Vmap; an "auto" size is the Chunk's to plan."""
+        owner = (self._who, "batch_size", "memory_budget", f"{self._who}({fn_name(self.fun)})")
         return compose(
             Vmap(body, _AXES), _AXES, self.batch_size, self.reducer, self.shard, self.mesh,
-            True, self.progress, self.grad, self.grad_batch_size,
+            True, self.progress, self.grad, self.grad_batch_size, self.memory_budget, owner,
         )
 
 

@@ -1,11 +1,9 @@
-"""Planning the reverse pass: the VJP program of a map, searched like the forward pass, and
-planned only when the map is differentiated.
+"""The pieces of reverse-pass planning: arrays a function closes over as leaves, the VJP
+program whose memory the backward chunk size is planned on, and the `jax.custom_jvp` that plans
+only when a call is differentiated.
 
-A map is `run(tree, g)`: `tree = (f, args)` holds every array (the arguments and the arrays `f`
-holds or closes over, lifted by `ClosedOver`), `g` is the backward chunk size. The backward size
-is searched with the forward planner's search on the compiled VJP of `run` with respect to the
-array leaves that are differentiated, among sizes up to the forward size (the remainder is
-taken from all the rows).
+A call is `run(tree, g)`: `tree` holds every array (the arguments and the arrays the function
+holds or closes over, lifted by `ClosedOver`), `g` is the backward chunk size.
 """
 
 from collections.abc import Callable
@@ -15,16 +13,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
-
-from ._memory import (
-    MemoryPlan,
-    cached,
-    compiled_temp_bytes,
-    default_budget,
-    divisor_below,
-    search_sizes,
-    signature,
-)
 
 Run = Callable[[Any, int | None], Any]
 
@@ -106,41 +94,6 @@ class VjpProgram(eqx.Module):
         return out, pull(jax.tree_util.tree_map(jnp.ones_like, out))
 
 
-def plan_grad(
-    who: str,
-    run: Run,
-    tree: Any,
-    wrt: tuple[bool, ...],
-    n: int,
-    memory_budget: int | None,
-    cache_on: Any,
-    rows: int,
-) -> MemoryPlan:
-    """Plan the backward chunk size: `VjpProgram(run, g, wrt)(tree)` within the budget.
-
-    `n` is the forward size, the largest backward size; `rows` the rows the chunks split. Where
-    the forward size was itself cut by the budget (`n < rows`), the reverse pass, which runs the
-    forward pass of each chunk too, cannot fit at `n`: the search starts from two sizes that
-    divide the rows, near `n / 8` and `n / 2`, instead of compiling `n` first.
-    """
-    budget = default_budget(who, "batch_size") if memory_budget is None else memory_budget
-
-    def measure(g: int) -> int:
-        return compiled_temp_bytes(VjpProgram(run, g, wrt), tree, who=who)
-
-    # keyed on the arrays' shapes, not on `ClosedOver.ids` (new tracers at every trace)
-    arrays = jax.tree_util.tree_leaves(eqx.filter(tree, eqx.is_array))
-    measure = cached(*signature((cache_on, wrt), arrays, tree[1]), measure)
-    p = divisor_below(rows, n // 8)
-    q = divisor_below(rows, n // 2)
-    q = q if q > p else min(n, p + 1)  # rows with few divisors
-    first = (n, p) if n >= rows else (p, q)
-    return search_sizes(
-        measure, n, budget, rows, first, who=who, name="memory_budget",
-        what="the reverse pass (the VJP of the map)",
-    )
-
-
 def planned_on_differentiation(run: Run, plan: Callable[[Any, tuple], int], tree: Any) -> Any:
     """`run(tree, None)`, whose derivatives are those of `run(tree, plan(tree, wrt))`.
 
@@ -173,36 +126,3 @@ def planned_on_differentiation(run: Run, plan: Callable[[Any, tuple], int], tree
 
     f.defjvp(rule, symbolic_zeros=True)
     return f(*leaves)
-
-
-def plan_reverse(
-    who: str, build: Callable, tree: Any, size: int, rows: int, memory_budget: int | None,
-    key: Any, wrt: tuple[bool, ...],
-) -> MemoryPlan:
-    """The backward chunk size of `build(f, size, g)(*args)`, `tree = (f, args)`, for
-    differentiating the array leaves of `tree` marked in `wrt`."""
-    run = _at_forward_size(build, size)
-    n = min(rows, size)
-    return plan_grad(who, run, tree, wrt, n, memory_budget, key + (size, "grad"), rows)
-
-
-def _at_forward_size(build: Callable, size: int) -> Run:
-    """`(tree, g) -> build(f, size, g)(*args)` for `tree = (f, args)`."""
-
-    def run(tree, g):
-        return build(tree[0], size, g)(*tree[1])
-
-    return run
-
-
-def reverse_planned_call(
-    who: str, build: Callable, tree: Any, size: int, rows: int, memory_budget: int | None,
-    key: Any,
-) -> Any:
-    """`build(f, size, None)(*args)`, whose reverse pass runs at the size `plan_reverse` gives
-    for what is differentiated, planned only if the call is differentiated."""
-
-    def plan(tree, wrt):
-        return plan_reverse(who, build, tree, size, rows, memory_budget, key, wrt).chunk_size
-
-    return planned_on_differentiation(_at_forward_size(build, size), plan, tree)

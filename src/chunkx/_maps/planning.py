@@ -1,7 +1,7 @@
 """`plan_chunk_size` and `plan_memory`: plan `batch_vmap` for a budget of XLA temp memory.
 
-The maps plan their own `"auto"` sizes through `chunkx._memory.plan_auto`; this module only
-builds a `batch_vmap` and asks it for its plan (planning flows one way: maps -> planner).
+Ordinary users of the planner: they build `batch_vmap`'s pipeline with `Chunk(size="auto")` and
+ask that Chunk for its plan, as the map itself does when it is called.
 """
 
 from collections.abc import Callable
@@ -12,11 +12,21 @@ from beartype import beartype
 from jax.sharding import Mesh
 from jaxtyping import PyTree, jaxtyped
 
-from ._checks import check_positive
-from ._combinators.reduce import identity
-from ._maps.adv import batch_vmap
-from ._memory import MemoryPlan
-from ._types import InAxes
+from .._checks import check_positive
+from .._combinators.reduce import identity
+from .._combinators.vmap import Vmap
+from .._plan.search import MemoryPlan
+from .._types import InAxes
+from .adv import (
+    _ndev,
+    check_options,
+    compose,
+    fn_name,
+    local_args,
+    prepare_args,
+    reducer_for,
+    the_chunk,
+)
 
 
 @jaxtyped(typechecker=beartype)
@@ -49,26 +59,22 @@ def plan_memory(
         assert plan.bytes_at(plan.chunk_size) <= 100_000 < plan.bytes_at(256)
         ```
     """
-    check_positive("plan_chunk_size", "budget_bytes", budget_bytes, allow_none=False)
-    name = getattr(f, "__name__", type(f).__name__)
-    g = batch_vmap(
-        f,
-        in_axes,
-        batch_size="auto",
-        memory_budget=budget_bytes,
-        reduction=reduction,
-        chunk_reduction=chunk_reduction,
-        shard=shard,
-        mesh=mesh,
-    )
+    who = "plan_chunk_size"
+    check_positive(who, "budget_bytes", budget_bytes, allow_none=False)
+    check_options(who, "auto", {}, budget_bytes, shard, mesh)
+    reducer, _ = reducer_for("batch_vmap", reduction, chunk_reduction)
+    owner = (who, "batch_size", "budget_bytes", f"batch_vmap({fn_name(f)})")
 
-    def plan(*args):  # traced once: arrays and `jax.ShapeDtypeStruct`s alike
-        return g._plan(
-            *g._prepare(args, {}), who="plan_chunk_size", name="budget_bytes",
-            what=f"batch_vmap({name})",
+    def plan(args):  # traced: arrays and `jax.ShapeDtypeStruct`s alike
+        g, zero, args = prepare_args("batch_vmap", f, in_axes, args, {})
+        pipeline = compose(
+            Vmap(g, zero), zero, "auto", reducer, shard, mesh, memory_budget=budget_bytes,
+            owner=owner, remainder="call",  # as `batch_vmap(batch_size=B)` runs it
         )
+        local = local_args(args, zero, "batch_vmap", _ndev(shard, mesh, args))
+        return the_chunk(pipeline).memory_plan(*local)
 
-    return eqx.filter_eval_shape(plan, *args)
+    return eqx.filter_eval_shape(plan, args)
 
 
 @jaxtyped(typechecker=beartype)
@@ -89,14 +95,16 @@ def plan_chunk_size(
     XLA's `compiled.memory_analysis().temp_size_in_bytes` (per device; arguments and outputs
     are not counted). Nothing is run or allocated: `args` may be `jax.ShapeDtypeStruct`s.
 
-    The search is [`chunkx.fit_memory`][]: it compiles the whole batch `B = n` first (the answer
-    if it fits), then the largest divisor of `n` up to `n / 8` (e.g. 256 for `n = 2048`), fits
-    `temp ≈ a + b·B` through them, plus the extra cost of a remainder chunk for sizes that do not
-    divide `n`, and compiles the largest size this model says fits; it refits on every
-    measurement and stops when the model allows nothing larger than the best measured size: three
-    or four compilations for a linear profile, never more than 12, and the answer is always a
-    measured size. Measurements are cached per signature (`f` by identity, shapes and dtypes of
-    `args`, the options). See "Choose a chunk size" in the docs for what this assumes.
+    The search is the one every `"auto"` runs (see "Choose a chunk size" in the docs): it
+    compiles the whole batch `B = n` first (the answer if it fits), then a size near 90% of
+    where memory proportional to the rows would meet the budget, fits the line `temp ≈ a + b·B`
+    through the two and takes the largest size within 95% of the budget above `a`: two
+    compilations where the two measurements bracket the answer (one fits, one does not), more
+    only where they do not (then the answer is a measured size, as [`chunkx.fit_memory`][]
+    gives). The size is for `batch_vmap(batch_size=B)`, whose leftover rows are one more call:
+    a size dividing `n` within 10% of the line's answer, else a measured size that fits. Plans
+    are cached per fingerprint of the compiled program, in this process and on disk (see
+    [`chunkx.clear_plan_cache`][]).
 
     **Arguments:**
 
@@ -108,7 +116,7 @@ def plan_chunk_size(
     **Returns:**
 
     A positive `int`: the number of rows (`n`, or a device's share with `shard`) when the whole
-    batch fits, else a measured size within the budget above which the model predicts none fits.
+    batch fits, else the largest size the fitted line allows (see above).
 
     **Raises:**
 

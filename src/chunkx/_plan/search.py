@@ -1,20 +1,21 @@
-"""The memory-planning machinery: measure compiled temp memory, fit a model, search a chunk size.
+"""The search for a chunk size: a model of temp memory against chunk size, fitted to a few
+measurements, and two searches over it.
 
-One machinery serves every planner: `measure(B) -> bytes` (usually [`chunkx.compiled_temp_bytes`][]
-of a pipeline built with chunk size `B`), a model `bytes ≈ a + b·B` plus the cost of the remainder
-chunk, and a search that measures the largest size the model allows until the model allows no
-larger one than the best measured within the budget.
+`measure(B) -> bytes` is usually [`chunkx.compiled_temp_bytes`][] of a pipeline at chunk size
+`B`; the model is `bytes ≈ a + b·B` plus the cost of the remainder chunk. `search_sizes` (what
+[`chunkx.fit_memory`][] runs) measures until its answer is a measured size; `quick_search` (what
+`"auto"` runs) measures two sizes and trusts the line between them, measuring more only where
+its answer would be an extrapolation.
 """
 
-from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import equinox as eqx
-import jax
 import numpy as np
 
-from ._checks import check_positive
+from .._checks import check_positive
+from .measure import divisor_below
 
 _MAX_COMPILES = 12
 
@@ -219,11 +220,6 @@ def fit_memory(
     return search_sizes(measure, n, budget, rows, first, who=who, what=what, name=name)
 
 
-def divisor_below(rows: int, size: int) -> int:
-    """The largest divisor of `rows` in `[1, max(size, 1)]` (a size leaving no remainder)."""
-    return next(d for d in range(max(1, size), 0, -1) if rows % d == 0)
-
-
 def search_sizes(
     measure: Callable[[int], int],
     n: int,
@@ -234,10 +230,11 @@ def search_sizes(
     who: str,
     what: str,
     name: str,
+    seen: dict[int, int] | None = None,
 ) -> MemoryPlan:
     """`fit_memory`'s search, starting from the sizes `first` (if `n` is one of them and fits,
-    the answer is `n`)."""
-    seen: dict[int, int] = {}
+    the answer is `n`) and the measurements `seen` (updated in place)."""
+    seen = {} if seen is None else seen
 
     def m(size: int) -> int:
         if size not in seen:
@@ -265,192 +262,82 @@ def search_sizes(
     )
 
 
-# -- compiling a pipeline -----------------------------------------------------------------------
+#: The share of the budget above the line's fixed cost that a size predicted (not measured) by
+#: `quick_search` may use: room for a few percent of curvature between the measured points.
+MARGIN = 0.95
 
 
-def _is_leaf_array(x: Any) -> bool:
-    return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
-
-
-def _struct(x: Any) -> Any:
-    return jax.ShapeDtypeStruct(np.shape(x), x.dtype) if _is_leaf_array(x) else x
-
-
-def temp_bytes_of(compiled: Any, who: str) -> int:
-    """`compiled.memory_analysis().temp_size_in_bytes`, with a clear error where it is missing."""
-    analysis = compiled.memory_analysis()
-    temp = getattr(analysis, "temp_size_in_bytes", None)
-    if temp is None:
-        platform = jax.default_backend()
-        raise RuntimeError(
-            f"`{who}`: the {platform!r} backend reports no memory analysis for compiled code "
-            "(memory_analysis() returned None), so a chunk size cannot be planned; pass an "
-            "explicit batch_size/chunk_size instead."
-        )
-    return int(temp)
-
-
-def compiled_temp_bytes(
-    fn: Callable[..., Any], *args: Any, who: str = "compiled_temp_bytes"
-) -> int:
-    """XLA temp memory (bytes, per device) of `eqx.filter_jit(fn)(*args)` on the default backend.
-
-    Nothing is allocated or run: array leaves of `args` (and of `fn`, if it is a Module holding
-    arrays or tracers) become `jax.ShapeDtypeStruct`s and are only compiled for. Other leaves
-    are closed over as constants, and non-array leaves of the output (e.g. the functions of an
-    equinox Module that `fn` returns) are dropped, as `eqx.filter_jit` does.
-
-    !!! Example
-
-        ```python
-        import jax, jax.numpy as jnp, chunkx
-        f = lambda x: jnp.sum(jnp.sort(x @ x.T, axis=1)[:, -1])   # materialises x @ x.T
-        x = jax.ShapeDtypeStruct((512, 8), jnp.float32)             # nothing is allocated
-        temp = chunkx.compiled_temp_bytes(f, x)
-        assert temp == jax.jit(f).lower(x).compile().memory_analysis().temp_size_in_bytes
-        assert temp >= 512 * 512 * 4                                # at least x @ x.T
-        ```
-    """
-    dyn, static = eqx.partition((fn, args), _is_leaf_array)
-    dyn = jax.tree_util.tree_map(_struct, dyn)
-
-    def run(d):
-        f, a = eqx.combine(d, static)
-        return eqx.filter(f(*a), eqx.is_array)
-
-    return temp_bytes_of(jax.jit(run).lower(dyn).compile(), who)
-
-
-# -- cache of measurements per signature --------------------------------------------------------
-
-_CACHE: "OrderedDict[Hashable, tuple[tuple, dict[int, int]]]" = OrderedDict()
-_CACHE_SIZE = 64
-
-
-def _leaf_key(x: Any) -> Hashable:
-    if _is_leaf_array(x):
-        return ("array", tuple(np.shape(x)), str(x.dtype))
-    try:
-        hash(x)
-        return ("value", type(x).__name__, x)
-    except TypeError:
-        return ("id", id(x))
-
-
-def signature(*objects: Any) -> tuple[Hashable, tuple]:
-    """A cache key for `objects`: shapes/dtypes of arrays, values or identities of the rest.
-
-    Also returns the objects keyed by identity, which the cache keeps alive with the key.
-    """
-    leaves, treedef = jax.tree_util.tree_flatten(objects, is_leaf=_is_leaf_array)
-    keys = tuple(_leaf_key(x) for x in leaves)
-    keep = tuple(x for x, k in zip(leaves, keys) if k[0] == "id")
-    return (treedef, keys), keep
-
-
-def cached(key: Hashable, keepalive: tuple, measure: Callable[[int], int]) -> Callable[[int], int]:
-    """`measure` with its results remembered under `key` (LRU of 64 signatures).
-
-    `keepalive` holds the objects whose `id` is part of `key`, so ids cannot be reused while the
-    entry lives.
-    """
-    if key in _CACHE:
-        _CACHE.move_to_end(key)
-        memo = _CACHE[key][1]
-    else:
-        memo = {}
-        _CACHE[key] = (keepalive, memo)
-        while len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
-
-    def m(size: int) -> int:
-        if size not in memo:
-            memo[size] = measure(size)
-        return memo[size]
-
-    return m
-
-
-def plan_pipeline(
-    build: Callable[[int], Callable[..., Any]],
-    args: tuple,
+def quick_search(
+    measure: Callable[[int], int],
     n: int,
-    budget_bytes: int,
+    budget: int,
+    rows: int,
+    first: tuple[Any, Any],
     *,
+    shift: bool,
     who: str,
     what: str,
-    name: str = "budget_bytes",
-    cache_on: Any = None,
+    name: str,
 ) -> MemoryPlan:
-    """Plan any pipeline builder: `build(B)(*args)` is compiled for the sizes the search needs.
+    """The search `"auto"` runs: measure the two sizes `first`, then trust the line through them.
 
-    `cache_on` (e.g. `(f, options)`) identifies `build` across calls: measurements are cached
-    per `signature(cache_on, args)`. With `cache_on=None` nothing is cached.
+    An entry of `first` may be a function of the measurements so far (`{size: bytes}`) that
+    returns the size to measure.
+
+    If `n` is measured first and fits, the answer is `n` (one compilation). Otherwise the line
+    `a + b·B` through the two measurements gives the largest size within `MARGIN` of the
+    budget (above `a`): any size with `shift` (the last chunk is shifted back: no remainder
+    program), else a size that divides the rows (a remainder program has buffers of its own)
+    if one is within 10% of it.
+    That size is the answer without compiling it when the measurements bracket it: a measured
+    size at or below it fits, and a measured size above it does not, or it is at most twice
+    the largest measured size. Otherwise (the line is flat, or every measured size is over the
+    budget) the answer comes from `search_sizes`, which measures until its answer is a
+    measured size.
     """
+    seen: dict[int, int] = {}
 
-    def measure(size: int) -> int:
-        return compiled_temp_bytes(build(size), *args, who=who)
+    def m(size: int) -> int:
+        if size not in seen:
+            seen[size] = int(measure(size))
+        return seen[size]
 
-    if cache_on is not None:
-        measure = cached(*signature(cache_on, args), measure)
-    return fit_memory(measure, n, budget_bytes, who=who, what=what, name=name)
-
-
-#: Fraction of `device.memory_stats()["bytes_limit"]` that `batch_size="auto"` uses as its
-#: budget when no `memory_budget` is given (backends that report device memory only).
-DEFAULT_BUDGET_FRACTION = 0.5
-
-
-def default_budget(who: str, arg: str = "batch_size", device: Any = None) -> int:
-    """`DEFAULT_BUDGET_FRACTION` of the device's `bytes_limit`, or a clear error where unknown."""
-    device = jax.local_devices()[0] if device is None else device
-    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
-    limit = (stats or {}).get("bytes_limit")
-    if not limit:
-        raise ValueError(
-            f"`{who}({arg}='auto')`: memory_budget must be given on the {device.platform!r} "
-            "backend, which reports no device memory (device.memory_stats() has no "
-            "'bytes_limit'); pass memory_budget=<bytes of temp memory per device>."
-        )
-    return int(DEFAULT_BUDGET_FRACTION * limit)
+    for size in first:
+        size = size(dict(seen)) if callable(size) else size
+        if m(size) <= budget and size == n:  # the whole batch fits: no chunking
+            return MemoryPlan(n, budget, tuple(seen.items()), float(m(n)), 0.0, n, n, rows=rows)
+    a, b = fit_line(list(seen.items()))
+    size = _bracketed(seen, _Model(a, b), n, rows, budget)
+    if not shift and size is not None:  # leftover rows: only sizes that divide the rows
+        divides = _bracketed(seen, _Model(a, b, np.inf), n, rows, budget)
+        size = divides if divides is not None and divides >= 0.9 * size else None
+    if size is None:
+        return search_sizes(m, n, budget, rows, (), who=who, what=what, name=name, seen=seen)
+    return MemoryPlan(n, budget, tuple(seen.items()), a, b, size, size, rows=rows)
 
 
-def per_device_rows(n: int, ndev: int) -> int:
-    """Rows one device chunks when `n` rows are split over `ndev` devices (the larger of a
-    device's share and the leftover rows, which `Shard` evaluates as one more piece)."""
-    return n if ndev == 1 else max(n // ndev, n % ndev)
+def _bracketed(seen: dict[int, int], model: _Model, n: int, rows: int, budget: int) -> int | None:
+    """The largest size `model` predicts within `MARGIN` of the budget, if the measurements in
+    `seen` bracket it (see `quick_search`); else `None`."""
+    if model.b <= 0 or model.a >= budget:
+        return None
+    limit = model.a + MARGIN * (budget - model.a)
+    size = _largest_predicted(model, 1, n, rows, int(limit))
+    fits = [s for s, v in seen.items() if v <= budget]
+    if size is None or not fits or min(fits) > size:
+        return None
+    size = max(size, max(fits))
+    over = [s for s, v in seen.items() if v > budget and s > size]
+    return size if over or size <= 2 * max(seen) else None
 
 
-def plan_auto(
-    who: str,
-    build: Callable[[int], Callable[..., Any]],
-    args: tuple,
-    n: int,
-    memory_budget: int | None,
-    *,
-    arg: str = "batch_size",
-    cache_on: Any = None,
-    name: str = "memory_budget",
-    what: str | None = None,
-) -> MemoryPlan:
-    """Plan `arg="auto"` of a chunked map: the [`chunkx.MemoryPlan`][] of its own pipeline.
+def proportional_size(n: int, budget: int, rows: int, shift: bool) -> Callable[[dict], int]:
+    """The second size the forward search measures, from the first (the whole batch, `n`):
+    90% of the size at which memory proportional to the rows would meet the budget (a divisor
+    of the rows unless `shift`), so that it usually fits and brackets the answer with `n`."""
 
-    **Arguments:**
+    def second(seen: dict[int, int]) -> int:
+        size = max(1, min(n - 1, int(0.9 * n * budget / max(seen[n], 1))))
+        return size if shift else divisor_below(rows, size)
 
-    - `who`: the public map or planner, for messages (`"batch_vmap"`).
-    - `build`: `size -> pipeline`, the map's own combinators with chunk size `size`.
-    - `args`: the pipeline's arguments (arrays, tracers or `jax.ShapeDtypeStruct`s).
-    - `n`: the largest useful chunk size (rows per device).
-    - `memory_budget`: bytes of temp memory per device, or `None` for
-      `DEFAULT_BUDGET_FRACTION` of the device's memory where the backend reports it.
-    - `arg`: the chunk-size argument's name (`"batch_size"`, `"chunk_size"`).
-    - `cache_on`: what identifies `build` (the function and options), for the cache.
-    - `name`, `what`: the budget argument and the planned object, for messages.
-    """
-    if memory_budget is None:
-        memory_budget = default_budget(who, arg)
-    what = f"{who}({arg}='auto')" if what is None else what
-    return plan_pipeline(
-        build, args, n, memory_budget, who=who, what=what, name=name, cache_on=cache_on
-    )
-
+    return second

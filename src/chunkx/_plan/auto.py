@@ -1,0 +1,257 @@
+"""`Chunk(size="auto")` and `Chunk(grad_size="auto")`: a Chunk plans its own chunk sizes.
+
+A Chunk plans where it runs, on the arguments it is called with: inside `Shard` those are one
+device's rows, inside `Pad` the padded rows and their mask, inside another map the rows that
+map hands it. Every public `"auto"` is this one mechanism.
+
+- **Forward** (`size="auto"`), when the Chunk is traced: compile the Chunk alone at the whole
+  batch (the answer if it fits: one compilation), then at a divisor of the rows near `n / 8`;
+  the line through the two gives the size (`quick_search`): two compilations.
+- **Reverse** (`grad_size="auto"`), only when the call is differentiated (a `jax.custom_jvp`
+  rule): compile the VJP of the Chunk at the forward size with respect to what is
+  differentiated, at two backward sizes (the forward size and a divisor near `1/8` of it if
+  the whole batch ran as one chunk, else divisors near `1/8` and `1/2` of it): two compilations.
+
+Measurements are kept per fingerprint of the program (see `cache.py`), so a second trace, a
+second map over the same program or a second process plans without compiling; in a
+multi-process run process 0 plans and the others use its sizes (`agree.py`).
+"""
+
+import dataclasses
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+
+from .._combinators.reduce import Concat, Monoid, Sum
+from .cache import logger, measured
+from .measure import compiled_temp_bytes, default_budget, divisor_below, fingerprint
+from .reverse import ClosedOver, VjpProgram, default_wrt, planned_on_differentiation
+from .search import MemoryPlan, proportional_size, quick_search
+
+
+def _no_fn(*args: Any) -> Any:
+    raise AssertionError("a planned Chunk is called with its function in place")
+
+
+class _AtSize(eqx.Module):
+    """`tree -> chunk(*args, valid=valid)` with `tree = (fn, args, valid)` at fixed sizes."""
+
+    chunk: Any
+    size: int | None = eqx.field(static=True)
+    grad_size: int | None = eqx.field(static=True)
+
+    def __call__(self, tree: Any) -> Any:
+        fn, args, valid = tree
+        return at_sizes(self.chunk, fn, self.size, self.grad_size)(*args, valid=valid)
+
+
+def shifts(chunk: Any) -> bool:
+    """Whether a planned Chunk with the default `remainder=None` shifts its last chunk back
+    (`remainder="shift"`): wherever its reducer can mask the repeated rows
+    ([`chunkx.Concat`][], [`chunkx.Sum`][], a sum [`chunkx.Monoid`][]). Its memory is then
+    the loop's alone, with no remainder program (whose buffers XLA keeps beside the loop's):
+    linear in the chunk size, so two measurements plan it."""
+    reducer = chunk.reducer
+    if isinstance(reducer, Monoid):
+        return reducer.can_mask()
+    return isinstance(reducer, Concat) or (isinstance(reducer, Sum) and not reducer.presummed)
+
+
+def _shift(chunk: Any) -> bool:
+    """Whether the planned Chunk runs `remainder="shift"`: as asked, or, with the default
+    `remainder=None`, wherever its reducer can mask."""
+    if chunk.remainder is None:
+        return shifts(chunk)
+    return chunk.remainder == "shift"
+
+
+def at_sizes(chunk: Any, fn: Callable, size: int | None, grad_size: int | None) -> Any:
+    """The Chunk with `fn` and fixed sizes in place of "auto"."""
+    return dataclasses.replace(
+        chunk, fn=fn, size=size, grad_size=grad_size, memory_budget=None, owner=None,
+        remainder="shift" if _shift(chunk) else "call",
+    )
+
+
+def _template(chunk: Any) -> Any:
+    """The Chunk's options without its function (which the planned tree holds)."""
+    return at_sizes(chunk, _no_fn, None, None)
+
+
+def _row_structs(args: tuple, axes: tuple) -> tuple:
+    def struct(x):
+        return jax.ShapeDtypeStruct(np.shape(x), x.dtype) if eqx.is_array(x) else x
+
+    return tuple(jax.tree_util.tree_map(struct, a) for a in args)
+
+
+def planned_tree(chunk: Any, args: tuple, valid: Any, axes: tuple) -> tuple:
+    """`(fn, args, valid)` with the tracers `fn` closes over lifted into its leaves."""
+    return ClosedOver.of(chunk.fn, *_row_structs(args, axes)), args, valid
+
+
+def names(chunk: Any, reverse: bool = False) -> dict:
+    """Who plans, for messages: the public map that built the Chunk (its `owner`), else
+    `Chunk` itself."""
+    if chunk.owner is not None:
+        who, arg, name, what = chunk.owner
+    else:
+        who, name, what = "Chunk", "memory_budget", "the chunked function"
+        arg = "grad_size" if reverse or chunk.size != "auto" else "size"
+    if reverse:
+        what = f"the reverse pass (the VJP of {what})"
+    return {"who": who, "arg": arg, "name": name, "what": what}
+
+
+def _budget(chunk: Any, tree: Any = None) -> int:
+    """The budget the Chunk plans for: its own, divided by the size of an enclosing `jax.vmap`
+    (whose batched program holds that many copies of the planned one)."""
+    who = names(chunk)
+    budget = chunk.memory_budget
+    if budget is None:
+        budget = default_budget(who["who"], who["arg"])
+    factor = _outer_batch(tree)
+    if factor > 1:
+        warnings.warn(
+            f"`{who['who']}`: this {who['arg']}='auto' map is called under jax.vmap over "
+            f"{factor} (whose program holds {factor} copies of it); it is planned for "
+            f"{who['name']} / {factor} = {budget // factor} bytes so that the batched program "
+            "stays within the budget. Under jax.jit inside jax.vmap the vmap cannot be seen: "
+            "divide the budget yourself there.", stacklevel=2,
+        )
+        budget = max(1, budget // factor)
+    return budget
+
+
+def _outer_batch(tree: Any) -> int:
+    """The size of the `jax.vmap` the Chunk's arguments are batched by (1: none seen)."""
+    for x in jax.tree_util.tree_leaves(tree):
+        if type(x).__name__ == "BatchTracer":
+            val, dim = getattr(x, "val", None), getattr(x, "batch_dim", None)
+            if isinstance(dim, int) and val is not None:
+                return int(np.shape(val)[dim])
+    return 1
+
+
+def _notice(chunk: Any, what: str) -> Callable[[], None] | None:
+    if not chunk.progress:
+        return None
+
+    def notice():
+        print(f"chunkx: planning the {what} chunk size (compiling)...", file=sys.stderr)
+
+    return notice
+
+
+def _options(chunk: Any) -> tuple:
+    return (chunk.in_axes, chunk.remainder, chunk.checkpoint, chunk.grad, chunk.unroll,
+            chunk.progress, type(chunk.reducer).__name__)
+
+
+def forward_plan(chunk: Any, tree: tuple, n: int) -> MemoryPlan:
+    """The forward chunk size of a `Chunk(size="auto")` called on `tree = (fn, args, valid)`."""
+    budget = _budget(chunk, tree)
+    if n < 1:
+        return MemoryPlan(0, budget, (), 0.0, 0.0, 1, 1)
+    template = _template(chunk)
+    probe = _AtSize(template, max(1, (n + 1) // 2), None)  # a loop and a remainder: all parts
+    key = fingerprint(probe, tree, extra=("forward", _options(chunk), n, budget))
+
+    def measure(size: int) -> int:
+        return compiled_temp_bytes(_AtSize(template, size, None), tree, who="Chunk")
+
+    who = names(chunk)
+    m = measured(key, measure, f"{who['who']}({who['arg']}='auto')", _notice(chunk, "forward"))
+    plan = quick_search(
+        m, n, budget, n, (n, proportional_size(n, budget, n, _shift(chunk))), shift=_shift(chunk),
+        who=who["who"], what=who["what"], name=who["name"],
+    )
+    logger.info("Chunk(size='auto'): chunk size %d of %d rows (budget %d bytes, %d points)",
+                plan.chunk_size, n, budget, len(plan.points))
+    return plan
+
+
+def reverse_plan(
+    chunk: Any, tree: tuple, size: int, n: int, wrt: tuple[bool, ...], axes: tuple
+) -> MemoryPlan:
+    """The backward chunk size of a Chunk at forward size `size`, for differentiating the array
+    leaves of `tree` marked in `wrt`."""
+    budget = _budget(chunk, tree)
+    size = min(size, n)
+    template = _template(chunk)
+    probe = _AtSize(template, max(1, (n + 1) // 2), None)
+    key = fingerprint(probe, tree, extra=("reverse", _options(chunk), n, size, wrt, budget))
+
+    def run(t: Any, g: int | None) -> Any:
+        return _AtSize(template, size, g)(t)
+
+    held = _held_bytes(tree, wrt, axes)
+
+    def measure(g: int) -> int:
+        return compiled_temp_bytes(VjpProgram(run, g, wrt), tree, who="Chunk") + held
+
+    who = names(chunk, reverse=True)
+    m = measured(key, measure, f"{who['who']} (reverse pass)", _notice(chunk, "backward"))
+    p = divisor_below(n, size // 8)
+    q = divisor_below(n, size // 2)
+    q = q if q > p else min(size, p + 1)  # rows with few divisors
+    first = (size, p) if size >= n else (p, q)
+    plan = quick_search(
+        m, size, budget, n, first, shift=_shift(chunk),
+        who=who["who"], what=who["what"], name=who["name"],
+    )
+    logger.info("Chunk(grad_size='auto'): backward chunk size %d (forward %d, budget %d bytes)",
+                plan.chunk_size, size, budget)
+    return plan
+
+
+def _held_bytes(tree: tuple, wrt: tuple[bool, ...], axes: tuple) -> int:
+    """Bytes of the cotangents of the differentiated arrays that are not mapped (the weights):
+    outputs of the VJP program compiled alone, they are temp memory of the program it sits in
+    (where they are summed over chunks and devices)."""
+    fn, args, valid = tree
+    unmapped = (fn, tuple(arg if a is None else None for arg, a in zip(args, axes)))
+    ids = {id(x) for x in jax.tree_util.tree_leaves(eqx.filter(unmapped, eqx.is_array))}
+    arrays = jax.tree_util.tree_leaves(eqx.filter(tree, eqx.is_array))
+    return sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
+               for x, w in zip(arrays, wrt) if w and id(x) in ids)
+
+
+def default_grad_wrt(tree: tuple, axes: tuple) -> tuple[bool, ...]:
+    """What `grad_memory_plan` plans for: see `default_wrt` (the row mask is never
+    differentiated)."""
+    fn, args, valid = tree
+    mask = default_wrt((fn, args), axes)
+    return mask + (False,) * len(jax.tree_util.tree_leaves(eqx.filter(valid, eqx.is_array)))
+
+
+def auto_call(chunk: Any, args: tuple, valid: Any, axes: tuple, n: int) -> Any:
+    """A Chunk with an "auto" size called on `args`: plan, then run at the planned sizes."""
+    from .agree import agreed_size
+
+    tree = planned_tree(chunk, args, valid, axes)
+    size = chunk.size
+    who = names(chunk)["who"]
+    if size == "auto":
+        size = agreed_size(lambda: forward_plan(chunk, tree, n).chunk_size, who)
+    if jax.process_count() > 1:
+        logger.info("%s: process %d uses chunk size %s", who, jax.process_index(), size)
+    if chunk.grad_size != "auto":
+        return at_sizes(chunk, chunk.fn, size, chunk.grad_size)(*args, valid=valid)
+    template = _template(chunk)
+
+    def run(t: Any, g: int | None) -> Any:
+        return _AtSize(template, size, g)(t)
+
+    def plan(t: Any, wrt: tuple) -> int:
+        g = agreed_size(lambda: reverse_plan(chunk, t, size or n, n, wrt, axes).chunk_size, who)
+        if jax.process_count() > 1:
+            logger.info("%s: process %d uses backward chunk size %d", who, jax.process_index(), g)
+        return g
+
+    return planned_on_differentiation(run, plan, tree)

@@ -1,0 +1,135 @@
+"""The plan cache: measurements (chunk size -> XLA temp bytes) kept per program fingerprint, in
+this process and on disk, so that a plan made once costs no compilation again.
+
+On disk each fingerprint is one small JSON file under `plan_cache_dir()`. A file is written to a
+temporary name and renamed into place, so concurrent writers never leave a partial file (the
+last complete one wins); an entry that cannot be read, or that is not a chunkx plan entry of
+this format, is ignored with a warning. The in-process cache holds only fingerprints and
+integers (no user arrays or functions) and keeps the most recent `MEMO_SIZE` programs.
+"""
+
+import json
+import logging
+import os
+import sys
+import tempfile
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+logger = logging.getLogger("chunkx")
+
+#: Programs whose measurements the in-process cache keeps (least recently used dropped first).
+MEMO_SIZE = 256
+_FORMAT = 1
+_MEMO: "OrderedDict[str, dict[int, int]]" = OrderedDict()
+
+
+def plan_cache_dir() -> Path | None:
+    """Where plans are kept on disk: `$CHUNKX_CACHE_DIR` if set (an empty value: nowhere),
+    else `chunkx/plans` under the user's cache directory (`$XDG_CACHE_HOME` or `~/.cache` on
+    Linux, `~/Library/Caches` on macOS, `%LOCALAPPDATA%` on Windows)."""
+    env = os.environ.get("CHUNKX_CACHE_DIR")
+    if env is not None:
+        return Path(env) if env else None
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA", Path.home() / "AppData" / "Local"))
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches"
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "chunkx" / "plans"
+
+
+def clear_plan_cache() -> None:
+    """Forget every plan: the in-process cache and the files in the plan cache directory.
+
+    !!! Example
+
+        ```python
+        import chunkx
+        chunkx.clear_plan_cache()   # the next "auto" map measures again
+        ```
+    """
+    _MEMO.clear()
+    root = plan_cache_dir()
+    if root is None or not root.is_dir():
+        return
+    for path in root.glob("*.json"):
+        try:
+            path.unlink()
+        except OSError as err:  # another process removed it first, or it is read-only
+            logger.debug("chunkx: could not remove %s: %s", path, err)
+
+
+def _read(path: Path, key: str) -> dict[int, int]:
+    try:
+        entry = json.loads(path.read_text())
+        if entry.get("format") != _FORMAT or entry.get("key") != key:
+            raise ValueError(f"not a chunkx plan entry of format {_FORMAT} for this program")
+        return {int(s): int(v) for s, v in entry["points"]}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+        warnings.warn(
+            f"chunkx: ignoring the plan cache entry {path} ({type(err).__name__}: {err}); the "
+            "chunk size is planned again.", stacklevel=2,
+        )
+        return {}
+
+
+def _write(root: Path, key: str, points: dict[int, int]) -> None:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({"format": _FORMAT, "key": key, "points": sorted(points.items())})
+        fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{key[:16]}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, root / f"{key}.json")
+    except OSError as err:
+        warnings.warn(
+            f"chunkx: cannot write the plan cache in {root} ({err}); plans are kept in this "
+            "process only (set CHUNKX_CACHE_DIR to a writable directory, or to '' to keep "
+            "plans in memory without this warning).", stacklevel=2,
+        )
+
+
+def _points(key: str) -> dict[int, int]:
+    """The measurements of `key`: in this process, else from disk (then kept in process)."""
+    if key in _MEMO:
+        _MEMO.move_to_end(key)
+        return _MEMO[key]
+    root = plan_cache_dir()
+    points = {} if root is None else _read(root / f"{key}.json", key)
+    _MEMO[key] = points
+    while len(_MEMO) > MEMO_SIZE:
+        _MEMO.popitem(last=False)
+    return points
+
+
+def measured(
+    key: str, measure: Callable[[int], int], who: str, notice: Callable[[], None] | None = None
+) -> Callable[[int], int]:
+    """`measure` remembered under the fingerprint `key`, in this process and on disk.
+
+    Each new measurement is logged (logger `"chunkx"`) and written at once; `notice()` is called
+    before the first compilation (e.g. to tell the user that planning is under way).
+    """
+    points = _points(key)
+    logger.info("%s: plan cache %s (%s)", who, "hit" if points else "miss", key[:12])
+    told = []
+
+    def m(size: int) -> int:
+        if size in points:
+            return points[size]
+        if notice is not None and not told:
+            told.append(notice())
+        points[size] = value = int(measure(size))
+        logger.info("%s: compiled chunk size %d: %d bytes of XLA temp memory", who, size, value)
+        root = plan_cache_dir()
+        if root is not None:
+            _write(root, key, points)
+        return value
+
+    return m

@@ -1,0 +1,213 @@
+"""`Chunk(size="auto")` in a user's own pipeline: budgets against XLA's compiled memory, results
+against jax.vmap/jax.grad, compilations counted with jax.monitoring, the plan cache."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import chunkx
+from helpers import BackendCompiles
+
+f32 = jnp.float32
+
+
+def close(got, ref):
+    """float32 sums of many rows in another order: equal to a few ulps of the largest entry."""
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5 * float(jnp.abs(ref).max()))
+
+
+def temp(f, *args):
+    return jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+def energy(x, w):
+    """A per-row energy with a large intermediate (a 64 x 64 outer product per row)."""
+    h = jnp.tanh(jnp.outer(x, x) @ w)
+    return jnp.sum(h**2)
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHUNKX_CACHE_DIR", str(tmp_path / "plans"))
+    chunkx.clear_plan_cache()
+    yield tmp_path / "plans"
+    chunkx.clear_plan_cache()
+
+
+def data(n=512, d=64):
+    x = jax.random.normal(jax.random.key(0), (n, d), f32)
+    w = jax.random.normal(jax.random.key(1), (d, d), f32) / d
+    return x, w
+
+
+def user_pipeline(budget, mesh=None):
+    chunk = chunkx.Chunk(chunkx.Vmap(energy, (0, None)), "auto", reducer=chunkx.Sum(),
+                         in_axes=(0, None), memory_budget=budget, grad_size="auto")
+    return chunkx.Shard(chunk, mesh, in_axes=(0, None)) if mesh is not None else chunk
+
+
+@pytest.mark.parametrize("axis_type", ["auto", "explicit"])
+def test_users_sharded_auto_chunk_within_budget_and_exact(fresh_cache, axis_type):
+    kind = {"auto": jax.sharding.AxisType.Auto, "explicit": jax.sharding.AxisType.Explicit}
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(kind[axis_type],))
+    x, w = data()
+    budget = 2**18
+    f = user_pipeline(budget, mesh)
+    ref = jnp.sum(jax.vmap(energy, (0, None))(x, w))
+    np.testing.assert_allclose(jax.jit(f)(x, w), ref, rtol=1e-5)
+    gref = jax.grad(lambda w: jnp.sum(jax.vmap(energy, (0, None))(x, w)))(w)
+    close(jax.jit(jax.grad(f, argnums=1))(x, w), gref)
+    # the premise: one device's rows unchunked are over the budget
+    whole = chunkx.Shard(chunkx.Reduce(chunkx.Vmap(energy, (0, None)), chunkx.Sum()), mesh,
+                         in_axes=(0, None))
+    assert temp(jax.grad(whole, argnums=1), x, w) > budget
+    assert temp(f, x, w) <= budget  # XLA temp per device, the outermost program
+    assert temp(jax.grad(f, argnums=1), x, w) <= budget
+
+
+class Model(eqx.Module):
+    w: jax.Array
+    energies: chunkx.Chunk
+
+    def __call__(self, x):
+        return self.energies(x, self.w)
+
+
+def test_auto_chunk_as_a_field_of_an_equinox_module(fresh_cache):
+    x, w = data()
+    budget = 2**18
+    model = Model(w, user_pipeline(budget))
+    ref = jax.grad(lambda w: jnp.sum(jax.vmap(energy, (0, None))(x, w)))(w)
+    grads = eqx.filter_jit(eqx.filter_grad(lambda m: m(x)))(model)
+    close(grads.w, ref)
+    arrays, static = eqx.partition(model, eqx.is_array)
+    grad_of = lambda a: eqx.filter_grad(lambda m: m(x))(eqx.combine(a, static))  # noqa: E731
+    assert temp(grad_of, arrays) <= budget
+
+
+def test_auto_inside_pad_and_inside_another_map(fresh_cache):
+    x, w = data(n=203)
+    chunk = chunkx.Chunk(chunkx.Vmap(energy, (0, None)), "auto", reducer=chunkx.Sum(),
+                         in_axes=(0, None), memory_budget=2**17)
+    padded = chunkx.Pad(chunk, 8, in_axes=(0, None))
+    ref = jnp.sum(jax.vmap(energy, (0, None))(x, w))
+    np.testing.assert_allclose(jax.jit(padded)(x, w), ref, rtol=1e-5)
+    outer = chunkx.batch_vmap(lambda xs, w: chunk(xs, w), (0, None), batch_size=2)
+    xs = jnp.stack([x, 2 * x])
+    with pytest.warns(UserWarning, match=r"called under jax.vmap over 2"):
+        got = jax.jit(outer)(xs, w)
+    np.testing.assert_allclose(got, jax.vmap(lambda x: jnp.sum(jax.vmap(energy, (0, None))(
+        x, w)))(xs), rtol=1e-5)
+
+
+def sorted_energy(x, w):
+    """A per-row energy whose forward pass materialises a 64 x 64 matrix per row (a sort)."""
+    return jnp.sum(jnp.sort(jnp.outer(x, x) @ w, axis=1)[:, -1])
+
+
+def test_forward_linear_plan_in_two_compilations_within_ten_percent(fresh_cache):
+    x, w = data(n=1024)
+    budget = 2**23  # between the measurements at n / 8 and n
+    chunk = chunkx.Chunk(chunkx.Vmap(sorted_energy, (0, None)), "auto", reducer=chunkx.Sum(),
+                         in_axes=(0, None), memory_budget=budget)
+    with BackendCompiles() as planning:
+        plan = chunk.memory_plan(x, w)
+    assert planning.count <= 2 and len(plan.points) == 2 and plan.chunk_size < 1024
+
+    def at(size):
+        return temp(chunkx.Chunk(chunkx.Vmap(sorted_energy, (0, None)), size,
+                                 reducer=chunkx.Sum(), in_axes=(0, None), remainder="shift"),
+                    x, w)
+
+    assert at(plan.chunk_size) <= budget
+    best = max(s for s in range(plan.chunk_size, 1025, 8) if at(s) <= budget)  # brute force
+    assert plan.chunk_size >= 0.9 * best
+    with BackendCompiles() as again:  # the call follows the cached plan
+        jax.jit(chunk).lower(x, w)
+    assert again.count == 0
+
+
+def test_plan_cache_on_disk_second_process_compiles_nothing(fresh_cache):
+    script = Path(__file__).with_name("plan_worker.py")
+    env = dict(os.environ, CHUNKX_CACHE_DIR=str(fresh_cache))
+    runs = [json.loads(subprocess.run([sys.executable, str(script)], env=env, check=True,
+                                      capture_output=True, text=True).stdout.splitlines()[-1])
+            for _ in range(2)]
+    assert runs[0]["planning_compiles"] >= 2 and runs[1]["planning_compiles"] == 0
+    assert runs[0]["sizes"] == runs[1]["sizes"]
+    assert list(fresh_cache.glob("*.json"))
+    env["CHUNKX_CACHE_DIR"] = ""  # persistence off: nothing written, the plan is made again
+    chunkx.clear_plan_cache()
+    off = json.loads(subprocess.run([sys.executable, str(script)], env=env, check=True,
+                                    capture_output=True, text=True).stdout.splitlines()[-1])
+    assert off["planning_compiles"] >= 2 and off["sizes"] == runs[0]["sizes"]
+
+
+def test_unreadable_entries_warn_and_concurrent_writers_leave_whole_files(fresh_cache, caplog):
+    x, w = data(n=256)
+    chunk = chunkx.Chunk(chunkx.Vmap(energy, (0, None)), "auto", reducer=chunkx.Sum(),
+                         in_axes=(0, None), memory_budget=2**17)
+    with caplog.at_level(logging.INFO, logger="chunkx"):
+        plan = chunk.memory_plan(x, w)
+    text = caplog.text
+    assert "plan cache miss" in text and "compiled chunk size 256" in text
+    assert f"chunk size {plan.chunk_size} of 256 rows" in text
+    (entry,) = fresh_cache.glob("*.json")
+    entry.write_text("{not json")
+    from chunkx._plan import cache
+
+    cache._MEMO.clear()  # a new process: only the disk is left
+    with pytest.warns(UserWarning, match=r"ignoring the plan cache entry .*JSONDecodeError"):
+        again = chunk.memory_plan(x, w)
+    assert again.chunk_size == plan.chunk_size
+    json.loads(entry.read_text())  # rewritten whole
+    points = {s: s * 3 for s in range(1, 200)}
+    threads = [threading.Thread(target=cache._write, args=(fresh_cache, "k" * 64, points))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert cache._read(fresh_cache / ("k" * 64 + ".json"), "k" * 64) == points
+    chunkx.clear_plan_cache()
+    assert not list(fresh_cache.glob("*.json")) and not cache._MEMO
+
+
+def test_chunk_map_backward_size_is_honoured_where_the_batch_fits():
+    x, w = data(n=64)  # 16 rows per device, a chunk of 64: the forward pass runs them whole
+    f = jax.vmap(energy, (0, None))
+    cm = chunkx.chunk_map(lambda w, x: f(x, w), in_axes=(None, 0), chunk_size=64,
+                          use_scan=True, chunk_size_bwd=4)
+    jaxpr = str(jax.make_jaxpr(jax.grad(lambda w: jnp.sum(cm(w, x))))(w))
+    assert "scan" in jaxpr
+    close(jax.grad(lambda w: jnp.sum(cm(w, x)))(w), jax.grad(lambda w: jnp.sum(f(x, w)))(w))
+
+
+def test_maps_that_cannot_plan_reject_auto_when_built():
+    for build, who in [(chunkx.batch_jacfwd, "batch_jacfwd"), (chunkx.batch_jacrev,
+                                                               "batch_jacrev")]:
+        with pytest.raises(ValueError, match=rf"`{who}\(chunk_size='auto'\)`: {who} does not"):
+            build(jnp.sin, chunk_size="auto")
+
+
+def test_chunk_auto_errors():
+    with pytest.raises(ValueError, match=r"`Chunk\(memory_budget=100\)`: a memory budget is only"):
+        chunkx.Chunk(jnp.sin, 4, memory_budget=100)
+    with pytest.raises(ValueError, match=r"`Chunk\(size=None, grad_size='auto'\)`"):
+        chunkx.Chunk(jnp.sin, None, grad_size="auto")
+    with pytest.raises(ValueError, match=r"`Chunk\(size='auto'\)`: memory_budget must be given"):
+        chunkx.Chunk(jnp.sin, "auto")(jnp.ones(8))
+    with pytest.raises(ValueError, match=r"`Chunk\(memory_budget=4\)`: the budget is smaller"):
+        x, w = data(n=64)
+        chunkx.Chunk(chunkx.Vmap(sorted_energy, (0, None)), "auto", in_axes=(0, None),
+                     reducer=chunkx.Sum(), memory_budget=4)(x, w)
