@@ -5,9 +5,11 @@ The case is `bench_grad.py`'s (the RBM local energy, L=32, 4096 samples, 4 MiB):
 with `jax.monitoring` (backend compile events) and compared with the same first call at the
 sizes "auto" chose, given as fixed sizes: the difference is what planning compiled.
 
-Run: `python benchmarks/bench_plan.py [--cache cold|warm] [--json PATH]`. `cold` empties the
-plan cache first; `warm` keeps what an earlier process left in `CHUNKX_CACHE_DIR` (run cold
-first). Fresh processes, old and new planner side by side: see docs/benchmarks.md.
+Run: `python benchmarks/bench_plan.py [--cache cold|warm]` for one process (`cold` empties the
+plan cache first; `warm` keeps what an earlier process left in `CHUNKX_CACHE_DIR`), or
+`python benchmarks/bench_plan.py --compare OLD_SRC [--reps 5]` to run fresh processes in turn,
+cold, warm, and the planner of another chunkx checkout (`OLD_SRC`: its `src` folder), and write
+the medians to benchmarks/results/plan.json.
 """
 
 import argparse
@@ -51,11 +53,47 @@ def first_call(batch_size, grad_batch_size=None, **kw):
     return loss, counter.count, seconds
 
 
+def compare(old_src: str, reps: int) -> None:
+    """Fresh processes in turn (new cold, new warm, old), medians of each figure."""
+    import statistics
+    import subprocess
+    import tempfile
+
+    here = str(Path(__file__).resolve())
+    new_src = str(Path(__file__).resolve().parents[1] / "src")
+    runs: dict[str, list[dict]] = {"cold": [], "warm": [], "old": []}
+    for _ in range(reps):
+        cache = tempfile.mkdtemp(prefix="chunkx-bench-plans-")
+        for kind, src, flag in (("cold", new_src, "cold"), ("warm", new_src, "warm"),
+                                ("old", old_src, "cold")):
+            env = dict(os.environ, PYTHONPATH=src, CHUNKX_CACHE_DIR=cache)
+            out = subprocess.run([sys.executable, here, "--cache", flag], env=env, check=True,
+                                 capture_output=True, text=True).stdout.splitlines()[-1]
+            runs[kind].append(json.loads(out))
+    keys = ("planning_compiles", "auto_first_call_s", "fixed_first_call_s", "forward_chunk",
+            "backward_chunk")
+    result = {k: {f: statistics.median(r[f] for r in v) for f in keys} for k, v in runs.items()}
+    for v in result.values():
+        v["planning_s"] = v["auto_first_call_s"] - v["fixed_first_call_s"]
+    result["reps"] = reps
+    for kind in ("cold", "warm", "old"):
+        r = result[kind]
+        print(f"{kind:5s} planning compilations {r['planning_compiles']:3.0f}, first call "
+              f"{r['auto_first_call_s']:.2f} s (fixed sizes {r['fixed_first_call_s']:.2f} s), "
+              f"sizes {r['forward_chunk']:.0f}/{r['backward_chunk']:.0f}")
+    out = Path(__file__).parent / "results" / "plan.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache", choices=("cold", "warm"), default="cold")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--compare", default=None, metavar="OLD_SRC")
+    ap.add_argument("--reps", type=int, default=5)
     a = ap.parse_args()
+    if a.compare:
+        return compare(a.compare, a.reps)
     if a.cache == "cold" and hasattr(chunkx, "clear_plan_cache"):
         chunkx.clear_plan_cache()
     budget = 4 * MiB

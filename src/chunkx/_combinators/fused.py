@@ -30,7 +30,7 @@ from .loop import chunk_loop, evaluate
 FUSED_MAX_OUTPUTS = 16
 
 
-def piece_sizes(n: int, size: int, remainder: str) -> set[int]:
+def piece_sizes(n: int, size: int, remainder: str | None) -> set[int]:
     """The row counts the chunk loop calls its piece with."""
     if size >= n:
         return {n}

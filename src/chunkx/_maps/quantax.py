@@ -16,6 +16,7 @@ from .._combinators.groups import Groups
 from .._combinators.pad import Pad
 from .._combinators.shard import Shard
 from .._combinators.unrolled import Unrolled
+from .._plan.measure import padded_rows_per_device
 from .._types import InAxes
 from ._axes import MovedAxes, map_outputs, move_axis, normalize_axis
 
@@ -66,7 +67,7 @@ class ChunkMap(eqx.Module):
         if c == "auto":
             out = self._planned(inner, zero)(*moved)
         else:
-            per_device = -(-n // ndev)
+            per_device = padded_rows_per_device(n, ndev)
             fits = per_device == c or (per_device < c and not self.atleast_1chunk)
             if c is None or (fits and self.chunk_size_bwd is None):
                 size = None  # quantax's fast path: f sees the whole (local) batch
@@ -139,7 +140,7 @@ class ChunkMap(eqx.Module):
         """
         if size is None:
             return Shard(inner, self.mesh, in_axes=zero) if self.shard_batch else inner
-        small = -(-n // ndev) < size
+        small = padded_rows_per_device(n, ndev) < size
         if self.shard_batch:
             local = self._chunk(inner, size, zero, loop, bwd=bwd)
             local = Pad(local, size, in_axes=zero) if small else local

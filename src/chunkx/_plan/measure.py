@@ -95,11 +95,17 @@ def divisor_below(rows: int, size: int) -> int:
 
 
 def equal_chunks(rows: int, size: int) -> int:
-    """The smallest chunk size giving as many chunks of `rows` as `size` does, all nearly equal:
-    `ceil(rows / ceil(rows / size))` (never larger than `size`)."""
-    if size >= rows:
-        return max(rows, 0)
-    return -(-rows // -(-rows // size))
+    """The smallest chunk that splits `rows` rows into as many chunks as `size` does, all
+    nearly equal: `ceil(rows / ceil(rows / size))` (never larger than `size`)."""
+    if rows < 1:
+        return max(1, size)
+    return -(-rows // -(-rows // max(1, size)))
+
+
+def padded_rows_per_device(n: int, ndev: int) -> int:
+    """Rows per device where every device's block is padded to the same length (quantax's and
+    the T3 transposes' layout): `ceil(n / ndev)`."""
+    return -(-n // ndev)
 
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")

@@ -8,6 +8,7 @@ import jax
 from jax.sharding import Mesh
 
 from chunkx import Chunk, Concat, Pad, Shard, Sum, Vmap
+from chunkx._plan.measure import equal_chunks, padded_rows_per_device
 
 from ._stacks import corewise_rows_fn, tangent_rows_fn
 
@@ -129,6 +130,5 @@ def chunk_rows(n, chunk_size, mesh, sum_over_probes):
     if not sum_over_probes or chunk_size is None:
         return chunk_size
     ndev = 1 if mesh is None else mesh.size
-    per_dev = max(1, -(-n // ndev))
-    return -(-per_dev // -(-per_dev // chunk_size))
+    return equal_chunks(max(1, padded_rows_per_device(n, ndev)), chunk_size)
 
