@@ -279,7 +279,7 @@ class _with_kwargs(eqx.Module):
 def batch_vmap(
     f: Callable[..., Any],
     /,
-    in_axes: InAxes = 0,
+    in_axes: InAxes | tuple[int | None | eqx.if_array, ...] = 0,
     *,
     batch_size: Size | Literal["auto"] = None,
     reduction: Callable[[Any, Any], Any] | None = None,
@@ -319,7 +319,9 @@ def batch_vmap(
     **Arguments:**
 
     - `f`: the per-example function.
-    - `in_axes`: an int (every argument, like `jax.vmap`) or one int/`None` per argument.
+    - `in_axes`: an int (every argument, like `jax.vmap`) or one int/`None` per argument;
+      an entry `eqx.if_array(k)` is `k` (non-array leaves pass through either way). For
+      pytree prefixes and `out_axes`, see [`chunkx.vmap`][] and [`chunkx.filter_vmap`][].
     - `batch_size`: rows per chunk (per device with `shard=True`); `None`: no chunking.
       `chunk_size=` is accepted as an alias when `batch_size` is `None`.
     - `reduction`: binary associative fold of chunk results, or `None` to concatenate.
@@ -372,6 +374,8 @@ def batch_vmap(
     batch_size = check_options(who, batch_size, kwargs, memory_budget, shard, mesh)
     grad_batch_size = check_grad_options(who, batch_size, grad, grad_batch_size)
     reducer, post = reducer_for(who, reduction, chunk_reduction, reducer, grad)
+    if isinstance(in_axes, tuple | list):  # eqx.if_array(k): arrays along k, the rest whole
+        in_axes = tuple(a.axis if isinstance(a, eqx.if_array) else a for a in in_axes)
     return BatchVmap(
         f, in_axes, batch_size, reducer, post, shard, mesh, checkpoint, memory_budget, progress,
         grad, grad_batch_size,

@@ -126,6 +126,7 @@ class BatchJacfwd(eqx.Module):
     has_aux: bool = eqx.field(static=True)
     holomorphic: bool = eqx.field(static=True)
     batch_size: int | None = eqx.field(static=True, converter=as_size)
+    linearize: bool = eqx.field(static=True, default=True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         f, dyn = _partial(self.fun, self.argnums, args, kwargs)
@@ -139,15 +140,7 @@ class BatchJacfwd(eqx.Module):
             if self.has_aux:
                 aux = f(*dyn)[1]
         else:
-
-            def push(tangent, primal):
-                out = jax.jvp(f, primal, tangent, has_aux=self.has_aux)
-                return _no_float0(out[1]), (out[2] if self.has_aux else None)
-
-            tangents, aux = batch_vmap(push, (0, None), batch_size=self.batch_size)(
-                _basis(dyn), dyn
-            )
-            aux = jax.tree_util.tree_map(lambda x: x[0], aux)
+            tangents, aux = (self._linearized if self.linearize else self._pushed)(f, dyn)
             blocks = [  # (n, *y.shape) -> y.shape + x.shape for every input leaf x
                 None if t is None else jnp.moveaxis(t[s : s + k], 0, -1)
                 for t in tangents
@@ -157,6 +150,38 @@ class BatchJacfwd(eqx.Module):
         if not self.has_aux:
             return jac
         return jac, jax.tree_util.tree_map(lambda a, r: _like(a, r), aux, ref_aux)
+
+    def _pushed(self, f: Callable, dyn: tuple) -> tuple:
+        """`jax.jvp` of `f` per chunk of basis vectors (the primal is part of every chunk)."""
+
+        def push(i, primal):
+            out = jax.jvp(f, primal, _basis_vector(i, primal), has_aux=self.has_aux)
+            return _no_float0(out[1]), (out[2] if self.has_aux else None)
+
+        n = sum(k for _, k in _offsets(dyn))
+        tangents, aux = batch_vmap(push, (0, None), batch_size=self.batch_size)(jnp.arange(n), dyn)
+        return tangents, jax.tree_util.tree_map(lambda x: x[0], aux)
+
+    def _linearized(self, f: Callable, dyn: tuple) -> tuple:
+        """`jax.linearize` once; only the linear map runs per chunk."""
+        out = jax.linearize(f, *dyn, has_aux=self.has_aux)
+        f_jvp, aux = out[1], (out[2] if self.has_aux else None)
+
+        def push(i):
+            return _no_float0(f_jvp(*_basis_vector(i, dyn)))
+
+        n = sum(k for _, k in _offsets(dyn))
+        return batch_vmap(push, batch_size=self.batch_size)(jnp.arange(n)), aux
+
+
+def _basis_vector(i: Any, tree: Any) -> Any:
+    """Basis vector `i` of a pytree (built inside the chunk: the n x n identity never exists)."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    vector = [
+        (jnp.arange(k) == i - s).astype(jnp.result_type(x)).reshape(np.shape(x))
+        for x, (s, k) in zip(leaves, _offsets(tree))
+    ]
+    return jax.tree_util.tree_unflatten(treedef, vector)
 
 
 class BatchJacrev(eqx.Module):
@@ -211,19 +236,31 @@ def batch_jacfwd(
     holomorphic: bool = False,
     *,
     batch_size: Size = None,
+    linearize: bool = True,
     **kwargs: Any,
 ) -> BatchJacfwd:
     """`jax.jacfwd(fun, argnums, has_aux, holomorphic)`, with the columns in chunks.
 
     The Jacobian is built column by column from JVPs along the standard basis of the
-    differentiated inputs; [`chunkx.batch_vmap`][] pushes `batch_size` basis vectors
-    through `jax.jvp` per step (the primal is recomputed once per chunk). As a plain loop:
+    differentiated inputs. With `linearize=True` (the default) `jax.linearize` runs once and
+    [`chunkx.batch_vmap`][] pushes `batch_size` basis vectors per step through the linear
+    map alone; the basis vectors are built from their indices inside each chunk, so neither
+    the `n x n` identity nor a second primal pass exists. As a plain loop:
 
     ```python
     def jac(*args):                  # e_i: the i-th standard basis vector of args[argnums]
-        cols = [jax.jvp(f, primals, e_i)[1] for e_i in basis(args[argnums])]  # B at a time
+        _, f_jvp = jax.linearize(f, *primals)
+        cols = [f_jvp(e_i) for e_i in basis(args[argnums])]   # B at a time
         return unravel(stack(cols, axis=-1))  # as jax.jacfwd(fun, argnums)(*args)
     ```
+
+    `linearize=False` pushes each chunk through `jax.jvp` instead (`jax.jvp(f, primals, e_i)`
+    per column): the primal is part of every chunk's program (XLA hoists the parts that do
+    not depend on the tangents out of the loop), and no residuals are stored between chunks;
+    choose it where the linearization's residuals (e.g. every step of a long `lax.scan`)
+    would not fit. (JAX's linearization of a `lax.while_loop` reruns the loop's primal part
+    inside the linear map, so there the two are alike.) The measured difference is in the
+    benchmarks' forward-Jacobian section.
 
     The result has exactly `jax.jacfwd`'s pytree structure, shapes and dtypes, and the same
     errors (dtype checks come from `jax.jacfwd` itself, evaluated with `jax.eval_shape`).
@@ -238,6 +275,7 @@ def batch_jacfwd(
     - `holomorphic`: `fun` is holomorphic (complex inputs and outputs).
     - `batch_size`: basis vectors (columns) per chunk; `None`: all at once, like `jax.jacfwd`.
       `chunk_size=` is accepted as an alias when `batch_size` is `None`.
+    - `linearize`: linearize once and chunk only the JVPs (`True`), or a `jax.jvp` per chunk.
 
     **Returns:**
 
@@ -255,7 +293,7 @@ def batch_jacfwd(
     argnums = _index("batch_jacfwd", argnums)
     jax.jacfwd(fun, argnums, has_aux, holomorphic)  # JAX's checks of fun and argnums
     batch_size = resolve_batch_size("batch_jacfwd", batch_size, kwargs, auto=False)
-    return BatchJacfwd(fun, argnums, has_aux, holomorphic, batch_size)
+    return BatchJacfwd(fun, argnums, has_aux, holomorphic, batch_size, linearize)
 
 
 @jaxtyped(typechecker=beartype)

@@ -1,0 +1,133 @@
+"""`in_axes`/`out_axes` pytree prefixes as `jax.vmap` and `eqx.filter_vmap` read them."""
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """An axes pytree kept hashable (a static Module field): its leaves and its structure."""
+
+    leaves: tuple
+    treedef: Any
+
+    @classmethod
+    def of(cls, tree: Any) -> "Spec":
+        leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_spec_leaf)
+        return cls(tuple(leaves), treedef)
+
+    @property
+    def tree(self) -> Any:
+        return jax.tree_util.tree_unflatten(self.treedef, self.leaves)
+
+    def __repr__(self) -> str:
+        return repr(self.tree)
+
+
+def _is_spec_leaf(x: Any) -> bool:
+    return x is None or (callable(x) and not isinstance(x, tuple | list | dict))
+
+
+def _is_axis(a: Any) -> bool:
+    return a is None or type(a) is int
+
+
+def check_spec(who: str, name: str, spec: Any, filtered: bool, top: bool) -> None:
+    """Raise unless `spec` is made of ints and `None` (and callables when `filtered`)."""
+    if top and not filtered and not (_is_axis(spec) or type(spec) in (tuple, list)):
+        raise TypeError(
+            f"`{who}({name}={spec!r})`: {name} must be an int, None or a tuple with one entry "
+            f"per positional argument, got {type(spec).__name__}."
+        )
+    kinds = "ints, None and callables" if filtered else "ints and None"
+    for leaf in jax.tree_util.tree_leaves(spec, is_leaf=_is_spec_leaf):
+        if not (_is_axis(leaf) or (filtered and callable(leaf))):
+            raise TypeError(
+                f"`{who}({name}={spec!r})`: the leaves of {name} must be {kinds}, got "
+                f"{leaf!r} ({type(leaf).__name__})."
+            )
+
+
+def by_name(who: str, fun: Callable, in_axes: Any, nargs: int) -> Any:
+    """`eqx.filter_vmap`'s dict `in_axes`: named parameters; the others `eqx.if_array(0)`."""
+    if not isinstance(in_axes, dict):
+        return in_axes
+    names = list(inspect.signature(fun).parameters)[:nargs]
+    unknown = sorted(set(in_axes) - set(names), key=str)
+    if unknown:
+        raise ValueError(
+            f"`{who}(in_axes={in_axes!r})`: in_axes names {unknown}, which are not among the "
+            f"parameters passed positionally ({names})."
+        )
+    return tuple(in_axes.get(p, eqx.if_array(0)) for p in names)
+
+
+def flat_axes(who: str, name: str, spec: Any, tree: Any, what: str, shown: Any = None) -> list:
+    """One resolved axis (int or `None`) per leaf of `tree`, in `tree_leaves` order.
+
+    `spec` is a pytree prefix of `tree` whose leaves are ints, `None`, or callables
+    `leaf -> int | None` evaluated on every leaf of their subtree.
+    """
+    shown = spec if shown is None else shown
+    leaves, treedef = jax.tree_util.tree_flatten(spec, is_leaf=_is_spec_leaf)
+    try:
+        subtrees = treedef.flatten_up_to(tree)
+    except (ValueError, TypeError) as e:
+        raise ValueError(
+            f"`{who}({name}={shown!r})`: {name} must be a pytree prefix of {what}; "
+            f"{str(e).splitlines()[0]}"
+        ) from None
+    out = []
+    for ax, sub in zip(leaves, subtrees):
+        for leaf in jax.tree_util.tree_leaves(sub):
+            a = ax(leaf) if callable(ax) else ax
+            if not _is_axis(a):
+                raise TypeError(
+                    f"`{who}({name}={shown!r})`: {ax!r} returned {a!r} for a leaf; an axis "
+                    "callable must return an int or None."
+                )
+            out.append(a)
+    return out
+
+
+def in_axis(who: str, where: str, leaf: Any, axis: int) -> int:
+    """A mapped input leaf's axis as a non-negative int (negative axes count from the end)."""
+    if not eqx.is_array(leaf):
+        raise ValueError(
+            f"`{who}(in_axes=...)`: {where} is mapped along axis {axis} but is a "
+            f"{type(leaf).__name__}, not an array; map arrays only (in_axes None passes it whole)."
+        )
+    nd = np.ndim(leaf)
+    if not -nd <= axis < nd:
+        raise ValueError(
+            f"`{who}(in_axes=...)`: {where} is mapped along axis {axis}, out of range for its "
+            f"shape {np.shape(leaf)}."
+        )
+    return axis % nd
+
+
+def out_axis(who: str, shape: tuple, axis: int) -> int:
+    """Where the mapped axis goes in an output leaf of per-example shape `shape`."""
+    nd = len(shape) + 1
+    if not -nd <= axis < nd:
+        raise ValueError(
+            f"`{who}(out_axes=...)`: axis {axis} is out of range for an output of per-example "
+            f"shape {tuple(shape)} (mapped rank {nd})."
+        )
+    return axis % nd
+
+
+def leaf_names(tree: Any) -> list[str]:
+    """`args[0]['a']`-style names of the leaves of `(args, kwargs)`, in `tree_leaves` order."""
+    names = []
+    for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        head, rest = path[0], path[1:]
+        root = "args" if getattr(head, "idx", None) == 0 else "kwargs"
+        names.append(root + jax.tree_util.keystr(rest))
+    return names

@@ -1,0 +1,411 @@
+"""`chunkx.vmap` and `chunkx.filter_vmap`: `jax.vmap`'s and `eqx.filter_vmap`'s own signatures,
+evaluated in chunks, composed from the combinators."""
+
+import functools
+from collections.abc import Callable, Hashable
+from typing import Any, Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from beartype import beartype
+from jax.sharding import Mesh
+from jaxtyping import PyTree, jaxtyped
+
+from .._checks import check_mesh_1d, check_positive, resolve_batch_size
+from .._combinators._sharding import on_inputs_mesh
+from .._combinators.reduce import AbstractReducer, Concat
+from .._combinators.vmap import Vmap
+from .._types import GradPolicy
+from ._vmap_axes import Spec, by_name, check_spec, flat_axes, in_axis, leaf_names, out_axis
+from .adv import check_grad_options, compose, fn_name
+
+_AXES = (0, None)  # the pipeline's two arguments: mapped rows, fixed leaves
+
+
+class _Static(eqx.Module):
+    value: Any = eqx.field(static=True)
+
+
+class _Body(eqx.Module):
+    """Per example: rebuild `(args, kwargs)` from a row of the mapped leaves and the fixed ones,
+    call `fun`, and keep the outputs that are mapped (`out_mask`; `None`: all of them)."""
+
+    fun: Callable[..., Any]
+    treedef: Any = eqx.field(static=True)
+    mapped: tuple[bool, ...] = eqx.field(static=True)
+    out_mask: tuple[bool, ...] | None = eqx.field(static=True, default=None)
+
+    def __call__(self, rows: list, fixed: list) -> Any:
+        rows, fixed = iter(rows), iter(fixed)
+        leaves = [next(rows) if m else next(fixed) for m in self.mapped]
+        args, kwargs = jax.tree_util.tree_unflatten(self.treedef, leaves)
+        out = self.fun(*args, **kwargs)
+        if self.out_mask is None:
+            return out
+        leaves, treedef = jax.tree_util.tree_flatten(out)
+        kept = [x if m else None for x, m in zip(leaves, self.out_mask)]
+        return jax.tree_util.tree_unflatten(treedef, kept)
+
+
+class ChunkedVmap(eqx.Module):
+    """The callable returned by [`chunkx.vmap`][] and [`chunkx.filter_vmap`][]; an equinox
+    Module (a pytree: the arrays `fun` holds are its leaves).
+
+    !!! Example
+
+        ```python
+        import equinox as eqx, jax, jax.numpy as jnp, chunkx
+        g = chunkx.vmap(lambda x, w: jnp.sin(x) * w, (1, None), batch_size=4)
+        assert isinstance(g, chunkx.ChunkedVmap)
+        x, w = jnp.ones((3, 10)), 2.0
+        y = eqx.filter_jit(g)(x, w)
+        assert jnp.allclose(y, jax.vmap(lambda x, w: jnp.sin(x) * w, (1, None))(x, w))
+        ```
+    """
+
+    fun: Callable[..., Any]
+    in_axes: Spec = eqx.field(static=True)
+    out_axes: Spec = eqx.field(static=True)
+    filtered: bool = eqx.field(static=True)
+    batch_size: int | Literal["auto"] | None = eqx.field(static=True)
+    reducer: AbstractReducer
+    axis_size: int | None = eqx.field(static=True, default=None)
+    shard: bool = eqx.field(static=True, default=False)
+    mesh: Mesh | None = eqx.field(static=True, default=None)
+    memory_budget: int | None = eqx.field(static=True, default=None)
+    grad: GradPolicy = eqx.field(static=True, default="auto")
+    grad_batch_size: int | Literal["auto"] | None = eqx.field(static=True, default=None)
+    progress: bool = eqx.field(static=True, default=False)
+
+    @property
+    def _who(self) -> str:
+        return "chunkx.filter_vmap" if self.filtered else "chunkx.vmap"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.filtered and kwargs:
+            raise TypeError(
+                f"`{self._who}`: keyword arguments cannot be passed to a function it wraps (as "
+                f"with eqx.filter_vmap), got {sorted(kwargs)}; pass them positionally."
+            )
+        with on_inputs_mesh((args, kwargs)):
+            return self._call(args, kwargs)
+
+    @property
+    def __wrapped__(self) -> Callable[..., Any]:  # `inspect.signature` reads fun's
+        return self.fun
+
+    def __get__(self, instance: Any, owner: Any) -> Any:
+        # As a method decorator (like eqx.filter_vmap's): bind the instance.
+        return self if instance is None else jax.tree_util.Partial(self, instance)
+
+    def _call(self, args: tuple, kwargs: dict) -> Any:
+        who, tree = self._who, (args, kwargs)
+        axes = self._input_axes(args, kwargs)
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        names = leaf_names(tree)
+        axes = [a if a is None else in_axis(who, names[i], x, a)
+                for i, (x, a) in enumerate(zip(leaves, axes))]
+        if all(a is None for a in axes):
+            return self._unmapped(args, kwargs)
+        rows = [jnp.moveaxis(x, a, 0) for x, a in zip(leaves, axes) if a is not None]
+        fixed = [x for x, a in zip(leaves, axes) if a is None]
+        n = self._length(rows, [nm for nm, a in zip(names, axes) if a is not None], axes)
+        mapped = tuple(a is not None for a in axes)
+        if not self.filtered and type(self.out_axes.tree) is int:  # every output is mapped
+            out = self._pipeline(_Body(self.fun, treedef, mapped))(rows, fixed)
+            return self._move(out, lambda o: out_axis(who, o.shape[1:], self.out_axes.tree))
+        return self._general(_Body(self.fun, treedef, mapped), rows, fixed, n)
+
+    def _input_axes(self, args: tuple, kwargs: dict) -> list:
+        who, spec = self._who, self.in_axes.tree
+        if self.filtered:
+            spec = by_name(who, self.fun, spec, len(args))
+            return flat_axes(
+                who, "in_axes", (spec, None), (args, kwargs), "the arguments", self.in_axes
+            )
+        if type(spec) is tuple and len(spec) != len(args):
+            raise ValueError(
+                f"`{who}(in_axes={spec!r})`: in_axes has {len(spec)} entries but the function "
+                f"was called with {len(args)} positional arguments."
+            )
+        return flat_axes(
+            who, "in_axes", (spec, 0), (args, kwargs), "the positional arguments", self.in_axes
+        )
+
+    def _length(self, rows: list, names: list, axes: list) -> int:
+        sizes = {}
+        for x, nm in zip(rows, names):
+            sizes.setdefault(int(x.shape[0]), nm)
+        if self.axis_size is not None:
+            sizes.setdefault(self.axis_size, "axis_size")
+        if len(sizes) > 1:
+            seen = ", ".join(f"{nm} has {k}" for k, nm in sizes.items())
+            raise ValueError(
+                f"`{self._who}`: the mapped axes must all have the same size (and equal "
+                f"axis_size where given), got: {seen}."
+            )
+        return next(iter(sizes))
+
+    def _unmapped(self, args: tuple, kwargs: dict) -> Any:
+        """No mapped leaf: nothing to chunk; every row is the same (jax.vmap's broadcast)."""
+        if self.filtered:
+            out = eqx.filter_vmap(
+                self.fun, in_axes=self.in_axes.tree, out_axes=self.out_axes.tree,
+                axis_size=self.axis_size,
+            )(*args)
+        elif self.axis_size is None:
+            raise ValueError(
+                f"`{self._who}(in_axes={self.in_axes!r})`: no argument is mapped; map at least "
+                "one array (an in_axes entry that is not None) or give axis_size."
+            )
+        else:
+            out = jax.vmap(
+                self.fun, self.in_axes.tree, self.out_axes.tree, axis_size=self.axis_size
+            )(*args, **kwargs)
+        if isinstance(self.reducer, Concat):
+            return out
+        dyn, static = eqx.partition(out, eqx.is_array)
+        return eqx.combine(self.reducer.reduce_rows(dyn, None), static)
+
+    def _general(self, body: _Body, rows: list, fixed: list, n: int) -> Any:
+        """Outputs with `None` or callable out_axes: one traced row tells which are mapped."""
+        probe = self._probe(body, fixed)
+        one = [x[: min(n, 1)] for x in rows]
+        fixed_dyn = eqx.partition(fixed, eqx.is_array)[0]
+        try:
+            _, unmapped, static = eqx.filter_eval_shape(probe, one, fixed_dyn)
+        except ValueError as e:
+            if "got axis spec None but output was batched" not in str(e):
+                raise
+            raise ValueError(
+                f"`{self._who}(out_axes={self.out_axes!r})`: an output with out_axes None "
+                "depends on a mapped argument; give it an int axis."
+            ) from None
+        treedef, axes, statics = static.value
+        if any(u is not None for u in jax.tree_util.tree_leaves(unmapped)):
+            unmapped = probe(one, fixed_dyn)[1]  # outputs that depend on no mapped row
+        body = _Body(body.fun, body.treedef, body.mapped, tuple(a is not None for a in axes))
+        out = self._pipeline(body)(rows, fixed)
+        moved = iter(jax.tree_util.tree_leaves(out))
+        final = []
+        for a, u, s in zip(axes, unmapped, statics):
+            if a is not None:
+                final.append(self._move(next(moved), lambda o, a=a: a))
+            else:
+                final.append(s if u is None else u)
+        return jax.tree_util.tree_unflatten(treedef, final)
+
+    def _probe(self, body: _Body, fixed: list) -> Callable:
+        """`jax.vmap` of `body` that sorts outputs as `eqx.filter_vmap` does."""
+        who, spec = self._who, self.out_axes.tree
+        fixed_static = eqx.partition(fixed, eqx.is_array)[1]
+
+        def sort(rows, fixed_dyn):
+            out = body(rows, eqx.combine(fixed_dyn, fixed_static))
+            leaves, treedef = jax.tree_util.tree_flatten(out)
+            axes = flat_axes(who, "out_axes", spec, out, "the output of the function")
+            axes = tuple(
+                a if a is None else out_axis(who, jnp.shape(x), a) for x, a in zip(leaves, axes)
+            )
+            mapped = [x if a is not None else None for x, a in zip(leaves, axes)]
+            unmapped = [x if a is None and eqx.is_array(x) else None for x, a in zip(leaves, axes)]
+            statics = tuple(
+                x if a is None and not eqx.is_array(x) else None for x, a in zip(leaves, axes)
+            )
+            return mapped, unmapped, _Static((treedef, axes, statics))
+
+        return jax.vmap(sort, in_axes=_AXES, out_axes=(0, None, None))
+
+    def _move(self, out: Any, axis: Callable[[Any], int]) -> Any:
+        """Put the mapped axis (at 0 after the pipeline) where out_axes says."""
+        if not isinstance(self.reducer, Concat):
+            return out  # reduced: no mapped axis left (out_axes is the default)
+        return jax.tree_util.tree_map(lambda o: jnp.moveaxis(o, 0, axis(o)), out)
+
+    def _pipeline(self, body: _Body) -> Callable:
+        """[Shard ∘] (Chunk | Reduce) ∘ Vmap; an "auto" size is the Chunk's to plan."""
+        owner = (self._who, "batch_size", "memory_budget", f"{self._who}({fn_name(self.fun)})")
+        return compose(
+            Vmap(body, _AXES), _AXES, self.batch_size, self.reducer, self.shard, self.mesh,
+            True, self.progress, self.grad, self.grad_batch_size, self.memory_budget, owner,
+        )
+
+
+def _check(who, in_axes, out_axes, axis_name, reducer, filtered, top=True) -> None:
+    check_spec(who, "in_axes", in_axes, filtered, top)
+    check_spec(who, "out_axes", out_axes, filtered, False)
+    if axis_name is not None:
+        raise ValueError(
+            f"`{who}(axis_name={axis_name!r})`: collectives over the mapped axis (psum, "
+            "all_gather, axis_index, ...) would see one chunk at a time, not the whole axis; "
+            "use jax.vmap / eqx.filter_vmap for them, or reduce with reducer= (e.g. chunkx.Sum())."
+        )
+    default = eqx.if_array(0) if filtered else 0
+    if reducer is not None and not isinstance(reducer, Concat) and out_axes != default:
+        raise ValueError(
+            f"`{who}(out_axes={out_axes!r}, reducer={reducer!r})`: a reducer removes the mapped "
+            f"axis, so out_axes has nothing to place; leave out_axes at its default {default!r}."
+        )
+
+
+def _options(who, batch_size, memory_budget, grad, grad_batch_size, shard, mesh, axis_size):
+    batch_size = resolve_batch_size(who, batch_size, {}, memory_budget)
+    check_positive(who, "axis_size", axis_size)
+    if shard:
+        check_mesh_1d(who, mesh)
+    return batch_size, check_grad_options(who, batch_size, grad, grad_batch_size)
+
+
+@jaxtyped(typechecker=beartype)
+def vmap(
+    fun: Callable[..., Any],
+    in_axes: PyTree[Any] = 0,
+    out_axes: PyTree[Any] = 0,
+    axis_name: Hashable | None = None,
+    axis_size: int | None = None,
+    spmd_axis_name: Hashable | tuple[Hashable, ...] | None = None,
+    *,
+    batch_size: int | Literal["auto"] | None = None,
+    reducer: AbstractReducer | None = None,
+    memory_budget: int | None = None,
+    grad: GradPolicy = "auto",
+    grad_batch_size: int | None = None,
+    shard: bool = False,
+    mesh: Mesh | None = None,
+    progress: bool = False,
+) -> ChunkedVmap:
+    """`jax.vmap(fun, in_axes, out_axes)` evaluated in chunks of `batch_size` rows.
+
+    As a plain loop over the mapped axis of length `n` (`take(i, j)` slices rows `i:j` of
+    every mapped leaf along its `in_axes` axis; unmapped leaves and keyword arguments pass as
+    `jax.vmap` passes them):
+
+    ```python
+    def g(*args, **kwargs):
+        parts = [jax.vmap(fun, in_axes, 0)(*take(i, min(i + B, n)))
+                 for i in range(0, n, B)]
+        out = concatenate(parts, axis=0)     # or reducer's fold, e.g. a sum
+        return moveaxis(out, 0, out_axes)    # per output leaf, as jax.vmap places it
+    ```
+
+    `in_axes` and `out_axes` are `jax.vmap`'s: an int, `None`, or a pytree prefix of the
+    positional arguments (a tuple, one entry per argument) / of the output, with int (negative
+    counts from the end) or `None` leaves; keyword arguments are mapped along axis 0. An
+    output with out_axes `None` must not depend on a mapped row (as in `jax.vmap`); an output
+    with an int axis that does not depend on one is broadcast. Full chunks run in one
+    `jax.lax.scan`, the remainder in one more call.
+
+    **Arguments:**
+
+    - `fun`, `in_axes`, `out_axes`, `axis_size`: as in `jax.vmap`.
+    - `axis_name`, `spmd_axis_name`: collectives cannot see across chunks: `axis_name` is an
+      error; `spmd_axis_name` is accepted only as `None`.
+    - `batch_size`: rows per chunk (per device with `shard=True`); `None`: no chunking.
+    - `reducer`: how chunks join: [`chunkx.Concat`][] (the default: `jax.vmap`'s output) or
+      e.g. [`chunkx.Sum`][] (the sum over the mapped axis, never materialising the rows).
+    - `memory_budget`, `grad`, `grad_batch_size`, `shard`, `mesh`, `progress`: as in
+      [`chunkx.batch_vmap`][].
+
+    **Returns:**
+
+    A [`chunkx.ChunkedVmap`][] Module `g(*args, **kwargs)`.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        f = lambda p, x: {"y": p["w"] @ x + p["b"], "n": jnp.sum(x**2)}
+        p = {"w": jnp.ones((3, 5)), "b": jnp.zeros((7, 3))}    # b: one bias per row
+        x = jnp.linspace(0.0, 1.0, 35).reshape(5, 7)           # rows along axis 1
+        spec = ({"w": None, "b": 0}, 1)
+        g = chunkx.vmap(f, spec, {"y": -1, "n": 0}, batch_size=3)
+        ref = jax.vmap(f, spec, {"y": -1, "n": 0})(p, x)
+        assert jax.tree_util.tree_all(jax.tree.map(jnp.allclose, g(p, x), ref))
+        ```
+    """
+    who = "chunkx.vmap"
+    if spmd_axis_name is not None:
+        raise ValueError(
+            f"`{who}(spmd_axis_name={spmd_axis_name!r})`: not supported; shard the mapped "
+            "axis with shard=True (and mesh=) instead."
+        )
+    _check(who, in_axes, out_axes, axis_name, reducer, False)
+    batch_size, grad_batch_size = _options(
+        who, batch_size, memory_budget, grad, grad_batch_size, shard, mesh, axis_size
+    )
+    in_axes = tuple(in_axes) if isinstance(in_axes, list) else in_axes
+    return ChunkedVmap(
+        fun, Spec.of(in_axes), Spec.of(out_axes), False, batch_size, reducer or Concat(),
+        axis_size, shard, mesh, memory_budget, grad, grad_batch_size, progress,
+    )
+
+
+@jaxtyped(typechecker=beartype)
+def filter_vmap(
+    fun: Callable[..., Any] | None = None,
+    *,
+    in_axes: PyTree[Any] = eqx.if_array(0),
+    out_axes: PyTree[Any] = eqx.if_array(0),
+    axis_name: Hashable | None = None,
+    axis_size: int | None = None,
+    batch_size: int | Literal["auto"] | None = None,
+    reducer: AbstractReducer | None = None,
+    memory_budget: int | None = None,
+    grad: GradPolicy = "auto",
+    grad_batch_size: int | None = None,
+    shard: bool = False,
+    mesh: Mesh | None = None,
+    progress: bool = False,
+) -> Any:
+    """`eqx.filter_vmap(fun, in_axes=..., out_axes=...)` evaluated in chunks of `batch_size`.
+
+    The loop of [`chunkx.vmap`][], with `eqx.filter_vmap`'s axes: leaves of `in_axes` and
+    `out_axes` may also be callables `leaf -> int | None` evaluated on every leaf of their
+    subtree (the default `eqx.if_array(0)` maps arrays along axis 0 and passes everything
+    else through: activation functions, Python numbers); `in_axes` may be a dict naming
+    parameters (the others take `eqx.if_array(0)`). Non-array outputs are returned as they
+    are. `fun` may be a Module (its arrays are leaves of the result, not mapped), and
+    `filter_vmap(in_axes=..., batch_size=...)` without `fun` is a decorator. Keyword arguments
+    are an error, as in `eqx.filter_vmap`.
+
+    **Arguments:**
+
+    - `fun`, `in_axes`, `out_axes`, `axis_size`: as in `eqx.filter_vmap`.
+    - `axis_name`: an error (collectives would see one chunk at a time).
+    - `batch_size`, `reducer`, `memory_budget`, `grad`, `grad_batch_size`, `shard`, `mesh`,
+      `progress`: as in [`chunkx.vmap`][].
+
+    **Returns:**
+
+    A [`chunkx.ChunkedVmap`][] Module (or, without `fun`, a decorator that makes one).
+
+    !!! Example
+
+        ```python
+        import equinox as eqx, jax, jax.numpy as jnp, chunkx
+        keys = jax.random.split(jax.random.PRNGKey(0), 10)
+        ensemble = eqx.filter_vmap(lambda k: eqx.nn.MLP(3, 2, 8, 2, key=k))(keys)
+        x = jnp.ones(3)
+        run = chunkx.filter_vmap(lambda m, x: m(x), in_axes=(eqx.if_array(0), None),
+                                 batch_size=4)   # 4 models at a time: 4, 4, then 2
+        ref = eqx.filter_vmap(lambda m, x: m(x), in_axes=(eqx.if_array(0), None))
+        assert jnp.allclose(run(ensemble, x), ref(ensemble, x))
+        ```
+    """
+    opts = dict(
+        in_axes=in_axes, out_axes=out_axes, axis_name=axis_name, axis_size=axis_size,
+        batch_size=batch_size, reducer=reducer, memory_budget=memory_budget, grad=grad,
+        grad_batch_size=grad_batch_size, shard=shard, mesh=mesh, progress=progress,
+    )
+    if fun is None:
+        return functools.partial(filter_vmap, **opts)
+    who = "chunkx.filter_vmap"
+    _check(who, in_axes, out_axes, axis_name, reducer, True, top=False)
+    batch_size, grad_batch_size = _options(
+        who, batch_size, memory_budget, grad, grad_batch_size, shard, mesh, axis_size
+    )
+    return ChunkedVmap(
+        fun, Spec.of(in_axes), Spec.of(out_axes), True, batch_size, reducer or Concat(),
+        axis_size, shard, mesh, memory_budget, grad, grad_batch_size, progress,
+    )

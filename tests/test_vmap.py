@@ -1,0 +1,318 @@
+"""chunkx.vmap / chunkx.filter_vmap against jax.vmap / eqx.filter_vmap on the same inputs."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import chunkx
+from helpers import assert_tree_close, rand
+
+K = jax.random.split(jax.random.PRNGKey(0), 8)
+# (n, batch_size): remainder, n < B, exact multiple, no chunking, n == 0.
+SIZES = [(10, 3), (3, 5), (12, 4), (7, None), (0, 3)]
+FILTER_SIZES = [(10, 3), (4, 4), (7, None), (0, 3)]
+GRAD_SIZES = [(10, 3), (3, 5), (7, None)]  # gradients: a remainder, one short chunk, no chunks
+
+
+def _fixed(shape, i=0):
+    return rand(K[i], shape, jnp.float64)
+
+
+def _pytree_fn(p, x):
+    return {"y": jnp.tanh(p["w"] @ x + p["b"]), "n": jnp.sum(x**2)}
+
+
+def _nested_fn(xy, z):
+    (x, y), z = xy, z
+    return x * y[0] + z, (jnp.cos(x), y)
+
+
+# (name, fun, make_args(n) -> (args, kwargs), in_axes, out_axes)
+CASES = [
+    ("int", lambda x, w: jnp.sin(x * w), lambda n: ((_fixed((n, 3)), _fixed((n, 3), 1)), {}),
+     0, 0),
+    ("tuple-None", lambda x, w: jnp.sin(x @ w),
+     lambda n: ((_fixed((n, 3)), _fixed((3, 2), 1)), {}), (0, None), 0),
+    ("list", lambda x, w: jnp.sin(x @ w), lambda n: ((_fixed((n, 3)), _fixed((3, 2), 1)), {}),
+     [0, None], 1),
+    ("dict-prefix", lambda d: d["a"] * d["b"],
+     lambda n: (({"a": _fixed((n, 2)), "b": _fixed((2,), 1)},), {}), ({"a": 0, "b": None},), 1),
+    ("pytree-in-out", _pytree_fn,
+     lambda n: (({"w": _fixed((3, 4)), "b": _fixed((3, n), 1)}, _fixed((4, n), 2)), {}),
+     ({"w": None, "b": 1}, -1), {"y": -1, "n": 0}),
+    ("nested", _nested_fn,
+     lambda n: ((((_fixed((n, 2)), _fixed((2, n, 2), 1))), _fixed((2,), 2)), {}),
+     ((0, 1), None), (1, (0, -1))),
+    ("neg-per-rank", lambda d: d["a"].sum() * d["b"],
+     lambda n: (({"a": _fixed((2, 3, n)), "b": _fixed((4, n), 1)},), {}), -1, 0),
+    ("out-None", lambda x, w: (x * w, w * 2.0),
+     lambda n: ((_fixed((n, 3)), _fixed((3,), 1)), {}), (0, None), (0, None)),
+    ("broadcast-out", lambda x, w: (x * w, w * 2.0),
+     lambda n: ((_fixed((n, 3)), _fixed((3,), 1)), {}), (0, None), (0, 1)),
+    ("kwargs", lambda x, w, *, k: jnp.sin(x * w) + k["c"],
+     lambda n: ((_fixed((n, 3)), _fixed((3,), 1)), {"k": {"c": _fixed((n, 3), 2)}}),
+     (0, None), 0),
+]
+IDS = [c[0] for c in CASES]
+
+
+def _loss(out):
+    return sum(jnp.sum(jnp.sin(leaf)) for leaf in jax.tree_util.tree_leaves(out))
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize(("n", "b"), SIZES)
+def test_vmap_matches_jax_vmap(case, n, b):
+    _, fun, make, in_axes, out_axes = case
+    args, kwargs = make(n)
+    ref = jax.vmap(fun, in_axes, out_axes)
+    g = chunkx.vmap(fun, in_axes, out_axes, batch_size=b)
+    assert_tree_close(g(*args, **kwargs), ref(*args, **kwargs))
+    assert_tree_close(jax.jit(lambda a, k: g(*a, **k))(args, kwargs), ref(*args, **kwargs))
+    if (n, b) not in GRAD_SIZES:
+        return
+    grad = jax.grad(lambda a, k: _loss(g(*a, **k)), argnums=(0, 1))(args, kwargs)
+    grad_ref = jax.grad(lambda a, k: _loss(ref(*a, **k)), argnums=(0, 1))(args, kwargs)
+    assert_tree_close(grad, grad_ref)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_vmap_under_outer_vmap_and_shard(case):
+    _, fun, make, in_axes, out_axes = case
+    args, kwargs = make(10)
+    scales = jnp.array([0.5, 1.0, 2.0])
+
+    def outer(mapped):
+        return jax.vmap(lambda c: mapped(*jax.tree.map(lambda a: c * a, args), **kwargs))(scales)
+
+    ref = outer(jax.vmap(fun, in_axes, out_axes))
+    assert_tree_close(outer(chunkx.vmap(fun, in_axes, out_axes, batch_size=3)), ref)
+    sharded = chunkx.vmap(fun, in_axes, out_axes, batch_size=2, shard=True)
+    assert_tree_close(sharded(*args, **kwargs), jax.vmap(fun, in_axes, out_axes)(*args, **kwargs))
+
+
+def test_vmap_equals_docstring_loop():
+    """The loop of chunkx.vmap's docstring: jax.vmap per chunk, concatenated, axis moved."""
+    f = lambda x, w: {"a": jnp.sin(x * w), "b": x[:2]}  # noqa: E731
+    x, w = _fixed((3, 10)), _fixed((3,), 1)
+    parts = [jax.vmap(f, (1, None), 0)(x[:, i : i + 4], w) for i in range(0, 10, 4)]
+    loop = jax.tree.map(lambda *p: jnp.moveaxis(jnp.concatenate(p, 0), 0, -1), *parts)
+    assert_tree_close(chunkx.vmap(f, (1, None), -1, batch_size=4)(x, w), loop)
+
+
+def test_vmap_axis_size_broadcast_and_sum_reducer():
+    w = _fixed((3,))
+    ref = jax.vmap(lambda w: jnp.sin(w), in_axes=None, axis_size=5)(w)
+    assert_tree_close(chunkx.vmap(jnp.sin, None, axis_size=5, batch_size=2)(w), ref)
+    x = _fixed((11, 3))
+    total = chunkx.vmap(lambda x, w: {"a": jnp.sin(x * w)}, (0, None), batch_size=4,
+                        reducer=chunkx.Sum())
+    assert_tree_close(total(x, w), {"a": jnp.sum(jax.vmap(jnp.sin)(x * w), axis=0)})
+    g = jax.grad(lambda w: total(x, w)["a"].sum())(w)
+    assert_tree_close(g, jax.grad(lambda w: jnp.sum(jnp.sin(x * w)))(w))
+
+
+@pytest.mark.parametrize("grad", ["auto", "recompute"])
+def test_vmap_backward_chunk_size(grad):
+    x, w = _fixed((11, 3)), _fixed((3,), 1)
+    f = lambda x, w: jnp.sin(x * w)  # noqa: E731
+    g = chunkx.vmap(f, (0, None), batch_size=4, grad=grad, grad_batch_size=2)
+    ref = jax.grad(lambda w: jnp.sum(jax.vmap(f, (0, None))(x, w) ** 2))(w)
+    assert_tree_close(jax.grad(lambda w: jnp.sum(g(x, w) ** 2))(w), ref)
+
+
+def _temp(fn, *args):
+    return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+def test_vmap_auto_within_budget_and_equal():
+    """batch_size="auto": the Chunk plans its size; the program fits, the values are jax.vmap's."""
+    f = lambda x, w: jnp.sort(jnp.tanh(x[:, None] * w).ravel())[-4:]  # noqa: E731 (unfusable)
+    x, w = jnp.linspace(0.0, 1.0, 1000 * 32).reshape(1000, 32), jnp.ones((32, 32))
+    budget, ref = 2**20, jax.vmap(f, (0, None))
+    assert _temp(ref, x, w) > 2 * budget  # unchunked, it does not fit
+    g = chunkx.vmap(f, (0, None), batch_size="auto", memory_budget=budget)
+    assert _temp(g, x, w) <= budget
+    assert_tree_close(g(x, w), ref(x, w))
+    moved = chunkx.vmap(f, (1, None), -1, batch_size="auto", memory_budget=budget)
+    assert_tree_close(moved(x.T, w), jax.vmap(f, (1, None), -1)(x.T, w))
+    loss = lambda m: lambda w: jnp.sum(m(x, w) ** 2)  # noqa: E731
+    assert_tree_close(jax.grad(loss(g))(w), jax.grad(loss(ref))(w))
+
+
+def test_vmap_is_a_module_through_filter_jit():
+    w = _fixed((3, 2))
+    g = chunkx.vmap(lambda x, w: x @ w, (1, None), batch_size=3)
+    assert isinstance(g, chunkx.ChunkedVmap)
+    x = _fixed((3, 8), 1)
+    assert_tree_close(eqx.filter_jit(g)(x, w), jax.vmap(lambda x, w: x @ w, (1, None))(x, w))
+
+
+# ---------------------------------------------------------------- eqx.filter_vmap
+
+def _ensemble(n):
+    return eqx.filter_vmap(lambda k: eqx.nn.MLP(3, 2, 4, 1, key=k))(jax.random.split(K[0], n))
+
+
+class _Scale(eqx.Module):
+    a: jax.Array
+
+    def __call__(self, x, tag):
+        return self.a * x, tag
+
+
+FILTER_CASES = [
+    ("ensemble-shared-x", lambda m, x: m(x), lambda n: (_ensemble(n), _fixed((3,), 1)),
+     (eqx.if_array(0), None), eqx.if_array(0)),
+    ("ensemble-per-x", lambda m, x: m(x), lambda n: (_ensemble(n), _fixed((n, 3), 1)),
+     eqx.if_array(0), eqx.if_array(0)),
+    ("make-ensemble", lambda k: eqx.nn.MLP(3, 2, 4, 1, key=k),
+     lambda n: (jax.random.split(K[2], n),), eqx.if_array(0), eqx.if_array(0)),
+    ("non-arrays-pass", lambda x, c, s: (x * c, s), lambda n: (_fixed((n, 2)), 3.0, "tag"),
+     eqx.if_array(0), eqx.if_array(0)),
+    ("dict-by-name", lambda x, y: x * y, lambda n: (_fixed((2, n)), _fixed((n, 2), 1)),
+     {"x": 1}, eqx.if_array(1)),
+    ("module-fun", _Scale(_fixed((2,), 3)), lambda n: (_fixed((n, 2)), "t"),
+     eqx.if_array(0), (eqx.if_array(0), None)),
+    ("out-None", lambda x, w: (x * w, w + 1.0), lambda n: (_fixed((n, 3)), _fixed((3,), 1)),
+     (0, None), (0, None)),
+]
+FILTER_IDS = [c[0] for c in FILTER_CASES]
+
+
+@pytest.mark.parametrize("case", FILTER_CASES, ids=FILTER_IDS)
+@pytest.mark.parametrize(("n", "b"), FILTER_SIZES)
+def test_filter_vmap_matches_eqx(case, n, b):
+    _, fun, make, in_axes, out_axes = case
+    args = make(n)
+    ref = eqx.filter_vmap(fun, in_axes=in_axes, out_axes=out_axes)
+    g = chunkx.filter_vmap(fun, in_axes=in_axes, out_axes=out_axes, batch_size=b)
+    expected = ref(*args)
+    assert eqx.tree_equal(g(*args), expected, rtol=1e-10, atol=1e-12)
+    assert eqx.tree_equal(eqx.filter_jit(g)(*args), expected, rtol=1e-10, atol=1e-12)
+    if (n, b) not in GRAD_SIZES:
+        return
+
+    def loss(f, args):
+        dyn = eqx.filter(f(*args), eqx.is_inexact_array)
+        return _loss(dyn)
+
+    grad = eqx.filter_grad(loss)(g, args)
+    grad_ref = eqx.filter_grad(loss)(ref, args)
+    assert eqx.tree_equal(grad.fun, grad_ref._fun, rtol=1e-10, atol=1e-12)
+    grad_args = eqx.filter_grad(lambda a: loss(g, a))(args)
+    assert eqx.tree_equal(grad_args, eqx.filter_grad(lambda a: loss(ref, a))(args),
+                          rtol=1e-10, atol=1e-12)
+
+
+def test_filter_vmap_outer_vmap_decorator_and_method():
+    ens, xs = _ensemble(7), _fixed((5, 3))
+
+    @chunkx.filter_vmap(in_axes=(eqx.if_array(0), None), batch_size=3)
+    def run(m, x):
+        return m(x)
+
+    ref = eqx.filter_vmap(lambda m, x: m(x), in_axes=(eqx.if_array(0), None))
+    assert_tree_close(jax.vmap(lambda x: run(ens, x))(xs), jax.vmap(lambda x: ref(ens, x))(xs))
+
+    class Model(eqx.Module):
+        w: jax.Array
+
+        @chunkx.filter_vmap(in_axes=(None, 0), batch_size=2)
+        def chunked(self, x):
+            return self.w * x
+
+        @eqx.filter_vmap(in_axes=(None, 0))
+        def plain(self, x):
+            return self.w * x
+
+    m, x = Model(_fixed((3,))), _fixed((5, 3), 1)
+    assert_tree_close(m.chunked(x), m.plain(x))
+
+
+def test_batch_vmap_runs_an_ensemble():
+    ens, x = _ensemble(7), _fixed((3,), 1)
+    ref = eqx.filter_vmap(lambda m, x: m(x), in_axes=(eqx.if_array(0), None))(ens, x)
+    out = chunkx.batch_vmap(lambda m, x: m(x), (eqx.if_array(0), None), batch_size=3)(ens, x)
+    assert_tree_close(out, ref)
+
+
+# ---------------------------------------------------------------- errors
+
+def _x(n=6):
+    return jnp.ones((n, 3))
+
+
+ERRORS = [
+    (lambda: chunkx.vmap(jnp.sin, {"a": 0}), TypeError,
+     r"`chunkx.vmap\(in_axes=\{'a': 0\}\)`: in_axes must be an int, None or a tuple"),
+    (lambda: chunkx.vmap(jnp.sin, (0.5,)), TypeError,
+     r"`chunkx.vmap\(in_axes=\(0.5,\)\)`: the leaves of in_axes must be ints and None"),
+    (lambda: chunkx.vmap(jnp.sin, 0, "x"), TypeError, r"the leaves of out_axes must be ints"),
+    (lambda: chunkx.filter_vmap(jnp.sin, in_axes="x"), TypeError,
+     r"leaves of in_axes must be ints, None and callables"),
+    (lambda: chunkx.vmap(jnp.sin, axis_name="i"), ValueError,
+     r"`chunkx.vmap\(axis_name='i'\)`: collectives over the mapped axis"),
+    (lambda: chunkx.filter_vmap(jnp.sin, axis_name="i"), ValueError,
+     r"`chunkx.filter_vmap\(axis_name='i'\)`: collectives"),
+    (lambda: chunkx.vmap(jnp.sin, spmd_axis_name="d"), ValueError,
+     r"`chunkx.vmap\(spmd_axis_name='d'\)`: not supported"),
+    (lambda: chunkx.vmap(jnp.sin, 0, 1, reducer=chunkx.Sum()), ValueError,
+     r"`chunkx.vmap\(out_axes=1, reducer=Sum\(\)\)`: a reducer removes the mapped axis"),
+    (lambda: chunkx.vmap(jnp.sin, batch_size=0), ValueError,
+     r"`chunkx.vmap\(batch_size=0\)`: batch_size must be a positive int"),
+    (lambda: chunkx.vmap(jnp.sin, axis_size=0), ValueError,
+     r"`chunkx.vmap\(axis_size=0\)`: axis_size must be a positive int"),
+    (lambda: chunkx.vmap(jnp.sin, batch_size=2, memory_budget=10), ValueError,
+     r"`chunkx.vmap\(memory_budget=10\)`: memory_budget is only used with batch_size='auto'"),
+    (lambda: chunkx.vmap(lambda x, y: x, (0, 0, 0), batch_size=2)(_x(), _x()), ValueError,
+     r"`chunkx.vmap\(in_axes=\(0, 0, 0\)\)`: in_axes has 3 entries but the function was called"
+     r" with 2"),
+    (lambda: chunkx.vmap(lambda d: d, ({"a": 0},), batch_size=2)({"b": _x()}), ValueError,
+     r"`chunkx.vmap\(in_axes=\(\{'a': 0\},\)\)`: in_axes must be a pytree prefix of the"),
+    (lambda: chunkx.vmap(lambda x, y: x, batch_size=2)(_x(6), _x(5)), ValueError,
+     r"`chunkx.vmap`: the mapped axes must all have the same size .* args\[0\] has 6, "
+     r"args\[1\] has 5"),
+    (lambda: chunkx.vmap(jnp.sin, axis_size=4, batch_size=2)(_x(6)), ValueError,
+     r"args\[0\] has 6, axis_size has 4"),
+    (lambda: chunkx.vmap(jnp.sin, 2, batch_size=2)(_x()), ValueError,
+     r"`chunkx.vmap\(in_axes=...\)`: args\[0\] is mapped along axis 2, out of range for its "
+     r"shape \(6, 3\)"),
+    (lambda: chunkx.vmap(lambda x, c: x, batch_size=2)(_x(), 1.0), ValueError,
+     r"`chunkx.vmap\(in_axes=...\)`: args\[1\] is mapped along axis 0 but is a float"),
+    (lambda: chunkx.vmap(jnp.sin, None, batch_size=2)(_x()), ValueError,
+     r"`chunkx.vmap\(in_axes=None\)`: no argument is mapped; .* give axis_size"),
+    (lambda: chunkx.vmap(jnp.sin, 0, 3, batch_size=2)(_x()), ValueError,
+     r"`chunkx.vmap\(out_axes=...\)`: axis 3 is out of range for an output of per-example "
+     r"shape \(3,\)"),
+    (lambda: chunkx.vmap(lambda x: (x, x), 0, (0, None), batch_size=2)(_x()), ValueError,
+     r"`chunkx.vmap\(out_axes=\(0, None\)\)`: an output with out_axes None depends on a "
+     r"mapped argument"),
+    (lambda: chunkx.vmap(lambda x: (x, x), 0, (0, 0, 0), batch_size=2)(_x()), ValueError,
+     r"`chunkx.vmap\(out_axes=\(0, 0, 0\)\)`: out_axes must be a pytree prefix of the output"),
+    (lambda: chunkx.filter_vmap(lambda x: x, batch_size=2)(x=_x()), TypeError,
+     r"`chunkx.filter_vmap`: keyword arguments cannot be passed"),
+    (lambda: chunkx.filter_vmap(lambda x: x, in_axes={"y": 0}, batch_size=2)(_x()), ValueError,
+     r"`chunkx.filter_vmap\(in_axes=\{'y': 0\}\)`: in_axes names \['y'\], which are not among"),
+    (lambda: chunkx.filter_vmap(lambda x: x, in_axes=lambda leaf: "a")(_x()), TypeError,
+     r"returned 'a' for a leaf; an axis callable must return an int or None"),
+]
+
+
+@pytest.mark.parametrize(("make", "err", "match"), ERRORS)
+def test_errors(make, err, match):
+    with pytest.raises(err, match=match):
+        make()
+
+
+def test_jax_vmap_raises_where_chunkx_vmap_raises():
+    """The error cases above that concern semantics are errors for jax.vmap too."""
+    with pytest.raises(ValueError):
+        jax.vmap(lambda x: (x, x), 0, (0, None))(_x())
+    with pytest.raises(ValueError):
+        jax.vmap(lambda x, y: x)(_x(6), _x(5))
+    with pytest.raises(ValueError):
+        jax.vmap(jnp.sin, 2)(_x())
+    np.testing.assert_array_equal(jax.vmap(jnp.sin, -2)(_x()), jnp.sin(_x()))
