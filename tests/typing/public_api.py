@@ -487,4 +487,76 @@ def use_vmap_chunked() -> None:
     y = g(jnp.ones((10, 3)), jnp.ones((3, 2)))   # (10, 2)
 
 
-USES = (use_AbstractReducer, use_BatchJacfwd, use_BatchJacrev, use_BatchVectorize, use_BatchVmap, use_Chunk, use_ChunkMap, use_ChunkedVjp, use_Concat, use_MemoryPlan, use_Monoid, use_Pad, use_Pullback, use_Reduce, use_Shard, use_Sum, use_Vmap, use_apply_chunked, use_batch_jacfwd, use_batch_jacrev, use_batch_map, use_batch_vectorize, use_batch_vmap, use_check_block_diagonal, use_chunk_map, use_clear_plan_cache, use_compiled_temp_bytes, use_fit_memory, use_jit_chunk_vmap, use_plan_chunk_size, use_plan_memory, use_sparse_pullback, use_sparse_pullback_map, use_t3_GaussNewton, use_t3_TuckerTensorTrain, use_t3_binomial_combine_tensor, use_t3_dense_probe_derivatives, use_t3_estimate_chunk_size, use_t3_max_chunk_size_within, use_t3_t3_apply_corewise_derivatives_transpose, use_t3_t3_apply_derivatives, use_t3_t3_entries_corewise_derivatives_transpose, use_t3_t3_entries_derivatives, use_t3_t3_probe_corewise_derivatives_transpose, use_t3_t3_probe_derivatives, use_t3_tv_apply_derivatives, use_t3_tv_apply_derivatives_transpose, use_t3_tv_entries_derivatives, use_t3_tv_entries_derivatives_transpose, use_t3_tv_probe_derivatives, use_t3_tv_probe_derivatives_transpose, use_vjp_chunked, use_vmap_chunked)
+
+def use_ChunkedVmap() -> None:
+    import equinox as eqx, jax, jax.numpy as jnp, chunkx
+    g = chunkx.vmap(lambda x, w: jnp.sin(x) * w, (1, None), batch_size=4)
+    assert isinstance(g, chunkx.ChunkedVmap)
+    x, w = jnp.ones((3, 10)), 2.0
+    y = eqx.filter_jit(g)(x, w)
+    assert jnp.allclose(y, jax.vmap(lambda x, w: jnp.sin(x) * w, (1, None))(x, w))
+
+
+def use_filter_vmap() -> None:
+    import equinox as eqx, jax, jax.numpy as jnp, chunkx
+    keys = jax.random.split(jax.random.PRNGKey(0), 10)
+    ensemble = eqx.filter_vmap(lambda k: eqx.nn.MLP(3, 2, 8, 2, key=k))(keys)
+    x = jnp.ones(3)
+    run = chunkx.filter_vmap(lambda m, x: m(x), in_axes=(eqx.if_array(0), None),
+                             batch_size=4)   # 4 models at a time: 4, 4, then 2
+    ref = eqx.filter_vmap(lambda m, x: m(x), in_axes=(eqx.if_array(0), None))
+    assert jnp.allclose(run(ensemble, x), ref(ensemble, x))
+
+
+def use_AccumulationType() -> None:
+    import jax.numpy as jnp, chunkx
+    f = chunkx.micro_vmap(jnp.square, microbatch_size=2,
+                          accumulator=chunkx.AccumulationType.MEAN)
+    assert jnp.allclose(f(jnp.arange(6.0)), jnp.mean(jnp.arange(6.0) ** 2))
+
+
+def use_Accumulator() -> None:
+    import jax, jax.numpy as jnp, chunkx
+    biggest = chunkx.Accumulator(
+        init=lambda s: jnp.full(s.shape, -jnp.inf, s.dtype),
+        update=lambda c, v, i: jnp.maximum(c, v),
+        finalize=lambda c: c,
+        aggregate=lambda v: jnp.max(v, axis=0),
+    )
+    x = jnp.arange(8.0)
+    f = chunkx.micro_vmap(jnp.sin, microbatch_size=2, accumulator=biggest)
+    assert jnp.allclose(f(x), jnp.max(jnp.sin(x)))
+
+
+def use_microbatch() -> None:
+    import jax.numpy as jnp, chunkx
+    fun = lambda x: (x + 1, jnp.sum(3 * x))
+    types = (chunkx.AccumulationType.CONCAT, chunkx.AccumulationType.SUM)
+    rows, total = chunkx.microbatch(fun, 0, 2, types)(jnp.arange(8.0))
+    assert jnp.allclose(rows, jnp.arange(8.0) + 1) and total == 84.0
+
+
+def use_micro_vmap() -> None:
+    import jax, jax.numpy as jnp, chunkx
+    w, x = jnp.ones((3, 2)), jnp.arange(30.0).reshape(10, 3)
+    f = chunkx.micro_vmap(lambda x, w: jnp.tanh(x @ w), in_axes=(0, None),
+                          microbatch_size=4)          # 10 rows: the last ones padded
+    assert jnp.allclose(f(x, w), jax.vmap(lambda x: jnp.tanh(x @ w))(x))
+
+
+def use_micro_grad() -> None:
+    import jax, jax.numpy as jnp, chunkx
+    loss = lambda p, x, y: 0.5 * jnp.mean((x @ p - y) ** 2)
+    p, x, y = jnp.zeros(1), jnp.ones((4, 1)), jnp.array([0.0, 2.0, 4.0, 6.0])
+    g, aux = chunkx.micro_grad(loss, batch_argnums=(1, 2), microbatch_size=2,
+                               metrics_fn=jnp.linalg.norm)(p, x, y)
+    assert jnp.allclose(g, jax.grad(loss)(p, x, y) * 4)         # SUM of per-example
+    assert jnp.allclose(aux.metrics, jnp.array([0.0, 2.0, 4.0, 6.0]))
+
+
+def use_reshape_batch_axis() -> None:
+    import jax.numpy as jnp, chunkx
+    y = chunkx.reshape_batch_axis(jnp.arange(6), 2)
+    assert (y == jnp.array([[0, 3], [1, 4], [2, 5]])).all()
+
+USES = (use_AbstractReducer, use_ChunkedVmap, use_filter_vmap, use_AccumulationType, use_Accumulator, use_microbatch, use_micro_vmap, use_micro_grad, use_reshape_batch_axis, use_BatchJacfwd, use_BatchJacrev, use_BatchVectorize, use_BatchVmap, use_Chunk, use_ChunkMap, use_ChunkedVjp, use_Concat, use_MemoryPlan, use_Monoid, use_Pad, use_Pullback, use_Reduce, use_Shard, use_Sum, use_Vmap, use_apply_chunked, use_batch_jacfwd, use_batch_jacrev, use_batch_map, use_batch_vectorize, use_batch_vmap, use_check_block_diagonal, use_chunk_map, use_clear_plan_cache, use_compiled_temp_bytes, use_fit_memory, use_jit_chunk_vmap, use_plan_chunk_size, use_plan_memory, use_sparse_pullback, use_sparse_pullback_map, use_t3_GaussNewton, use_t3_TuckerTensorTrain, use_t3_binomial_combine_tensor, use_t3_dense_probe_derivatives, use_t3_estimate_chunk_size, use_t3_max_chunk_size_within, use_t3_t3_apply_corewise_derivatives_transpose, use_t3_t3_apply_derivatives, use_t3_t3_entries_corewise_derivatives_transpose, use_t3_t3_entries_derivatives, use_t3_t3_probe_corewise_derivatives_transpose, use_t3_t3_probe_derivatives, use_t3_tv_apply_derivatives, use_t3_tv_apply_derivatives_transpose, use_t3_tv_entries_derivatives, use_t3_tv_entries_derivatives_transpose, use_t3_tv_probe_derivatives, use_t3_tv_probe_derivatives_transpose, use_vjp_chunked, use_vmap_chunked)
