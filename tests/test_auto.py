@@ -130,8 +130,9 @@ def test_forward_linear_plan_in_two_compilations_within_ten_percent(fresh_cache)
                     x, w)
 
     assert at(plan.chunk_size) <= budget
-    best = max(s for s in range(plan.chunk_size, 1025, 8) if at(s) <= budget)  # brute force
-    assert plan.chunk_size >= 0.9 * best
+    # within 10% of the largest size that fits: memory grows with the size, so it suffices
+    # that the size 1/0.9 times as large does not fit
+    assert at(int(plan.chunk_size / 0.9) + 1) > budget
     with BackendCompiles() as again:  # the call follows the cached plan
         jax.jit(chunk).lower(x, w)
     assert again.count == 0

@@ -36,7 +36,7 @@ def test_in_axes_validated():
         chunkx.batch_vmap(lambda a, b: a, (None, None), batch_size=2)(x10, x10)
     with pytest.raises(ValueError, match=r"`batch_vmap\(in_axes=\(0,\)\)`: in_axes has 1 entry but the function was called with 2 positional arguments\.$"):
         chunkx.batch_vmap(lambda a, b: a, (0,), batch_size=2)(x10, x10)
-    with pytest.raises(ValueError, match=r"^`batch_vmap\(in_axes=\('a',\)\)`: entries must be ints or None, got 'a'\.$"):
+    with pytest.raises(ValueError, match=r"^`batch_vmap\(in_axes=\('a',\)\)`: entries must be ints, None or eqx.if_array\(k\), got 'a'\.$"):
         chunkx.batch_vmap(lambda a: a, ("a",), batch_size=2)
     with pytest.raises(ValueError, match=r"axis 3 of argument 0 is out of range for a leaf of shape \(10,\)"):
         chunkx.batch_vmap(lambda a: a, 3, batch_size=2)(x10)

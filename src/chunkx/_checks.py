@@ -7,6 +7,7 @@ always checked, and reported, the same way.
 import operator
 from typing import Any
 
+import equinox as eqx
 import numpy as np
 from jax.sharding import Mesh
 
@@ -91,9 +92,12 @@ def check_in_axes(who: str, in_axes: Any) -> None:
             f"got {type(in_axes).__name__}."
         )
     for a in in_axes:
+        if isinstance(a, eqx.if_array):  # equinox's "map the array leaves" (an ensemble)
+            continue
         if a is not None and (isinstance(a, bool) or not isinstance(a, int)):
             raise ValueError(
-                f"`{who}(in_axes={in_axes!r})`: entries must be ints or None, got {a!r}."
+                f"`{who}(in_axes={in_axes!r})`: entries must be ints, None or "
+                f"eqx.if_array(k), got {a!r}."
             )
 
 

@@ -308,7 +308,10 @@ def quick_search(
     size = _trusted(m, seen, _Model(a, b), n, rows, budget, shift)
     if size is None:
         if all(v > budget for v in seen.values()) and min(seen) > 1:
-            m(divisor_below(rows, min(seen) - 1))  # a loop over whole chunks, without slicing
+            # a loop over whole chunks (no slicing), as fit_memory's first guess: a divisor
+            # near n / 8, or below the smallest size measured
+            guess = divisor_below(rows, max(1, n // 8))
+            m(guess if guess < min(seen) else divisor_below(rows, min(seen) - 1))
         return search_sizes(m, n, budget, rows, (), who=who, what=what, name=name, seen=seen)
     return MemoryPlan(n, budget, tuple(seen.items()), a, b, size, size, rows=rows)
 
