@@ -205,7 +205,7 @@ class Chunk(eqx.Module):
         def plan(args, valid):  # traced: arrays and `jax.ShapeDtypeStruct`s alike
             axes = zero_in_axes("Chunk", self.in_axes, len(args))
             n = mapped_length(args, axes, "Chunk")
-            return forward_plan(self, planned_tree(self, args, valid, axes), n)
+            return forward_plan(self, planned_tree(self, args, valid), n)
 
         return eqx.filter_eval_shape(plan, args, valid)
 
@@ -229,7 +229,7 @@ class Chunk(eqx.Module):
         def plan(args, valid):
             axes = zero_in_axes("Chunk", self.in_axes, len(args))
             n = mapped_length(args, axes, "Chunk")
-            tree = planned_tree(self, args, valid, axes)
+            tree = planned_tree(self, args, valid)
             return reverse_plan(self, tree, size, n, default_grad_wrt(tree, axes), axes)
 
         return eqx.filter_eval_shape(plan, args, valid)

@@ -29,7 +29,7 @@ import numpy as np
 
 from .._combinators.reduce import Concat, Monoid, Sum
 from .cache import logger, measured
-from .measure import compiled_temp_bytes, default_budget, divisor_below, fingerprint
+from .measure import _struct, compiled_temp_bytes, default_budget, divisor_below, fingerprint
 from .reverse import ClosedOver, VjpProgram, default_wrt, planned_on_differentiation
 from .search import MemoryPlan, proportional_size, quick_search
 
@@ -83,16 +83,18 @@ def _template(chunk: Any) -> Any:
     return at_sizes(chunk, _no_fn, None, None)
 
 
-def _row_structs(args: tuple, axes: tuple) -> tuple:
-    def struct(x):
-        return jax.ShapeDtypeStruct(np.shape(x), x.dtype) if eqx.is_array(x) else x
-
-    return tuple(jax.tree_util.tree_map(struct, a) for a in args)
-
-
-def planned_tree(chunk: Any, args: tuple, valid: Any, axes: tuple) -> tuple:
+def planned_tree(chunk: Any, args: tuple, valid: Any) -> tuple:
     """`(fn, args, valid)` with the tracers `fn` closes over lifted into its leaves."""
-    return ClosedOver.of(chunk.fn, *_row_structs(args, axes)), args, valid
+    return ClosedOver.of(chunk.fn, *jax.tree_util.tree_map(_struct, args)), args, valid
+
+
+def _runner(template: Any, size: int | None) -> Callable[[Any, int | None], Any]:
+    """`run(tree, g)`: the Chunk at forward size `size` and backward size `g`, on `tree`."""
+
+    def run(t: Any, g: int | None) -> Any:
+        return _AtSize(template, size, g)(t)
+
+    return run
 
 
 def names(chunk: Any, reverse: bool = False) -> dict:
@@ -188,9 +190,7 @@ def reverse_plan(
     probe = _AtSize(template, max(1, (n + 1) // 2), None)
     key = fingerprint(probe, tree, extra=("reverse", _options(chunk), n, size, wrt, budget))
 
-    def run(t: Any, g: int | None) -> Any:
-        return _AtSize(template, size, g)(t)
-
+    run = _runner(template, size)
     held = _held_bytes(tree, wrt, axes)
 
     def measure(g: int) -> int:
@@ -234,7 +234,7 @@ def auto_call(chunk: Any, args: tuple, valid: Any, axes: tuple, n: int) -> Any:
     """A Chunk with an "auto" size called on `args`: plan, then run at the planned sizes."""
     from .agree import agreed_size
 
-    tree = planned_tree(chunk, args, valid, axes)
+    tree = planned_tree(chunk, args, valid)
     size = chunk.size
     who = names(chunk)["who"]
     if size == "auto":
@@ -243,10 +243,7 @@ def auto_call(chunk: Any, args: tuple, valid: Any, axes: tuple, n: int) -> Any:
         logger.info("%s: process %d uses chunk size %s", who, jax.process_index(), size)
     if chunk.grad_size != "auto":
         return at_sizes(chunk, chunk.fn, size, chunk.grad_size)(*args, valid=valid)
-    template = _template(chunk)
-
-    def run(t: Any, g: int | None) -> Any:
-        return _AtSize(template, size, g)(t)
+    run = _runner(_template(chunk), size)
 
     def plan(t: Any, wrt: tuple) -> int:
         g = agreed_size(lambda: reverse_plan(chunk, t, size or n, n, wrt, axes).chunk_size, who)
