@@ -133,3 +133,14 @@ def test_vmap_of_a_non_callable_fails_when_built():
     hook the field's annotation catches it first."""
     with pytest.raises(TypeError, match=r"^`Vmap\(fn='loss'\)`: fn must be callable \(the per-example function\), got str\.$|Vmap(.|\n)*'fn'(.|\n)*'loss'"):
         chunkx.Vmap("loss")
+
+
+@pytest.mark.parametrize("fn", [chunkx.plan_memory, chunkx.plan_chunk_size])
+def test_planning_errors_name_the_function_called(fn):
+    x = jnp.ones((8, 2))
+    name = fn.__name__
+    with pytest.raises(ValueError, match=rf"`{name}\(budget_bytes=-1\)`"):
+        fn(jnp.sin, x, budget_bytes=-1)
+    mesh = jax.make_mesh((1, 1), ("a", "b"))
+    with pytest.raises(ValueError, match=rf"`{name}\(mesh=\.\.\.\)`"):
+        fn(jnp.sin, x, budget_bytes=10**6, shard=True, mesh=mesh)

@@ -87,17 +87,24 @@ def place(x, mesh: Mesh | AbstractMesh, spec: P):
     return jax.lax.with_sharding_constraint(x, sharding)
 
 
-def auto_twin(args) -> Mesh | None:
-    """With no context mesh, inputs typed on an Explicit mesh: an Auto mesh of that shape.
+def auto_twin(args, mesh: Mesh | None = None) -> Mesh | None:
+    """With no context mesh, a given Explicit `mesh` or inputs typed on an Explicit mesh: an
+    Auto mesh of that shape.
 
     JAX's eager `jax.grad` cannot start from an output typed on an Explicit mesh unless a
     context mesh is set (`jax.set_mesh`); a map run on an Auto mesh returns an output that is
     not typed on a mesh, as adv-jax-math's sharded maps (always on an Auto mesh) do. `None` in
-    a context mesh, where no input is typed on an Explicit mesh, or where that mesh does not
-    span every device (an abstract mesh's devices are not known under a trace).
+    a context mesh, for a given mesh that is not Explicit, where no input is typed on an
+    Explicit mesh, or where that mesh does not span every device (an abstract mesh's devices
+    are not known under a trace).
     """
     if not jax.sharding.get_abstract_mesh().empty:
         return None
+    if mesh is not None:
+        if not is_explicit(mesh):
+            return None
+        auto = (AxisType.Auto,) * len(mesh.axis_names)
+        return Mesh(mesh.devices, mesh.axis_names, axis_types=auto)
     for leaf in jax.tree_util.tree_leaves(args):
         found = mesh_of(leaf) if eqx.is_array(leaf) else None
         if found is not None and is_explicit(found):

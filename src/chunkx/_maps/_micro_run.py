@@ -112,14 +112,14 @@ class Interleave(eqx.Module):
 
     fn: Callable[..., Any]
     reducer: Leaves
-    size: int = eqx.field(static=True)
+    size: int | None = eqx.field(static=True)  # None: the rows are one microbatch
     num_real: Any = None
     masked: bool = eqx.field(static=True, default=False)
 
     def __call__(self, *args: Any, valid: RowMask | None = None) -> Any:
         batch, rest = args[:-1], args[-1]
         n = mapped_length(batch, (0,) * len(batch), "Interleave")
-        s = self.size
+        s = n if self.size is None else self.size
         k = n // s
 
         def perm(x):
@@ -183,8 +183,9 @@ class Plan(eqx.Module):
             core = self._chunk(row_fn, leaves, axes, "auto", self.grad_size, "shift")
         else:
             g = self.grad_size // d if isinstance(self.grad_size, int) else self.grad_size
-            chunk = self._chunk(row_fn, leaves, (0,) * masked + axes, mb // d, g, "call")
-            core = Interleave(chunk, leaves, mb // d, r, masked)
+            local = None if self.microbatch_size is None else mb // d  # None: all rows at once
+            chunk = self._chunk(row_fn, leaves, (0,) * masked + axes, local, g, "call")
+            core = Interleave(chunk, leaves, local, r, masked)
         if self.shard:
             core = Shard(core, mesh=self.mesh, reducer=leaves, in_axes=axes)
         if padded:
@@ -219,10 +220,11 @@ class Plan(eqx.Module):
         if not self.per_example and n % mb:
             raise ValueError(
                 f"`{who}(microbatch_size={mb})`: the batch of {n} rows must be a multiple of "
-                "microbatch_size: fun sees whole microbatches, so padded rows would reach it "
-                "(micro_vmap and micro_grad take any batch)."
+                f"microbatch_size (divisible by {mb}): fun sees whole microbatches, so padded "
+                "rows would reach it (micro_vmap and micro_grad take any batch)."
             )
-        for name, size in (("microbatch_size", mb), ("grad_microbatch_size", self.grad_size)):
+        for name, size in (("microbatch_size", self.microbatch_size),
+                           ("grad_microbatch_size", self.grad_size)):
             if isinstance(size, int) and size % d:
                 raise ValueError(
                     f"`{who}({name}={size}, shard=True)`: {name} must be a multiple of the "

@@ -193,8 +193,8 @@ class BatchVmap(eqx.Module):
     )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        twin = auto_twin((args, kwargs)) if self.shard and self.mesh is None else None
-        if twin is not None:  # inputs on a caller's Explicit mesh: as adv, on an Auto mesh
+        twin = auto_twin((args, kwargs), self.mesh) if self.shard else None
+        if twin is not None:  # an Explicit mesh, no context mesh: as adv, on an Auto mesh
             args, kwargs = to_mesh((args, kwargs), twin)
             return dataclasses.replace(self, mesh=twin)._call(args, kwargs)
         with on_inputs_mesh((args, kwargs)):

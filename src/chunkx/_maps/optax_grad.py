@@ -165,7 +165,8 @@ def reshape_batch_axis(tree: Any, microbatch_size: int, axis: int = 0) -> Any:
         if n % microbatch_size:
             raise ValueError(
                 f"`reshape_batch_axis(microbatch_size={microbatch_size})`: the batch axis "
-                f"{axis} has {n} rows, not a multiple of microbatch_size."
+                f"{axis} has {n} rows, not a multiple of microbatch_size (not divisible by "
+                f"{microbatch_size})."
             )
         y = x.reshape(x.shape[:a] + (microbatch_size, n // microbatch_size) + x.shape[a + 1 :])
         return jnp.swapaxes(y, a, a + 1)

@@ -60,7 +60,16 @@ def plan_memory(
         assert chunkx.compiled_temp_bytes(g, xs, w) <= 100_000
         ```
     """
-    who = "plan_chunk_size"
+    return _plan(
+        "plan_memory", f, args, in_axes=in_axes, budget_bytes=budget_bytes, reduction=reduction,
+        chunk_reduction=chunk_reduction, shard=shard, mesh=mesh,
+    )
+
+
+def _plan(
+    who: str, f, args, *, in_axes, budget_bytes, reduction, chunk_reduction, shard, mesh
+) -> MemoryPlan:
+    """`plan_memory`'s plan, its messages in the name of `who` (the function called)."""
     budget_bytes = check_budget(who, "budget_bytes", budget_bytes, allow_none=False)
     check_options(who, "auto", {}, budget_bytes, shard, mesh)
     reducer, _ = reducer_for("batch_vmap", reduction, chunk_reduction)
@@ -136,13 +145,7 @@ def plan_chunk_size(
         assert 1 <= B < 256 and chunkx.compiled_temp_bytes(g, xs, w) <= 2**16
         ```
     """
-    return plan_memory(
-        f,
-        *args,
-        in_axes=in_axes,
-        budget_bytes=budget_bytes,
-        reduction=reduction,
-        chunk_reduction=chunk_reduction,
-        shard=shard,
-        mesh=mesh,
+    return _plan(
+        "plan_chunk_size", f, args, in_axes=in_axes, budget_bytes=budget_bytes,
+        reduction=reduction, chunk_reduction=chunk_reduction, shard=shard, mesh=mesh,
     ).chunk_size

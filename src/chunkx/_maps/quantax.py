@@ -76,7 +76,7 @@ class ChunkMap(eqx.Module):
             out = self._planned(inner, zero)(*moved)
         else:
             per_device = padded_rows_per_device(n, ndev)
-            fits = per_device == c or (per_device < c and not self.atleast_1chunk)
+            fits = c is None or per_device == c or (per_device < c and not self.atleast_1chunk)
             if c is None or (fits and self.chunk_size_bwd is None):
                 size = None  # quantax's fast path: f sees the whole (local) batch
             else:  # a backward size: the Chunk runs the batch whole, its reverse pass in chunks
