@@ -4,7 +4,7 @@ Each step clips every example's gradient to norm <= C, sums them, adds Gaussian 
 an optax Adam step. `jax.vmap` would hold every per-example gradient at once; the chunked map
 holds one chunk of them, with a chunk size planned for a 4 MiB budget of XLA temp memory.
 
-Run: `python examples/dpsgd_optax.py`.
+Run: `python examples/dpsgd_optax.py` (the tests call `main` with smaller sizes).
 """
 
 import time
@@ -20,9 +20,9 @@ N, D, CLIP, NOISE, LR, STEPS = 4096, 32, 1.0, 0.5, 1e-2, 20
 BUDGET = 4 * 2**20
 
 
-def make_data(key):
+def make_data(key, n=N):
     kx, kw = jax.random.split(key)
-    x = jax.random.normal(kx, (N, D))
+    x = jax.random.normal(kx, (n, D))
     w = jax.random.normal(kw, (D,))
     y = (x @ w > 0).astype(jnp.int32)  # a linearly separable two-class problem
     return x, y
@@ -48,13 +48,13 @@ def tree_sum(g):
     return jax.tree_util.tree_map(lambda t: jnp.sum(t, axis=0), g)
 
 
-def main():
+def main(n=N, steps=STEPS, budget=BUDGET):
     model = eqx.nn.MLP(D, 2, 128, 2, key=jax.random.key(1))
     params, static = eqx.partition(model, eqx.is_inexact_array)
-    x, y = make_data(jax.random.key(2))
+    x, y = make_data(jax.random.key(2), n)
     summed = chunkx.batch_vmap(
         lambda p, x, y: clipped_grad(p, static, x, y), (None, 0, 0), batch_size="auto",
-        memory_budget=BUDGET, reduction=tree_add, chunk_reduction=tree_sum,
+        memory_budget=budget, reduction=tree_add, chunk_reduction=tree_sum,
     )
     plan = summed.memory_plan(params, x, y)
     print(f"planned chunk: {plan.chunk_size} examples ({len(plan.points)} compilations)")
@@ -74,7 +74,7 @@ def main():
     }
     print("XLA temp of the gradient sum: " + ", ".join(
         f"{k} {v / 2**20:.1f} MiB" for k, v in step_temp.items()))
-    assert step_temp["chunked"] <= BUDGET < step_temp["jax.vmap"]
+    assert step_temp["chunked"] <= budget < step_temp["jax.vmap"]
 
     optimizer = optax.adam(LR)
     opt_state = optimizer.init(params)
@@ -86,7 +86,7 @@ def main():
             lambda t, k: NOISE * CLIP * jax.random.normal(k, t.shape, t.dtype),
             g, _split_like(key, g),
         )
-        g = jax.tree_util.tree_map(lambda a, b: (a + b) / N, g, noise)
+        g = jax.tree_util.tree_map(lambda a, b: (a + b) / n, g, noise)
         updates, opt_state = optimizer.update(g, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
@@ -96,10 +96,10 @@ def main():
 
     print(f"accuracy before: {accuracy(params):.3f}")
     t0 = time.perf_counter()
-    for i, key in enumerate(jax.random.split(jax.random.key(3), STEPS)):
+    for i, key in enumerate(jax.random.split(jax.random.key(3), steps)):
         params, opt_state = step(params, opt_state, key)
     acc = accuracy(params)
-    print(f"accuracy after {STEPS} DP-SGD steps: {acc:.3f} ({time.perf_counter() - t0:.1f} s)")
+    print(f"accuracy after {steps} DP-SGD steps: {acc:.3f} ({time.perf_counter() - t0:.1f} s)")
     assert acc > 0.9
 
 

@@ -15,6 +15,8 @@ the Tucker cores by `sqrt(N_i)` and the TT cores by `sqrt(r_i n_i)` (`unit_scale
 keeps the probed values O(1) and the least-squares problem well conditioned.
 
     python examples/t3_fit.py
+
+(the tests call `main` with fewer samples).
 """
 
 import functools
@@ -105,9 +107,9 @@ def fit(kind, n_samples, iters=20, chunk_size=256, tol=1e-6, seed=0, verbose=Tru
     return history, times
 
 
-def main():
-    probe, t_probe = fit("probe", 400)
-    completion, t_completion = fit("entries", 600)
+def main(probe_samples=400, entries_samples=600):
+    probe, t_probe = fit("probe", probe_samples)
+    completion, t_completion = fit("entries", entries_samples)
     for history in (probe, completion):  # each fit: 1e-6 within 20 outer iterations
         assert history[-1] <= 1e-6 and len(history) - 1 <= 20, history
     print(f"probe fit: {len(probe) - 1} iterations, relative residual {probe[-1]:.2e}, "

@@ -9,7 +9,7 @@ chunk when it is first differentiated: the gradient program runs value and gradi
 chunk by chunk, within the same budget. The energy must stay above the exact ground state
 energy (the variational principle) and come close to it.
 
-Run: `python examples/vmc_auto.py`.
+Run: `python examples/vmc_auto.py` (the tests call `main` with smaller sizes).
 """
 
 import itertools
@@ -34,7 +34,7 @@ def log_psi(params, s):
 
 def e_loc(params, s):
     """Local energy: -sum_i s_i s_{i+1} - H sum_i psi(s with spin i flipped) / psi(s)."""
-    flips = s[None, :] * (1.0 - 2.0 * jnp.eye(L))
+    flips = s[None, :] * (1.0 - 2.0 * jnp.eye(s.shape[-1]))
     ratios = jnp.exp(jax.vmap(log_psi, (None, 0))(params, flips) - log_psi(params, s))
     return -jnp.sum(s * jnp.roll(s, 1)) - H * jnp.sum(ratios)
 
@@ -45,19 +45,19 @@ def weighted(params, s):
     return w * e_loc(params, s), w
 
 
-def exact_ground_energy():
+def exact_ground_energy(sites=L):
     """Periodic chain at any field H (Jordan-Wigner, even fermion parity sector)."""
-    k = np.pi * (2 * np.arange(L) + 1) / L
+    k = np.pi * (2 * np.arange(sites) + 1) / sites
     return -np.sum(np.sqrt(1 + H**2 - 2 * H * np.cos(k)))
 
 
-def main():
+def main(sites=L, budget=BUDGET, steps=STEPS):
     k = jax.random.split(jax.random.key(0), 3)
-    params = (jnp.zeros(L), 0.05 * jax.random.normal(k[0], (ALPHA * L,)),
-              0.05 * jax.random.normal(k[1], (L, ALPHA * L)))
-    configs = jnp.array(list(itertools.product((-1.0, 1.0), repeat=L)))  # all 2^L of them
+    params = (jnp.zeros(sites), 0.05 * jax.random.normal(k[0], (ALPHA * sites,)),
+              0.05 * jax.random.normal(k[1], (sites, ALPHA * sites)))
+    configs = jnp.array(list(itertools.product((-1.0, 1.0), repeat=sites)))  # all 2^sites of them
 
-    sums = chunkx.batch_vmap(weighted, (None, 0), batch_size="auto", memory_budget=BUDGET,
+    sums = chunkx.batch_vmap(weighted, (None, 0), batch_size="auto", memory_budget=budget,
                              reducer=chunkx.Sum())
 
     def energy(p):
@@ -80,8 +80,8 @@ def main():
     print(f"{len(configs)} configurations: forward chunk {fwd.chunk_size}, backward chunk "
           f"{bwd.chunk_size} ({len(fwd.points)} + {len(bwd.points)} compilations to plan)")
     print(f"value_and_grad temp: chunked {temp.temp_size_in_bytes / 2**20:.2f} MiB, jax.vmap "
-          f"{ref_temp.temp_size_in_bytes / 2**20:.2f} MiB (budget {BUDGET / 2**20:.0f} MiB)")
-    assert temp.temp_size_in_bytes <= BUDGET < ref_temp.temp_size_in_bytes
+          f"{ref_temp.temp_size_in_bytes / 2**20:.2f} MiB (budget {budget / 2**20:.2f} MiB)")
+    assert temp.temp_size_in_bytes <= budget < ref_temp.temp_size_in_bytes
 
     opt = optax.adam(0.02)
     state = opt.init(params)
@@ -92,14 +92,14 @@ def main():
         updates, state = opt.update(g, state)
         return optax.apply_updates(params, updates), state, e
 
-    e0, energies = exact_ground_energy(), []
-    for i in range(STEPS):
+    e0, energies = exact_ground_energy(sites), []
+    for i in range(steps):
         params, state, e = step(params, state)
         energies.append(float(e))
-        if i % 50 == 0 or i == STEPS - 1:
-            print(f"step {i:3d}  energy per site {energies[-1] / L:+.6f}")
+        if i % 50 == 0 or i == steps - 1:
+            print(f"step {i:3d}  energy per site {energies[-1] / sites:+.6f}")
     rel = (energies[-1] - e0) / abs(e0)
-    print(f"exact ground state {e0 / L:+.6f} per site; relative error {rel:.2e}")
+    print(f"exact ground state {e0 / sites:+.6f} per site; relative error {rel:.2e}")
     assert min(energies) >= e0 - 1e-9 and rel < 1e-2  # variational, and close
 
 

@@ -1,7 +1,9 @@
 """One process of the 2-process test (run by test_multiprocess.py, not collected by pytest)."""
 
+import json
 import logging
 import os
+import pathlib
 import sys
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
@@ -20,6 +22,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import chunkx  # noqa: E402
+from chunkx._plan import cache  # noqa: E402
 
 assert jax.device_count() == 4 and jax.local_device_count() == 2
 mesh = jax.make_mesh((4,), ("x",))
@@ -67,13 +70,35 @@ logging.getLogger("chunkx").addHandler(Sizes())
 logging.getLogger("chunkx").setLevel(logging.INFO)
 x = global_array(np.tile(x_np, (8, 1)), P())  # 176 rows
 w = global_array(w_np, P())
-auto = chunkx.batch_vmap(per_row, (0, None), batch_size="auto", memory_budget=1200, shard=True,
-                         mesh=mesh, reducer=chunkx.Sum())
-results["auto_sum"] = np.asarray(multihost_utils.process_allgather(jax.jit(auto)(x, w),
-                                                                 tiled=True))
-results["auto_grad"] = np.asarray(multihost_utils.process_allgather(
-    jax.jit(jax.grad(auto, argnums=1))(x, w), tiled=True))
-np.save(f"{out_path}.sizes{pid}.npy", np.array(Sizes.used))
+
+
+def auto_run(tag):
+    """Sum and gradient of a fresh "auto" map; the chunk sizes this process used for them."""
+    Sizes.used.clear()
+    auto = chunkx.batch_vmap(per_row, (0, None), batch_size="auto", memory_budget=1200,
+                             shard=True, mesh=mesh, reducer=chunkx.Sum())
+    results[f"auto_sum{tag}"] = np.asarray(multihost_utils.process_allgather(
+        jax.jit(auto)(x, w), tiled=True))
+    results[f"auto_grad{tag}"] = np.asarray(multihost_utils.process_allgather(
+        jax.jit(jax.grad(auto, argnums=1))(x, w), tiled=True))
+    return list(Sizes.used)
+
+
+sizes = auto_run("")
+# again, process 1 warm with a plan of its own that disagrees, process 0 cold (as in a new
+# process: nothing in memory, its cache directory empty): process 0's plan is the one both use
+multihost_utils.sync_global_devices("planned")
+if pid == 0:
+    chunkx.clear_plan_cache()
+else:
+    for entry in pathlib.Path(sys.argv[4]).glob("*.json"):
+        data = json.loads(entry.read_text())
+        data["points"] = [[s, v // 4] for s, v in data["points"]]
+        entry.write_text(json.dumps(data))
+    cache._MEMO.clear()  # only the disk is left
+multihost_utils.sync_global_devices("caches changed")
+sizes_again = auto_run("_again")
+pathlib.Path(f"{out_path}.sizes{pid}.json").write_text(json.dumps([sizes, sizes_again]))
 if pid == 0:
     np.savez(out_path, **results)
 jax.distributed.shutdown()

@@ -1,8 +1,13 @@
-"""netket 3.23's answers for tests/test_netket.py, computed in a subprocess.
+"""netket 3.23's answers for tests/test_netket.py: the script that made `tests/data/netket_reference.*`.
 
 Importing netket turns on `jax_enable_x64` and changes other global JAX state, so it never runs
-inside the test process. `cases()` (plain JAX, no netket) is shared with the test; run as a script,
-this file evaluates every case with netket and writes the output leaves to an `.npz` file.
+inside the test process. `cases()` (plain JAX, no netket) is shared with the test; run as a script
+from the repository root (netket is in the `test` extra), this file evaluates every case with
+netket and writes the output leaves to an `.npz` file and their tree structures to a `.json` file:
+
+    python tests/netket_worker.py tests/data/netket_reference
+
+Rerun it after changing `cases()` or the inputs; the test checks that the stored cases are these.
 """
 
 import json
@@ -132,7 +137,7 @@ def run_netket(case, primals, ct):
 
 
 def main(out_path):
-    import netket  # noqa: F401  (turns on x64 before the inputs are made)
+    import netket  # turns on x64 before the inputs are made
 
     table = cases()
     args = {name: inputs(case) for name, case in table.items()}
@@ -146,7 +151,8 @@ def main(out_path):
             results[f"{name}/{i}"] = np.asarray(leaf)
     np.savez(out_path + ".npz", **results)
     with open(out_path + ".json", "w") as fh:
-        json.dump({"trees": trees, "x64": bool(jax.config.jax_enable_x64)}, fh)
+        json.dump({"trees": trees, "x64": bool(jax.config.jax_enable_x64),
+                   "netket": netket.__version__, "jax": jax.__version__}, fh, indent=1)
 
 
 if __name__ == "__main__":

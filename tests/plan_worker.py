@@ -1,7 +1,11 @@
 """Run by tests/test_auto.py in a fresh process: plan both passes of an "auto" map and print
-the backend compilations planning took (jax.monitoring) and the sizes, as JSON."""
+the backend compilations planning took (jax.monitoring) and the sizes, as JSON. With the
+argument `then-off`, plan them once more with persistence off (`CHUNKX_CACHE_DIR=""`) and
+nothing in memory, and print those too."""
 
 import json
+import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +26,20 @@ count = [0]  # compilations from here on: planning's only
 jax.monitoring.register_event_duration_secs_listener(
     lambda event, duration, **kw: count.__setitem__(0, count[0] + (event == EVENT))
 )
-g = chunkx.batch_vmap(energy, (None, 0), batch_size="auto", memory_budget=2**18,
-                      reducer=chunkx.Sum())
-fwd, bwd = g.memory_plan(w, x), g.grad_memory_plan(w, x)
-print(json.dumps({"planning_compiles": count[0], "sizes": [fwd.chunk_size, bwd.chunk_size]}))
+
+
+def plan():
+    """Compilations planning took, and the forward and backward chunk sizes."""
+    count[0] = 0
+    g = chunkx.batch_vmap(energy, (None, 0), batch_size="auto", memory_budget=2**18,
+                          reducer=chunkx.Sum())
+    fwd, bwd = g.memory_plan(w, x), g.grad_memory_plan(w, x)
+    return count[0], [fwd.chunk_size, bwd.chunk_size]
+
+
+out = dict(zip(("planning_compiles", "sizes"), plan()))
+if sys.argv[1:] == ["then-off"]:
+    os.environ["CHUNKX_CACHE_DIR"] = ""  # persistence off: the files on disk are not read
+    chunkx.clear_plan_cache()  # (off: forgets the in-process plans only)
+    out.update(zip(("off_compiles", "off_sizes"), plan()))
+print(json.dumps(out))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import chunkx
-from helpers import assert_tree_close, rand
+from helpers import assert_tree_close, pairwise, rand
 
 adv = pytest.importorskip("adv_jax_math")
 qx_utils = pytest.importorskip("quantax.utils")
@@ -73,10 +73,14 @@ def g_batched(p, x):
     return jnp.sin(p * x).sum(-1), p * x
 
 
-@pytest.mark.parametrize("n", [16, 12, 3])
-@pytest.mark.parametrize("c", [1, 2, 3, 8])
-@pytest.mark.parametrize(("use_scan", "shard_batch"), [(True, False), (False, False), (True, True)])
-@pytest.mark.parametrize("atleast_1chunk", [False, True])
+# every pair of rows x chunk size x (use_scan, shard_batch) x atleast_1chunk, and a chunk larger
+# than the rows each device holds (12 rows: 3 per device), sharded, with and without atleast
+QUANTAX_CASES = [(n, c, *mode, least) for n, c, mode, least in pairwise(
+    [16, 12, 3], [1, 2, 3, 8], [(True, False), (False, False), (True, True)], [False, True],
+    include=[(12, 8, (True, True), True), (12, 8, (True, True), False)])]
+
+
+@pytest.mark.parametrize(("n", "c", "use_scan", "shard_batch", "atleast_1chunk"), QUANTAX_CASES)
 def test_chunk_map_equals_quantax(n, c, use_scan, shard_batch, atleast_1chunk):
     """quantax needs n divisible by the device count (4 here): n=16 and 12 compare directly."""
     x = rand(jax.random.PRNGKey(4), (n, 2), jnp.float32)

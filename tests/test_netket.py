@@ -1,15 +1,13 @@
 """`vmap_chunked`, `apply_chunked`, `vjp_chunked`: against netket 3.23, `jax.vmap`, `jax.vjp`.
 
-netket runs only in a subprocess (`netket_worker.py`): importing it turns on x64 and changes
-other global JAX state, which must not leak into the rest of the suite.
+netket's answers are test data (`tests/data/netket_reference.*`), made by `netket_worker.py` in
+a process of its own: importing netket turns on x64 and changes other global JAX state, which
+must not leak into the rest of the suite.
 """
 
-import importlib.util
 import json
 import os
-import subprocess
 import sys
-import time
 
 import equinox as eqx
 import jax
@@ -21,43 +19,19 @@ import chunkx
 import netket_worker as W
 
 HERE = os.path.dirname(__file__)
-
-
-def _run_worker(path):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "..", "src"), HERE])
-    proc = subprocess.run(
-        [sys.executable, os.path.join(HERE, "netket_worker.py"), path],
-        env=env, capture_output=True, text=True, timeout=600,
-    )
-    if proc.returncode:
-        with open(path + ".err", "w") as fh:
-            fh.write(proc.stdout + proc.stderr)
+DATA = os.path.join(HERE, "data", "netket_reference")  # made by netket_worker.py
 
 
 @pytest.fixture(scope="session")
-def netket_results(tmp_path_factory):
-    """netket's answers, computed once per test session (shared by the xdist workers)."""
-    if importlib.util.find_spec("netket") is None:  # find it without importing it
-        pytest.skip("netket is not installed")
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # popen-gwN: the session's folder is shared
-        root = root.parent
-    path = str(root / "netket_results")
-    try:
-        os.close(os.open(path + ".lock", os.O_CREAT | os.O_EXCL))
-        _run_worker(path)
-        with open(path + ".done", "w"):
-            pass
-    except FileExistsError:  # another worker runs it: wait
-        deadline = time.time() + 600
-        while not os.path.exists(path + ".done") and time.time() < deadline:
-            time.sleep(0.2)
-    if os.path.exists(path + ".err"):
-        pytest.fail("netket worker failed:\n" + open(path + ".err").read()[-3000:])
-    with open(path + ".json") as fh:
+def netket_results():
+    """netket's answers, as `python tests/netket_worker.py tests/data/netket_reference` stored them."""
+    with open(DATA + ".json") as fh:
         meta = json.load(fh)
-    return dict(np.load(path + ".npz")), meta["trees"]
+    assert sorted(meta["trees"]) == sorted(W.cases()), (
+        "tests/data/netket_reference.* holds other cases than netket_worker.cases(): rerun "
+        "`python tests/netket_worker.py tests/data/netket_reference`")
+    assert meta["netket"].startswith("3.23") and meta["x64"]
+    return dict(np.load(DATA + ".npz")), meta["trees"]
 
 
 def _chunkx(case, shard):
@@ -79,7 +53,6 @@ def _chunkx(case, shard):
 SHARDED = ("phase_cs4_rf", "aux_rf", "mixed_rf", "vmap_cs4")  # default: Shard over 4 devices
 
 
-@pytest.mark.slow  # netket runs once, in a subprocess (about 30 s)
 @pytest.mark.parametrize(
     "name,shard", [(n, False) for n in W.cases()] + [(n, None) for n in SHARDED]
 )

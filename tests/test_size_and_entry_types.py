@@ -1,76 +1,15 @@
-"""Drop-in at the edges: nested sharded gradients, adv's eager sharded gradient, sizes typed the
-way users type them (NumPy and JAX integers, float budgets), annotations that beartype would
-sample. References: `jax.grad`/`jax.jvp` of plain `jnp` code, `jax.vmap`, the peer libraries.
+"""Sizes typed the way users type them (NumPy and JAX integers, float budgets), wrong sizes,
+and tuple entries that beartype would sample. References: `jax.vmap`, `jax.grad`, `jax.vjp`,
+quantax.
 """
-
-import contextlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding
-from jax.sharding import PartitionSpec as P
 
 import chunkx
-from helpers import NESTED_CASES, assert_tree_close
-
-X_LEN = 10  # rows of the inner map (4 per chunk: 2 full chunks and 2 left over)
-
-
-def _nested(rows, kind, inner):
-    mesh = jax.make_mesh((4,), ("x",), axis_types=(getattr(AxisType, kind.capitalize()),))
-    red = chunkx.Sum() if inner == "sum" else None
-    inside = chunkx.batch_vmap(lambda y, x: x * jnp.sin(y), (0, None), batch_size=4, reducer=red)
-    outer = chunkx.batch_vmap(lambda x, Y: jnp.sum(inside(Y, x) ** 2), (0, None), batch_size=1,
-                              shard=True, mesh=mesh, reducer=chunkx.Sum())
-    ref = lambda X, Y: jnp.sum(  # noqa: E731
-        jax.vmap(lambda x: jnp.sum((jnp.sum(x * jnp.sin(Y)) if red else x * jnp.sin(Y)) ** 2))(X))
-    X = jnp.linspace(0.1, 1.0, rows)
-    Y = jnp.linspace(0.0, 1.0, X_LEN)
-    if kind == "explicit":
-        X, Y = jax.device_put((X, Y), NamedSharding(mesh, P()))
-    return outer, ref, X, Y
-
-
-@pytest.mark.parametrize(("rows", "kind", "mode", "deriv", "inner"), NESTED_CASES)
-def test_nested_sharded_derivatives(rows, kind, mode, deriv, inner):
-    """map in map, sharded outside, chunked inside; rows left over by the mesh's 4 devices."""
-    outer, ref, X, Y = _nested(rows, kind, inner)
-    tY = jnp.cos(jnp.arange(X_LEN, dtype=Y.dtype))
-    if deriv == "grad":
-        run = lambda f: jax.grad(lambda X, Y: f(X, Y), argnums=(0, 1))  # noqa: E731
-    else:
-        run = lambda f: lambda X, Y: jax.jvp(lambda Y: f(X, Y), (Y,), (tY,))  # noqa: E731
-    # JAX's eager `grad` of a value typed on an Explicit mesh needs a context mesh (jnp too)
-    ctx = jax.set_mesh(outer.mesh) if (kind, mode, deriv) == ("explicit", "eager", "grad") else (
-        contextlib.nullcontext())
-    with ctx:
-        got = (jax.jit(run(outer)) if mode == "jit" else run(outer))(X, Y)
-    want = run(ref)(*jax.device_get((X, Y)))
-    assert_tree_close(got, want, rtol=1e-5, atol=1e-5)
-
-
-# -- adv-jax-math: eager grad of a sharded map on inputs typed on a caller's Explicit mesh ------
-
-
-def test_eager_grad_of_sharded_batch_vmap_on_caller_explicit_mesh():
-    """adv 1.3's own `test_sharded_chunked_batching` step: eager, no context mesh."""
-    adv = pytest.importorskip("adv_jax_math")
-    mesh = jax.make_mesh((4,), ("caller",))  # Explicit axes
-    x = jax.device_put(jnp.arange(3.0), NamedSharding(mesh, P()))
-
-    def grad_of(lib):
-        small = lambda y: lib.batch_vmap(lambda z: z**2, batch_size=2, shard=True)(y)  # noqa: E731
-        return jax.grad(lambda y: jnp.sum(small(y)))(x)
-
-    want = grad_of(adv)
-    assert_tree_close(grad_of(chunkx), want)
-    assert_tree_close(want, 2 * jnp.arange(3.0))
-    y = jax.device_put(jnp.arange(12.0), NamedSharding(mesh, P("caller")))  # rows on devices
-    g = chunkx.batch_vmap(jnp.sin, batch_size=2, shard=True)
-    assert_tree_close(jax.grad(lambda y: jnp.sum(g(y)))(y), jnp.cos(jnp.arange(12.0)))
-
+from helpers import assert_tree_close
 
 # -- sizes typed the way users type them --------------------------------------------------------
 

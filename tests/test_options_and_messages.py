@@ -1,0 +1,163 @@
+"""Options and messages: batch_size over its alias, memory_budget only with "auto", errors
+that name the public map, reducer objects in the adv-style maps, progress bars, the
+planner's docstring. Each against an independent reference.
+"""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import chunkx
+from helpers import assert_tree_close
+
+# -- 4. batch_size wins over its alias chunk_size ---------------------------------------------
+
+
+def _rows_seen(seen):
+    def fun(x):
+        seen.append(x.shape[0])
+        return jnp.sin(x)
+
+    return fun
+
+
+def test_batch_size_wins_over_chunk_size():
+    x = jnp.arange(10.0)
+    g = chunkx.batch_vmap(jnp.sin, batch_size=4, chunk_size="auto")
+    assert g.batch_size == 4
+    assert_tree_close(g(x), jnp.sin(x))
+    seen = []
+    assert_tree_close(chunkx.batch_map(_rows_seen(seen), x, 4, chunk_size="auto"), jnp.sin(x))
+    assert max(seen) == 4  # chunks of 4, not all 10 rows at once
+    with pytest.raises(ValueError, match=r"`batch_map\(memory_budget=1000\)`: memory_budget is "
+                       r"only used with batch_size='auto', got batch_size=4 \(batch_size wins "
+                       r"over its alias chunk_size='auto'\)"):
+        chunkx.batch_map(jnp.sin, x, 4, chunk_size="auto", memory_budget=1000)
+
+
+# -- 9. chunk_map's memory_budget only with "auto" --------------------------------------------
+
+
+def test_chunk_map_budget_needs_auto():
+    with pytest.raises(ValueError, match=r"`chunk_map\(memory_budget=1\)`: memory_budget is only "
+                       r"used with chunk_size='auto', got chunk_size=4"):
+        chunkx.chunk_map(jax.vmap(jnp.sin), chunk_size=4, memory_budget=1)
+    x = jnp.arange(6.0)  # with "auto" the budget is used
+    g = chunkx.chunk_map(jax.vmap(jnp.sin), chunk_size="auto", memory_budget=2**20)
+    assert_tree_close(g(x), jnp.sin(x))
+
+
+# -- 8. errors name the public map ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options", [{}, {"batch_size": 2}, {"batch_size": 2, "shard": True}])
+def test_batch_vmap_errors_name_batch_vmap(options):
+    with pytest.raises(ValueError, match=r"`batch_vmap`: mapped arguments must share the length "
+                       r"of their leading axis, got argument 0 shape \(3,\), argument 1 shape "
+                       r"\(4,\)"):
+        chunkx.batch_vmap(jnp.add, **options)(jnp.ones(3), jnp.ones(4))
+    with pytest.raises(ValueError, match=r"`batch_vmap`: no mapped array to chunk: in_axes maps "
+                       r"argument\(s\) \[0\], which hold no array leaves"):
+        chunkx.batch_vmap(lambda a, b: b, (0, None), **options)({}, jnp.ones(3))
+
+
+def test_batch_vectorize_broadcast_error_names_it():
+    with pytest.raises(ValueError, match=r"`batch_vectorize`: the loop dimensions of the "
+                       r"arguments must broadcast, got shapes \[\(3,\), \(4,\)\]"):
+        chunkx.batch_vectorize(jnp.add, batch_size=2)(jnp.ones(3), jnp.ones(4))
+
+
+def test_batch_map_error_names_the_leaves():
+    with pytest.raises(ValueError, match=r"`batch_map`: mapped arguments must share the length of "
+                       r"their leading axis, got argument 0 leaf \[0\] shape \(3,\), argument 0 "
+                       r"leaf \[1\]\['b'\] shape \(4,\)"):
+        chunkx.batch_map(lambda t: t, [jnp.ones(3), {"b": jnp.ones(4)}], 2)
+
+
+# -- 10. chunkx reducers in the adv-style maps --------------------------------------------------
+
+
+def test_reducer_objects_in_batch_vmap_and_batch_map():
+    x = jnp.linspace(0.0, 1.0, 7)
+    per_row = lambda v: {"a": jnp.sin(v), "b": (v**2, jnp.stack([v, 1.0]))}  # noqa: E731
+    want = jax.tree_util.tree_map(lambda y: jnp.sum(y, 0), jax.vmap(per_row)(x))
+    got = jax.jit(chunkx.batch_vmap(per_row, batch_size=3, reducer=chunkx.Sum()))(x)
+    assert_tree_close(got, want)
+    grad = jax.grad(lambda p, v: jnp.sum(jnp.sin(p["w"] * v)) + p["b"] * v)
+    params = {"w": jnp.ones(2), "b": 2.0}  # a pytree of per-example gradients, summed
+    grads = jax.jit(chunkx.batch_vmap(grad, (None, 0), batch_size=2, reducer=chunkx.Sum()))
+    want_grads = jax.tree.map(lambda g: jnp.sum(g, 0), jax.vmap(grad, (None, 0))(params, x))
+    assert_tree_close(grads(params, x), want_grads)
+    got = jax.jit(lambda x: chunkx.batch_map(jax.vmap(per_row), x, 3, reducer=chunkx.Sum()))(x)
+    assert_tree_close(got, want)
+    r = chunkx.Monoid(jnp.maximum, lambda rows: jnp.max(rows, axis=0))
+    got = jax.jit(chunkx.batch_vmap(jnp.cos, batch_size=3, reducer=r))(x)
+    assert_tree_close(got, jnp.max(jnp.cos(x)))
+    assert_tree_close(chunkx.batch_map(jnp.cos, x, 2, reducer=r), jnp.max(jnp.cos(x)))
+
+
+def test_reducer_and_reduction_pair_exclude_each_other():
+    msg = r"`batch_vmap\(reducer=Sum\(.*\)\)`: give either a reducer or the \(reduction, "
+    with pytest.raises(ValueError, match=msg + r"chunk_reduction\) pair, not both"):
+        chunkx.batch_vmap(jnp.sin, reducer=chunkx.Sum(), reduction=jnp.add, chunk_reduction=jnp.sum)
+    with pytest.raises(ValueError, match=r"`batch_map\(reducer=Sum\(.*\)\)`: give either"):
+        chunkx.batch_map(jnp.sin, jnp.ones(3), 2, reducer=chunkx.Sum(), chunk_reduction=jnp.sum)
+
+
+# -- 11. progress bars, the planner's docstring, sparse_pullback's error ------------------------
+
+
+class _Bar:
+    made: list = []
+
+    def __init__(self, total, desc):
+        self.total, self.n, self.closed = total, 0, False
+        _Bar.made.append(self)
+
+    def update(self, k):
+        self.n += k
+
+    def close(self):
+        self.closed = True
+
+
+def test_progress_bars_leave_no_line_per_call(monkeypatch, capfd):
+    from chunkx import _progress
+
+    assert _progress.LEAVE_FINISHED_BARS is False  # a finished bar is cleared (tqdm leave=False)
+    g = jax.jit(chunkx.chunk_map(jax.vmap(jnp.sin), chunk_size=3, use_scan=True, progress=True))
+    x = jnp.arange(24.0)  # 4 devices: 6 rows each, 2 chunks
+    monkeypatch.setattr(_progress, "_new_bar", _Bar)
+    _Bar.made.clear()
+    for _ in range(3):  # a training loop: every call runs its own bar to completion, then closes
+        assert_tree_close(g(x), jnp.sin(x))
+        jax.effects_barrier()
+    assert [(b.n, b.total, b.closed) for b in _Bar.made] == [(2, 2, True)] * 3
+
+
+def test_fit_memory_measures_what_plan_chunk_size_says():
+    seen = []
+
+    def measure(b):
+        seen.append(b)
+        return 1000 + 10 * b
+
+    plan = chunkx.fit_memory(measure, 2048, 6000)
+    assert seen[:2] == [2048, 256]  # the whole batch, then a divisor up to n / 8 (docstring)
+    assert plan.chunk_size == 500 and measure(plan.chunk_size) <= 6000 < measure(501)
+    assert "then a divisor `p` of the rows near `n / 8`" in chunkx.fit_memory.__doc__
+
+
+def test_sparse_pullback_pytree_output_is_a_value_error():
+    with pytest.raises(ValueError, match=r"`sparse_pullback\(fn=...\)`: fn must return a single "
+                       r"array .* got a dict with 1 array leaves"):
+        chunkx.sparse_pullback(lambda y: {"a": y}, jnp.ones((4, 2)), 2)
+
+
+def test_jit_chunk_vmap_errors_name_it():
+    with pytest.raises(ValueError, match=r"`jit_chunk_vmap`: mapped arguments must share the "
+                       r"length of their leading axis, got argument 0 shape \(3,\), argument 1"):
+        chunkx.jit_chunk_vmap(jnp.add, chunk_size=2)(jnp.ones(3), jnp.ones(4))
+    with pytest.raises(ValueError, match=r"`jit_chunk_vmap`: no mapped array to chunk: in_axes "
+                       r"maps argument\(s\) \[0\]"):
+        chunkx.jit_chunk_vmap(lambda a, b: b, (0, None), chunk_size=2)({}, jnp.ones(3))

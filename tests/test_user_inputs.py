@@ -1,0 +1,202 @@
+"""Inputs as users pass them: on a caller's Explicit mesh, NumPy arrays, in_axes as a list,
+non-array leaves, infinite gradients through padding, steps that return Modules. Each against
+an independent reference.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import chunkx
+from helpers import assert_tree_close
+
+# -- 1. inputs on a caller's Explicit mesh ------------------------------------------------------
+
+
+def _caller_mesh():
+    return jax.make_mesh((4,), ("caller",))  # Explicit axes by default
+
+
+def _explicit_cases():
+    mesh = _caller_mesh()
+    small = jax.device_put(jnp.arange(3.0), NamedSharding(mesh, P()))
+    ctx = jax.device_put(jnp.arange(4.0), NamedSharding(mesh, P("caller")))
+    x13, x7 = jnp.arange(13.0), jnp.arange(7.0)
+    g1 = chunkx.batch_vmap(lambda z: z**2, batch_size=2, shard=True)
+    g2 = chunkx.batch_vmap(
+        lambda v, w: v + jnp.sum(w), in_axes=(0, None), batch_size=2, shard=True
+    )
+    g3 = chunkx.batch_vmap(jnp.sin, batch_size=2, shard=True, mesh=mesh)
+    return mesh, [
+        (g1, lambda x: x**2, small),
+        (lambda c: g2(x13, c), lambda c: x13 + jnp.sum(c), ctx),
+        (g3, jnp.sin, x7),
+    ]
+
+
+@pytest.mark.parametrize("case", [0, 1, 2])
+def test_inputs_on_caller_explicit_mesh(case):
+    mesh, cases = _explicit_cases()
+    g, ref, x = cases[case]
+    want = ref(jax.device_get(x))
+    assert_tree_close(g(x), want)
+    assert_tree_close(jax.jit(g)(x), want)
+    want_grad = jax.grad(lambda x: jnp.sum(jnp.cos(ref(x))))(jax.device_get(x))
+    # `grad` of anything on an Explicit mesh needs `jax.set_mesh` in JAX itself
+    with jax.set_mesh(mesh):
+        got = jax.jit(jax.grad(lambda x: jnp.sum(jnp.cos(g(x)))))(x)
+    assert_tree_close(got, want_grad)
+
+
+def test_shard_takes_the_inputs_mesh():
+    mesh = _caller_mesh()
+    x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("caller")))
+    out = chunkx.Shard(chunkx.Chunk(chunkx.Vmap(jnp.sin), 1))(x)
+    assert out.sharding.mesh == mesh
+    assert_tree_close(out, jnp.sin(jnp.arange(8.0)))
+    with jax.set_mesh(mesh):  # the context's mesh
+        out = chunkx.Shard(chunkx.Vmap(jnp.sin))(jnp.arange(7.0))
+    assert out.sharding.mesh == mesh
+    assert_tree_close(out, jnp.sin(jnp.arange(7.0)))
+    two = jax.make_mesh((2,), ("two",), devices=jax.devices()[:2])  # fewer devices than there are
+    g = chunkx.chunk_map(jax.vmap(jnp.sin), chunk_size=2, shard_batch=True)
+    with jax.set_mesh(two):
+        out = jax.jit(g)(jnp.arange(7.0))
+    assert out.sharding.mesh == two
+    assert_tree_close(out, jnp.sin(jnp.arange(7.0)))
+
+
+def test_padding_and_grouped_maps_on_caller_explicit_mesh():
+    mesh = _caller_mesh()
+    x = jax.device_put(jnp.arange(10.0), NamedSharding(mesh, P()))  # 10 rows, 4 devices
+    maps = [
+        chunkx.chunk_map(jax.vmap(jnp.sin), chunk_size=2),  # padded groups, a Python loop
+        chunkx.chunk_map(jax.vmap(jnp.sin), chunk_size=1, use_scan=True),
+        chunkx.Pad(chunkx.Chunk(chunkx.Vmap(jnp.sin), 4), 4),
+    ]
+    for g in maps:  # eager: JAX needs a context mesh to pad on an Explicit mesh; jit: buffers
+        assert_tree_close(g(x), jnp.sin(jnp.arange(10.0)))
+        assert_tree_close(jax.jit(g)(x), jnp.sin(jnp.arange(10.0)))
+
+
+# -- 2. NumPy inputs and array-likes ------------------------------------------------------------
+
+
+def test_numpy_row_mask_and_key():
+    x = np.linspace(0.5, 1.5, 6)
+    valid = np.arange(6) < 4  # a NumPy mask passes the shape-checked annotation
+    for f in (chunkx.Chunk(chunkx.Vmap(jnp.sin), 4, reducer=chunkx.Sum()),
+              chunkx.Reduce(chunkx.Vmap(jnp.sin), chunkx.Sum())):
+        assert_tree_close(f(x, valid=valid), jnp.sum(jnp.sin(x[:4])))
+    with pytest.raises(Exception, match="valid"):  # the shape check is still on
+        chunkx.Reduce(chunkx.Vmap(jnp.sin), chunkx.Sum())(x, valid=np.ones((2, 3), bool))
+    key = np.asarray(jax.random.key_data(jax.random.PRNGKey(1)))  # a NumPy uint32[2] key
+    y = np.ones((4, 3))
+    assert_tree_close(chunkx.check_block_diagonal(jnp.sin, y, key=key), jnp.sin(y))
+
+
+def test_numpy_inputs_to_the_other_maps():
+    y = np.linspace(0.5, 1.5, 6).reshape(3, 2)
+    assert_tree_close(chunkx.batch_vectorize(jnp.sin, batch_size=2)(y), jnp.sin(y))
+    assert_tree_close(chunkx.batch_jacrev(jnp.sin, batch_size=2)(y[0]), jax.jacrev(jnp.sin)(y[0]))
+    rowsum = lambda y: jnp.sum(y**2, -1)  # noqa: E731
+    assert_tree_close(chunkx.sparse_pullback(rowsum, y, 2), rowsum(y))
+    assert chunkx.plan_chunk_size(jnp.sin, y, budget_bytes=2**20) == 3  # the whole batch fits
+
+
+# -- 3. in_axes as a list -------------------------------------------------------------------------
+
+
+def test_list_in_axes_under_jit():
+    x, w = jnp.arange(5.0), jnp.array(2.0)
+    want = jax.vmap(lambda x, w: x * w, (0, None))(x, w)
+    f = chunkx.Vmap(lambda x, w: x * w, [0, None])
+    maps = [
+        chunkx.batch_vmap(lambda x, w: x * w, [0, None], batch_size=2), f,
+        chunkx.Chunk(f, 2, in_axes=[0, None]), chunkx.Pad(f, 2, in_axes=[0, None]),
+        chunkx.Shard(f, in_axes=[0, None]),
+    ]
+    for g in maps:
+        assert g.in_axes == (0, None)  # stored hashable: the Module can be jitted
+        assert_tree_close(jax.jit(g)(x, w), want)
+    assert_tree_close(chunkx.jit_chunk_vmap(lambda x, w: x * w, [0, None], chunk_size=2)(x, w), want)
+
+
+
+
+# -- 5. non-array leaves in mapped arguments --------------------------------------------------
+
+
+def test_non_array_leaves_pass_through():
+    x = jnp.linspace(0.0, 1.0, 5)
+    f = lambda d: d["u"] * d["k"] if d["name"] == "abc" else None  # noqa: E731
+    tree = {"u": x, "k": 2.0, "name": "abc"}
+    want = jax.vmap(lambda u: f({"u": u, "k": 2.0, "name": "abc"}))(x)
+    maps = [
+        chunkx.batch_vmap(f), chunkx.batch_vmap(f, batch_size=2),
+        chunkx.batch_vmap(f, batch_size=2, shard=True), chunkx.Vmap(f),
+        chunkx.Chunk(chunkx.Vmap(f), 2), chunkx.Pad(chunkx.Vmap(f), 4),
+        chunkx.jit_chunk_vmap(f, chunk_size=2),
+    ]
+    for g in maps:
+        assert_tree_close(g(tree), want)
+    assert_tree_close(chunkx.Vmap(lambda d: d["u"] * d["k"])({"u": x, "k": 2.0}), 2.0 * x)
+
+
+# -- 6. padding keeps infinite gradients infinite -----------------------------------------------
+
+
+def test_padding_keeps_an_infinite_gradient():
+    x = jnp.array([1.0, 2.0, 0.0])
+    want = jax.grad(lambda x: jax.vmap(jnp.log)(x).sum())(x)  # [1, .5, inf]
+    assert np.isinf(want[2])
+    log = chunkx.Vmap(jnp.log)
+    maps = [
+        chunkx.chunk_map(jax.vmap(jnp.log), chunk_size=2),
+        chunkx.Pad(log, 2), chunkx.Pad(chunkx.Chunk(log, 2), 4),
+        chunkx.Chunk(log, 2, remainder="shift"),
+        chunkx.chunk_map(jax.vmap(jnp.log), chunk_size=2, shard_batch=True),
+    ]
+    assert_tree_close(jax.grad(lambda x: maps[0](x).sum())(x), want)  # the issue's snippet
+    for g in maps:
+        assert_tree_close(jax.jit(jax.grad(lambda x: g(x).sum()))(x), want)
+    for g in (chunkx.Pad(chunkx.Chunk(log, 2, reducer=chunkx.Sum()), 2),
+              chunkx.Chunk(log, 2, reducer=chunkx.Sum(), remainder="shift")):
+        assert_tree_close(jax.jit(jax.grad(g))(x), want)
+    x9 = jnp.array([1.0, 2, 3, 4, 5, 6, 7, 0, 1])  # 4 devices: one leftover row, chunks of 2
+    got = jax.jit(jax.grad(
+        lambda x: chunkx.chunk_map(jax.vmap(jnp.log), chunk_size=2, shard_batch=True)(x).sum()
+    ))(x9)
+    assert_tree_close(got, 1 / x9)
+
+
+# -- 7. compiled_temp_bytes of a step that returns an equinox Module ---------------------------
+
+
+def test_compiled_temp_bytes_of_a_module_returning_step():
+    model = eqx.nn.MLP(3, 3, 4, 1, key=jax.random.PRNGKey(0))  # holds relu: a custom_jvp
+
+    def step(model, x):
+        loss = jnp.sum(jax.vmap(model)(x) ** 2)
+        return eqx.tree_at(lambda m: m.layers[0].bias, model, model.layers[0].bias - loss)
+
+    x = jnp.ones((64, 3))
+    got = chunkx.compiled_temp_bytes(step, model, x)
+    dyn, static = eqx.partition(model, eqx.is_array)  # what users measure: a filtered jit
+    run = jax.jit(lambda d, x: eqx.filter(step(eqx.combine(d, static), x), eqx.is_array))
+    want = run.lower(dyn, x).compile().memory_analysis().temp_size_in_bytes
+    assert got == want and got > 0
+
+
+
+
+@pytest.mark.parametrize("remainder", ["call", "shift"])
+def test_bare_chunk_eager_on_explicit_caller_mesh(remainder):
+    """Item 1: a Chunk called eagerly on inputs laid out on a caller's Explicit mesh."""
+    x = jax.device_put(jnp.arange(7.0), NamedSharding(_caller_mesh(), P()))
+    out = chunkx.Chunk(chunkx.Vmap(jnp.sin), 3, remainder=remainder)(x)
+    np.testing.assert_allclose(out, jax.vmap(jnp.sin)(jnp.arange(7.0)), rtol=1e-6)
