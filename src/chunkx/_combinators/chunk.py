@@ -4,7 +4,6 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import equinox as eqx
-import jax
 
 from .._checks import as_in_axes, as_size, check_budget, check_choice, check_positive, zero_in_axes
 from .._plan.auto import auto_call, default_grad_wrt, forward_plan, planned_tree, reverse_plan
@@ -258,7 +257,5 @@ class Chunk(eqx.Module):
             full = join_args(chunk_rows, fixed, static)
             return evaluate(fn, reducer, full, chunk_valid, "Chunk")
 
-        if checkpoint:
-            piece = jax.checkpoint(piece, prevent_cse=False)
         desc = f"chunkx: chunks of {size} rows"
-        return chunk_loop(piece, reducer, (mapped, valid), n, size, self, desc)
+        return chunk_loop(piece, reducer, (mapped, valid), n, size, self, desc, checkpoint)
