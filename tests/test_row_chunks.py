@@ -45,6 +45,7 @@ MAPS = {
         chunkx.Chunk(chunkx.Vmap(g), s, reducer=chunkx.Sum()), s)(x)),
     "Shard/Concat": lambda s: (lambda x, w: chunkx.Shard(chunkx.Chunk(chunkx.Vmap(g), s))(x)),
 }
+SHARDED = ("Shard/Concat", "vmap_chunked")  # on the tests' 4 devices
 GRADS = {
     "value_and_grad batch_vmap/Sum": lambda s: _grad(MAPS["batch_vmap/Sum"](s)),
     "value_and_grad recompute": lambda s: _grad(lambda x, w: chunkx.batch_vmap(
@@ -66,7 +67,8 @@ REFERENCE = {
 def test_one_row_chunks_copy_no_input(name):
     one, two = temp(MAPS[name](1), X, W), temp(MAPS[name](2), X, W)
     assert one <= 2 * two, (one, two)
-    assert one < X.nbytes // 4  # far below a copy of the input
+    # far below a copy of the input; sharded maps place each device's rows (a quarter of x)
+    assert one < X.nbytes // 4 * (1.5 if name in SHARDED else 1)
     np.testing.assert_allclose(jax.jit(MAPS[name](1))(X, W), REFERENCE[name](X, W), rtol=2e-5,
                                atol=1e-4)
 

@@ -321,11 +321,11 @@ def quick_search(
 def _trusted(m, seen, model, n, rows, budget, shift) -> int | None:
     """The line's size, where it can be trusted; else `None` (search on).
 
-    A size that divides the rows is trusted as the line predicts it; without `shift`, so is a
-    size leaving rows over within 10% above one that was measured within the budget. A
+    A size that divides the rows is trusted as the line predicts it; so is a size leaving rows
+    over within 10% above one that was measured within the budget (the same kind of loop). A
     size leaving rows over costs more than the line says (the chunks are sliced from the rows,
     and without `shift` a remainder program is added): a divisor within 10% of it is taken
-    instead, or else, with `shift`, it is measured (one more compilation) and taken if it fits.
+    instead, or else it is measured (with `shift`; one more compilation) and taken if it fits.
     """
     size = _bracketed(seen, model, n, rows, budget)
     if size is None or rows % size == 0:
@@ -333,9 +333,9 @@ def _trusted(m, seen, model, n, rows, budget, shift) -> int | None:
     divides = _bracketed(seen, model._replace(c0=np.inf), n, rows, budget)
     if divides is not None and divides >= 0.9 * size:
         return divides
-    if shift:  # a shifted loop: measured (XLA's fusions of sliced chunks vary with the size)
-        return size if m(size) <= budget else None
     if any(v <= budget and rows % s and s <= size <= 1.1 * s for s, v in seen.items()):
+        return size
+    if shift and m(size) <= budget:
         return size
     return None
 
