@@ -4,7 +4,6 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import equinox as eqx
-import jax
 
 from .._checks import as_in_axes, as_size, check_budget, check_choice, check_positive, zero_in_axes
 from .._plan.auto import auto_call, default_grad_wrt, forward_plan, planned_tree, reverse_plan
@@ -63,13 +62,18 @@ class Chunk(eqx.Module):
         result = reducer.combine(result, p)
     ```
 
-    All full chunks run in one `jax.lax.scan`, so compile time does not grow with the number of
-    chunks, and [`chunkx.Concat`][] writes each chunk in place into one output buffer. The
-    `n % size` remaining rows are one more call (`remainder="call"`, the default), or, with
-    `remainder="shift"`, the last chunk is shifted back to end at row `n` and the rows it
-    repeats are masked out of the reducer (one compiled chunk shape and no fake rows; a
-    [`chunkx.Monoid`][] cannot mask and needs `"call"`). To pad instead, wrap in
-    [`chunkx.Pad`][].
+    Every chunk runs in one `jax.lax.scan`, so compile time does not grow with the number of
+    chunks, and [`chunkx.Concat`][] writes each chunk in place into one output buffer. Each
+    step slices its rows from the input (no copy of it, also at `size=1`). When `size` does
+    not divide `n`, the last chunk is shifted back to end at row `n` (`remainder="shift"`, what
+    the default does wherever the reducer allows it): it evaluates rows
+    `n - size .. (n // size) * size - 1` a second time, and those repeated rows are masked out
+    of a [`chunkx.Sum`][] (or a sum [`chunkx.Monoid`][]) and written again with the same
+    values by [`chunkx.Concat`][]. One compiled chunk shape, no remainder program, no fake
+    rows. `remainder="call"` evaluates the `n % size` leftover rows as one more call instead
+    (every row once: for functions with side effects, such as callbacks; a second compiled
+    program); a Monoid that cannot mask and `Sum(presummed=True)` use it by default. To pad
+    instead, wrap in [`chunkx.Pad`][].
 
     Reverse mode (`grad`) keeps the memory bound of one chunk in three ways:
 
@@ -105,9 +109,8 @@ class Chunk(eqx.Module):
       inside [`chunkx.Shard`][]); see "Choose a chunk size" in the docs and `memory_plan`.
     - `reducer`: how chunk results join; [`chunkx.Concat`][] by default.
     - `in_axes`: `0`, `None`, or one `0`/`None` per positional argument.
-    - `remainder`: `"call"` or `"shift"`; `None` (the default): `"call"`, except that a
-      planned size shifts its last chunk wherever the reducer can mask (no remainder
-      program to budget for).
+    - `remainder`: `"shift"` or `"call"` (see above); `None` (the default): `"shift"`
+      wherever the reducer masks or overwrites the repeated rows, else `"call"`.
     - `checkpoint`: rematerialise each chunk in reverse mode (what `grad="auto"` does when it
       does not fuse).
     - `grad`: `"auto"`, `"fused"`, `"recompute"` or `"store"` (see above).
@@ -258,7 +261,5 @@ class Chunk(eqx.Module):
             full = join_args(chunk_rows, fixed, static)
             return evaluate(fn, reducer, full, chunk_valid, "Chunk")
 
-        if checkpoint:
-            piece = jax.checkpoint(piece, prevent_cse=False)
         desc = f"chunkx: chunks of {size} rows"
-        return chunk_loop(piece, reducer, (mapped, valid), n, size, self, desc)
+        return chunk_loop(piece, reducer, (mapped, valid), n, size, self, desc, checkpoint)

@@ -25,17 +25,17 @@ from jax.custom_derivatives import SymbolicZero
 
 from ._rows import join_args, rows, struct_of, zeros_like_struct
 from ._sharding import typed_like
-from .loop import chunk_loop, evaluate
+from .loop import chunk_loop, evaluate, remainder_of
 
 #: `grad="auto"` fuses where the reduced output has at most this many real elements.
 FUSED_MAX_OUTPUTS = 16
 
 
-def piece_sizes(n: int, size: int, remainder: str | None) -> set[int]:
-    """The row counts the chunk loop calls its piece with."""
+def piece_sizes(n: int, size: int, chunk) -> set[int]:
+    """The row counts the chunk loop of `chunk` calls its piece with."""
     if size >= n:
         return {n}
-    return {size} if remainder == "shift" else {size, n % size} - {0}
+    return {size} if remainder_of(chunk) == "shift" else {size, n % size} - {0}
 
 
 def _row_structs(tree, k: int):
@@ -113,18 +113,16 @@ class _Lifted:
 
         return piece
 
-    def loop(self, piece, reducer, row_leaves, whole_leaves, valid, size, what="chunkx"):
+    def loop(self, piece, reducer, row_leaves, valid, size, what="chunkx", remat=False):
         if self.n <= size:
             return piece(row_leaves, valid)  # one piece: its partial is the result
         desc = f"{what}: chunks of {size} rows"
         source = (row_leaves, valid)
-        return chunk_loop(piece, reducer, source, self.n, size, self.chunk, desc)
+        return chunk_loop(piece, reducer, source, self.n, size, self.chunk, desc, remat)
 
     def primal(self, row_leaves, whole_leaves, valid):
         piece = self.piece(whole_leaves)
-        return self.loop(
-            piece, self.chunk.reducer, row_leaves, whole_leaves, valid, self.chunk.size
-        )
+        return self.loop(piece, self.chunk.reducer, row_leaves, valid, self.chunk.size)
 
 
 def _merge(leaves, live, mask):
@@ -140,7 +138,7 @@ def _live(leaves, dots):
 def fused_call(chunk, mapped, fixed, static, valid, n) -> Any:
     """`Chunk.__call__` with `grad="fused"` (see the module docstring)."""
     c = chunk.grad_size or chunk.size
-    sizes = piece_sizes(n, chunk.size, chunk.remainder) | piece_sizes(n, c, chunk.remainder)
+    sizes = piece_sizes(n, chunk.size, chunk) | piece_sizes(n, c, chunk)
     lifted = _Lifted(chunk, mapped, fixed, static, n, sizes)
     out_struct = _out_struct(chunk, mapped, fixed, static, n)
 
@@ -154,9 +152,7 @@ def fused_call(chunk, mapped, fixed, static, valid, n) -> Any:
         wmask, _, wdots = _live(whole_leaves, tangents[1])
         vjp_piece = _vjp_piece(lifted, whole_leaves, rmask, wmask)
         acc = _FusedAcc(c)
-        vec, jw, jr = lifted.loop(
-            vjp_piece, acc, row_leaves, whole_leaves, valid, c, "chunkx value+grad"
-        )
+        vec, jw, jr = lifted.loop(vjp_piece, acc, row_leaves, valid, c, "chunkx value+grad")
         dot = sum((_contract(j, t) for j, t in zip(jw + jr, wdots + rdots)), jnp.zeros_like(vec))
         return _unflat(vec, out_struct), _unflat(dot.astype(vec.dtype), out_struct)
 
@@ -244,7 +240,7 @@ def _unflat(vec, struct):
 def regrad_call(chunk, mapped, fixed, static, valid, n) -> Any:
     """`grad="recompute"` with `grad_size`: the tangent loop runs at the backward size."""
     g = chunk.grad_size
-    sizes = piece_sizes(n, chunk.size, chunk.remainder) | piece_sizes(n, g, chunk.remainder)
+    sizes = piece_sizes(n, chunk.size, chunk) | piece_sizes(n, g, chunk)
     lifted = _Lifted(chunk, mapped, fixed, static, n, sizes)
 
     @jax.custom_jvp
@@ -259,8 +255,8 @@ def regrad_call(chunk, mapped, fixed, static, valid, n) -> Any:
 
         def small(rl, wl):
             r, w = _merge(row_leaves, rl, rmask), _merge(whole_leaves, wl, wmask)
-            piece = jax.checkpoint(lifted.piece(w), prevent_cse=False)
-            return lifted.loop(piece, chunk.reducer, r, w, valid, g, "chunkx grad")
+            # checkpointed per step (its slicing too): the transpose recomputes one chunk
+            return lifted.loop(lifted.piece(w), chunk.reducer, r, valid, g, "chunkx grad", True)
 
         dot = jax.jvp(small, (rlive, wlive), (rdots, wdots))[1]
         return out, dot

@@ -9,7 +9,25 @@ import jax.numpy as jnp
 from .._progress import scan, ticker
 from .._types import RowMask
 from ._rows import rows, struct_of
-from .reduce import AbstractReducer
+from .reduce import AbstractReducer, Concat, Monoid, Sum
+
+
+def can_shift(reducer: AbstractReducer) -> bool:
+    """Whether a chunk loop may shift its last chunk back over rows already done: where the
+    reducer masks the repeated rows ([`chunkx.Sum`][], a sum [`chunkx.Monoid`][]) or writes
+    them again with the same values ([`chunkx.Concat`][])."""
+    if isinstance(reducer, Monoid):
+        return reducer.can_mask()
+    return isinstance(reducer, Concat) or (isinstance(reducer, Sum) and not reducer.presummed)
+
+
+def remainder_of(opts) -> str:
+    """The remainder policy a chunk loop with options `opts` (a `Chunk`) follows: as asked,
+    or, with the default `remainder=None`, `"shift"` wherever its reducer allows it (one
+    compiled program for any number of rows), else `"call"`."""
+    if opts.remainder is None:
+        return "shift" if can_shift(opts.reducer) else "call"
+    return opts.remainder
 
 
 def evaluate(
@@ -21,19 +39,22 @@ def evaluate(
     return reducer.reduce_rows(out, valid)
 
 
-def chunk_loop(piece, reducer, source, n, s, opts, desc: str = "chunkx") -> Any:
+def chunk_loop(
+    piece, reducer, source, n, s, opts, desc: str = "chunkx", remat: bool = False
+) -> Any:
     """`piece(rows, valid)` over chunks of `s` rows of `source = (mapped, valid)`, accumulated.
 
     `reducer` needs only `init`, `accumulate` and `finish`; `opts` gives `remainder`, `unroll`
     and `progress`; `desc` names the progress bar (the chunk sizes "auto" chose are visible
-    there).
+    there). `remat`: each step (its slicing included) is a `jax.checkpoint`, so reverse mode
+    keeps one chunk index per step, not the chunk's rows.
     """
-    shift = opts.remainder == "shift" and n % s != 0
+    shift = remainder_of(opts) == "shift" and n % s != 0
     k, r = (-(-n // s), 0) if shift else divmod(n, s)
     part = jax.eval_shape(piece, *struct_of(rows(source, 0, s)))
     acc = reducer.init(part, n)
     tick = ticker(k + (r > 0), desc) if opts.progress else None
-    acc, stacked = _loop(piece, reducer, source, acc, n, s, k, shift, opts, tick)
+    acc, stacked = _loop(_at(piece, n, s, shift, remat), reducer, source, acc, k, opts, tick)
     if r:  # remainder="call": the leftover rows are one more piece
         acc, _ = reducer.accumulate(acc, piece(*rows(source, k * s, r)), k * s, k)
         if tick is not None:  # counted too, reported after the loop's own steps
@@ -41,25 +62,42 @@ def chunk_loop(piece, reducer, source, n, s, opts, desc: str = "chunkx") -> Any:
     return reducer.finish(acc, stacked)
 
 
-def _loop(piece, reducer, source, acc, n, s, k, shift, opts, tick):
-    """Chunks `0..k-1` in one scan: `(acc, stacked)` as the reducer accumulates them."""
-    if n == k * s:  # whole chunks: scan over a free reshape of the input
-        xs = jax.tree_util.tree_map(lambda x: x.reshape((k, s) + x.shape[1:]), source)
-    else:  # slice chunks inside the loop (x[: k * s] would copy the input)
-        xs = None
+def _at(piece, n, s, shift, remat):
+    """`at(source, i) -> (part, start)`: chunk `i`'s rows sliced from `source` and evaluated.
 
-    def step(acc, x):
-        chunk, i = x
+    The rows are sliced with `dynamic_slice_in_dim` from the unchanged input: a loop over
+    `(k, s, ...)` reshaped inputs makes XLA copy the input (all of it at `s = 1`), and a
+    checkpoint around the piece alone would keep every chunk's rows for reverse mode (a copy
+    of the input again); slicing inside the checkpoint keeps the index only.
+    """
+
+    def at(source, i):
         start = i * s
-        if chunk is None:
-            start = jnp.minimum(start, n - s) if shift else start
-            chunk = rows(source, start, s)
-        mapped, valid = chunk
+        if shift:
+            start = jnp.minimum(start, n - s)
+        mapped, valid = rows(source, start, s)
         if shift:  # rows before i * s belong to the previous chunk: mask them out
             fresh = jnp.arange(s) + start >= i * s
             valid = fresh if valid is None else valid & fresh
-        return reducer.accumulate(acc, piece(mapped, valid), start, i)
+        return piece(mapped, valid), start
 
-    steps = (xs, jnp.arange(k))
-    return scan(step, acc, steps, k, unroll=opts.unroll, progress=tick is not None, tick=tick)
+    return jax.checkpoint(at, prevent_cse=False) if remat else at
 
+
+def _loop(at, reducer, source, acc, k, opts, tick):
+    """Chunks `0..k-1` in one scan: `(acc, stacked)` as the reducer accumulates them.
+
+    The chunk index is carried, not scanned over (`jnp.arange(k)` would be one more buffer of
+    `k` entries): a chunk of one row costs no more than a chunk of two.
+    """
+
+    def step(carry, _):
+        acc, i = carry
+        part, start = at(source, i)
+        acc, stacked = reducer.accumulate(acc, part, start, i)
+        return (acc, i + 1), stacked
+
+    init = (acc, jnp.zeros((), jnp.int32))
+    progress = tick is not None
+    (acc, _), stacked = scan(step, init, None, k, unroll=opts.unroll, progress=progress, tick=tick)
+    return acc, stacked

@@ -308,7 +308,11 @@ def batch_vmap(
         return out
     ```
 
-    Full chunks run in one `jax.lax.scan`, the remainder in one more call (no padding).
+    Every chunk runs in one `jax.lax.scan` (one compiled program): where `batch_size` leaves
+    rows, the last chunk is shifted back to end at row `n`, and the rows
+    `n - B .. (n // B)·B - 1` it evaluates twice are masked out of a sum or written again with
+    the same values (no padding); a `reduction` other than a sum evaluates the leftover rows
+    in one more call.
     Reverse mode keeps one chunk of residuals instead of all of them: a small sum (a loss,
     `reduction=jnp.add`) computes each chunk's value and gradient in one pass (`grad="fused"`),
     anything else reruns one chunk at a time (`grad="recompute"`); see [`chunkx.Chunk`][].
@@ -433,7 +437,9 @@ def batch_map(
     """`chunk_reduction(fun(fun_input))` computed in chunks; `fun` is *not* vmapped.
 
     `fun` must be natively vectorised over the leading axis of every leaf of `fun_input` and
-    work for any number of rows (it sees `batch_size` rows per chunk and the remainder once).
+    work for `batch_size` rows (every chunk has that many: the last one is shifted back over
+    rows already done, as in [`chunkx.batch_vmap`][]; with a `reduction` other than a sum, the
+    leftover rows are one more call, so `fun` then sees `n % batch_size` rows once).
     As a loop: `reduce(reduction, [chunk_reduction(fun(rows(i, i + B))) for i in ...])`, or the
     concatenation of `fun(rows(i, i + B))` when `reduction` is `None`.
 

@@ -66,8 +66,9 @@ def _context_mesh():
 
 
 def _pipeline(fn, size, reducer, in_axes, shard):
-    """[Shard ∘] Chunk ∘ fn: full chunks in one scan, the `n % size` rest in one more call."""
-    piece = Chunk(fn, size, reducer=reducer, in_axes=in_axes, remainder="call")
+    """[Shard ∘] Chunk ∘ fn: every chunk in one scan, the last one shifted back over rows
+    already done (one compiled program for any number of rows)."""
+    piece = Chunk(fn, size, reducer=reducer, in_axes=in_axes)
     if not shard:
         return piece
     return Shard(piece, _context_mesh(), reducer=reducer, in_axes=in_axes)

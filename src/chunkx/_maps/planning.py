@@ -79,7 +79,7 @@ def _plan(
         g, zero, args = prepare_args("batch_vmap", f, in_axes, args, {})
         pipeline = compose(
             Vmap(g, zero), zero, "auto", reducer, shard, mesh, memory_budget=budget_bytes,
-            owner=owner, remainder="call",  # as `batch_vmap(batch_size=B)` runs it
+            owner=owner,  # the remainder as `batch_vmap(batch_size=B)` runs it
         )
         local = local_args(args, zero, "batch_vmap", _ndev(shard, mesh, args))
         return the_chunk(pipeline).memory_plan(*local)

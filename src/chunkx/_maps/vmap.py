@@ -293,8 +293,9 @@ def vmap(
     positional arguments (a tuple, one entry per argument) / of the output, with int (negative
     counts from the end) or `None` leaves; keyword arguments are mapped along axis 0. An
     output with out_axes `None` must not depend on a mapped row (as in `jax.vmap`); an output
-    with an int axis that does not depend on one is broadcast. Full chunks run in one
-    `jax.lax.scan`, the remainder in one more call.
+    with an int axis that does not depend on one is broadcast. Every chunk runs in one
+    `jax.lax.scan` (one compiled program): the last chunk is shifted back to end at row `n`,
+    rewriting rows `n - B .. (n // B)·B - 1` with the same values.
 
     **Arguments:**
 

@@ -27,7 +27,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from .._combinators.reduce import Concat, Monoid, Sum
+from .._combinators.loop import remainder_of
 from .cache import logger, measured
 from .measure import _struct, compiled_temp_bytes, default_budget, divisor_below, fingerprint
 from .reverse import ClosedOver, VjpProgram, default_wrt, planned_on_differentiation
@@ -50,24 +50,11 @@ class _AtSize(eqx.Module):
         return at_sizes(self.chunk, fn, self.size, self.grad_size)(*args, valid=valid)
 
 
-def shifts(chunk: Any) -> bool:
-    """Whether a planned Chunk with the default `remainder=None` shifts its last chunk back
-    (`remainder="shift"`): wherever its reducer can mask the repeated rows
-    ([`chunkx.Concat`][], [`chunkx.Sum`][], a sum [`chunkx.Monoid`][]). Its memory is then
-    the loop's alone, with no remainder program (whose buffers XLA keeps beside the loop's):
-    linear in the chunk size, so two measurements plan it."""
-    reducer = chunk.reducer
-    if isinstance(reducer, Monoid):
-        return reducer.can_mask()
-    return isinstance(reducer, Concat) or (isinstance(reducer, Sum) and not reducer.presummed)
-
-
 def _shift(chunk: Any) -> bool:
-    """Whether the planned Chunk runs `remainder="shift"`: as asked, or, with the default
-    `remainder=None`, wherever its reducer can mask."""
-    if chunk.remainder is None:
-        return shifts(chunk)
-    return chunk.remainder == "shift"
+    """Whether the planned Chunk runs `remainder="shift"` (its memory is then the loop's
+    alone, with no remainder program whose buffers XLA keeps beside the loop's: linear in the
+    chunk size, so two measurements plan it)."""
+    return remainder_of(chunk) == "shift"
 
 
 def at_sizes(chunk: Any, fn: Callable, size: int | None, grad_size: int | None) -> Any:

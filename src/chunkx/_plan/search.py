@@ -248,10 +248,12 @@ def search_sizes(
         m(size)
     fits = [s for s, v in seen.items() if v <= budget]
     if not fits:
+        m(1)  # memory does not fall as the size grows: one row is the least any size needs
+        least = min(seen, key=lambda size: (seen[size], size))
         raise ValueError(
             f"`{who}({name}={budget})`: the budget is smaller than one row of {what}: "
-            f"chunk size 1 needs {m(1)} bytes of XLA temp memory. Raise {name} to at "
-            f"least {m(1)}."
+            f"chunk size {least} needs {seen[least]} bytes of XLA temp memory, the least of "
+            f"any size. Raise {name} to at least {seen[least]}."
         )
     models, learnt = _models(seen, rows)
     model = models[0] if learnt else models[-1]

@@ -1,0 +1,150 @@
+"""Compile time of every public map at a chunk size that leaves rows, against the hand loop.
+
+Compile time is trace + lower + compile of `jax.jit(f)` with `jax.clear_caches()` before each
+compile (nothing is reused between compiles), interleaved over the variants, median of
+`--reps` rounds. The reference is the best hand-written loop: a `lax.scan` over `jax.vmap` at
+a chunk size that divides the rows (100 of 1000), or `jax.jacfwd`/`jax.jacrev` for Jacobians.
+
+Cases (float32):
+
+- `batch_jacfwd` of a 200-dim fixed-point map unrolled over 50 steps
+  (`z <- tanh(A z + x)`), columns in chunks of 16 (leaves 8 columns) and of 20 (divides);
+- n=1000 rows, chunk size 96 (leaves 40 rows), a 2-layer row function `per(x, p)`:
+  per-example gradients with `batch_vmap`; `chunkx.vmap`, `chunk_map`, `vmap_chunked` and
+  `micro_vmap` of the row function; `batch_vmap` with `Sum`; `value_and_grad` of a chunked
+  sum; `batch_jacrev` of the rows' outputs w.r.t. the weights (chunks of output rows).
+
+Run: `python benchmarks/bench_compile.py [--reps 3]`; writes benchmarks/results/compile.json.
+"""
+
+import argparse
+import json
+import pathlib
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+import chunkx
+
+D, STEPS = 200, 50
+N, B, B_REF, F, H = 1000, 96, 100, 16, 32
+
+
+def fixed_point():
+    a = 0.5 * jax.random.normal(jax.random.key(0), (D, D), jnp.float32) / jnp.sqrt(D)
+
+    def f(x):
+        z = jnp.zeros(D, jnp.float32)
+        for _ in range(STEPS):  # unrolled: a large program per column chunk
+            z = jnp.tanh(a @ z + x)
+        return z
+
+    return f, jnp.linspace(-1.0, 1.0, D, dtype=jnp.float32)
+
+
+def per(x, p):
+    return jnp.sum(jnp.tanh(jnp.tanh(x @ p["a"]) @ p["b"]))
+
+
+def row_out(x, p):
+    return jnp.tanh(jnp.tanh(x @ p["a"]) @ p["b"])
+
+
+X = jnp.linspace(-1.0, 1.0, N * F, dtype=jnp.float32).reshape(N, F)
+P = {"a": jnp.linspace(-0.3, 0.3, F * H, dtype=jnp.float32).reshape(F, H),
+     "b": jnp.linspace(-0.3, 0.3, H * 4, dtype=jnp.float32).reshape(H, 4)}
+
+
+def hand(fn, reduce_sum=False):
+    """`lax.scan` over `jax.vmap(fn)` at a chunk size that divides the rows."""
+
+    def loop(x, p):
+        xs = x.reshape((N // B_REF, B_REF) + x.shape[1:])
+        if reduce_sum:
+            step = lambda c, xc: (c + jnp.sum(jax.vmap(fn, (0, None))(xc, p)), None)  # noqa: E731
+            return jax.lax.scan(step, jnp.float32(0), xs)[0]
+        ys = jax.lax.scan(lambda c, xc: (c, jax.vmap(fn, (0, None))(xc, p)), None, xs)[1]
+        return jax.tree_util.tree_map(lambda y: y.reshape((N,) + y.shape[2:]), ys)
+
+    return loop
+
+
+GRAD = jax.grad(per, argnums=1)
+
+
+def cases():
+    f, x0 = fixed_point()
+    jac = lambda s: (lambda x: chunkx.batch_jacfwd(f, batch_size=s)(x), (x0,))  # noqa: E731
+    ref_jac = (jax.jacfwd(f), (x0,))
+    sum_loss = lambda s: lambda x, p: chunkx.batch_vmap(  # noqa: E731
+        per, (0, None), batch_size=s, reducer=chunkx.Sum())(x, p)
+    return {
+        "batch_jacfwd, 200-dim 50-step unrolled fixed-point map, size 16 (leaves columns)": (
+            jac(16), ref_jac),
+        "batch_jacfwd, the same, size 20 (divides)": (jac(20), ref_jac),
+        "batch_vmap per-example grads, n=1000, size 96": (
+            (lambda x, p: chunkx.batch_vmap(GRAD, (0, None), batch_size=B)(x, p), (X, P)),
+            (hand(GRAD), (X, P))),
+        "vmap + Sum, n=1000, size 96": (
+            (sum_loss(B), (X, P)), (hand(per, reduce_sum=True), (X, P))),
+        "value_and_grad of a chunked sum, n=1000, size 96": (
+            (jax.value_and_grad(lambda p, x: sum_loss(B)(x, p)), (P, X)),
+            (jax.value_and_grad(lambda p, x: hand(per, reduce_sum=True)(x, p)), (P, X))),
+        "chunkx.vmap, n=1000, size 96": (
+            (lambda x, p: chunkx.vmap(row_out, (0, None), batch_size=B)(x, p), (X, P)),
+            (hand(row_out), (X, P))),
+        "chunk_map (use_scan), n=1000, size 96": (
+            (lambda x, p: chunkx.chunk_map(jax.vmap(row_out, (0, None)), (0, None),
+                                           chunk_size=B, use_scan=True)(x, p), (X, P)),
+            (hand(row_out), (X, P))),
+        "vmap_chunked, n=1000, size 96": (
+            (lambda x, p: chunkx.vmap_chunked(lambda r: row_out(r, p), chunk_size=B)(x), (X, P)),
+            (hand(row_out), (X, P))),
+        "micro_vmap, n=1000, microbatch 100": (
+            (lambda x, p: chunkx.micro_vmap(lambda r: row_out(r, p), microbatch_size=B_REF)(x),
+             (X, P)),
+            (hand(row_out), (X, P))),
+        "batch_jacrev of the rows' outputs, n=100 rows, size 96": (
+            (lambda p, x: chunkx.batch_jacrev(
+                lambda p: jax.vmap(row_out, (0, None))(x, p), batch_size=B)(p), (P, X[:100])),
+            (lambda p, x: jax.jacrev(lambda p: jax.vmap(row_out, (0, None))(x, p))(p),
+             (P, X[:100]))),
+    }
+
+
+def compile_seconds(fn, args) -> float:
+    jax.clear_caches()
+    t0 = time.perf_counter()
+    jax.jit(fn).lower(*args).compile()
+    return time.perf_counter() - t0
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("-k", default="", help="only cases whose name contains this")
+    opts = parser.parse_args()
+    table = {k: v for k, v in cases().items() if opts.k in k}
+    times = {k: {"chunkx": [], "reference": []} for k in table}
+    for _ in range(opts.reps):  # interleaved: every variant once per round
+        for name, (ours, ref) in table.items():
+            times[name]["chunkx"].append(compile_seconds(*ours))
+            times[name]["reference"].append(compile_seconds(*ref))
+    rows = []
+    for name, t in times.items():
+        c, r = statistics.median(t["chunkx"]), statistics.median(t["reference"])
+        rows.append({"name": name, "chunkx_s": c, "reference_s": r, "ratio": c / r,
+                     "chunkx_all": t["chunkx"], "reference_all": t["reference"]})
+        print(f"{name:75s} {c:7.3f} s {r:7.3f} s {c / r:5.2f}")
+    out = {"reps": opts.reps, "rows": rows, "jax": jax.__version__,
+           "devices": jax.device_count(), "backend": jax.default_backend()}
+    path = pathlib.Path(__file__).parent / "results" / "compile.json"
+    if not opts.k:
+        path.write_text(json.dumps(out, indent=1) + "\n")
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""One compiled program per map: leftover rows are one more step of the same loop.
+
+The per-row function holds a marker primitive (`sin`); the number of `sin` equations in the
+jaxpr of a map (sub-jaxprs included) counts the programs that evaluate rows. A size that leaves
+rows must trace no more of them than a size that divides the rows, and the results equal
+`jax.vmap`'s. `remainder="call"` (kept for functions with side effects) is the reference that
+does trace a second program.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import chunkx
+
+N = 23
+X = jnp.linspace(-1.0, 1.0, N * 3).reshape(N, 3)
+W = jnp.linspace(0.5, 1.5, 6).reshape(3, 2)
+
+
+def per(x, w):
+    return jnp.sin(x @ w)
+
+
+def loss_row(x, w):
+    return jnp.sum(jnp.sin(x @ w) ** 2)
+
+
+def count(fn, *args, name="sin") -> int:
+    """The number of `name` equations in the jaxpr of `fn(*args)`, sub-jaxprs included."""
+
+    def walk(jaxpr) -> int:
+        total = 0
+        for eqn in jaxpr.eqns:
+            total += eqn.primitive.name == name
+            for v in eqn.params.values():
+                for sub in v if isinstance(v, (tuple, list)) else (v,):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        total += walk(inner)
+        return total
+
+    return walk(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
+MAPS = {
+    "Chunk/Concat": lambda s: lambda x, w: chunkx.Chunk(
+        chunkx.Vmap(per, (0, None)), s, in_axes=(0, None))(x, w),
+    "Chunk/Sum": lambda s: lambda x, w: chunkx.Chunk(
+        chunkx.Vmap(loss_row, (0, None)), s, reducer=chunkx.Sum(), in_axes=(0, None))(x, w),
+    "batch_vmap": lambda s: lambda x, w: chunkx.batch_vmap(per, (0, None), batch_size=s)(x, w),
+    "batch_vmap/Sum": lambda s: lambda x, w: chunkx.batch_vmap(
+        loss_row, (0, None), batch_size=s, reducer=chunkx.Sum())(x, w),
+    "batch_vmap/add": lambda s: lambda x, w: chunkx.batch_vmap(
+        loss_row, (0, None), batch_size=s, reduction=jnp.add, chunk_reduction=jnp.sum)(x, w),
+    "vmap": lambda s: lambda x, w: chunkx.vmap(per, (0, None), batch_size=s)(x, w),
+    "chunk_map": lambda s: lambda x, w: chunkx.chunk_map(
+        jax.vmap(per, (0, None)), (0, None), chunk_size=s, use_scan=True)(x, w),
+    "vmap_chunked": lambda s: lambda x, w: chunkx.vmap_chunked(
+        lambda x: per(x, w), chunk_size=s)(x),
+    "micro_vmap": lambda s: lambda x, w: chunkx.micro_vmap(
+        lambda x: per(x, w), microbatch_size=s)(x),
+    "batch_jacfwd": lambda s: lambda x, w: chunkx.batch_jacfwd(
+        lambda w: per(x, w), batch_size=s)(w),
+    "batch_jacrev": lambda s: lambda x, w: chunkx.batch_jacrev(
+        lambda w: per(x, w), batch_size=s)(w),
+    "value_and_grad": lambda s: lambda x, w: jax.value_and_grad(
+        lambda w: chunkx.batch_vmap(loss_row, (0, None), batch_size=s, reducer=chunkx.Sum())(
+            x, w))(w),
+    "grad/recompute": lambda s: lambda x, w: jax.grad(
+        lambda w: jnp.sum(chunkx.batch_vmap(per, (0, None), batch_size=s)(x, w) ** 2))(w),
+}
+
+REFERENCE = {
+    "Chunk/Concat": lambda x, w: jax.vmap(per, (0, None))(x, w),
+    "Chunk/Sum": lambda x, w: jnp.sum(jax.vmap(loss_row, (0, None))(x, w)),
+    "batch_vmap": lambda x, w: jax.vmap(per, (0, None))(x, w),
+    "batch_vmap/Sum": lambda x, w: jnp.sum(jax.vmap(loss_row, (0, None))(x, w)),
+    "batch_vmap/add": lambda x, w: jnp.sum(jax.vmap(loss_row, (0, None))(x, w)),
+    "vmap": lambda x, w: jax.vmap(per, (0, None))(x, w),
+    "chunk_map": lambda x, w: jax.vmap(per, (0, None))(x, w),
+    "vmap_chunked": lambda x, w: jax.vmap(per, (0, None))(x[:20], w),
+    "micro_vmap": lambda x, w: jax.vmap(lambda x: per(x, w))(x),
+    "batch_jacfwd": lambda x, w: jax.jacfwd(lambda w: per(x, w))(w),
+    "batch_jacrev": lambda x, w: jax.jacrev(lambda w: per(x, w))(w),
+    "value_and_grad": lambda x, w: jax.value_and_grad(
+        lambda w: jnp.sum(jax.vmap(loss_row, (0, None))(x, w)))(w),
+    "grad/recompute": lambda x, w: jax.grad(
+        lambda w: jnp.sum(jax.vmap(per, (0, None))(x, w) ** 2))(w),
+}
+
+# sizes that leave rows, and a size that divides what the map chunks (rows; Jacobian columns)
+LEAVES = {"batch_jacfwd": 4, "batch_jacrev": 5}
+DIVIDES = {"batch_jacfwd": 3, "batch_jacrev": 23, "micro_vmap": 23}
+
+
+@pytest.mark.parametrize("name", sorted(MAPS))
+def test_leftover_rows_compile_no_second_program(name):
+    leaves, divides = LEAVES.get(name, 5), DIVIDES.get(name, 1)
+    assert count(MAPS[name](leaves), X, W) == count(MAPS[name](divides), X, W)
+    got = jax.jit(MAPS[name](leaves))(X, W)
+    want = REFERENCE[name](X, W)
+    if name == "vmap_chunked":  # netket's map needs rows that divide over the devices
+        got = chunkx.vmap_chunked(lambda x: per(x, W), chunk_size=3)(X[:20])
+    for g, r in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)
+
+
+def test_remainder_call_is_the_second_program():
+    def chunked(remainder):
+        return chunkx.Chunk(chunkx.Vmap(per, (0, None)), 5, in_axes=(0, None),
+                            remainder=remainder)
+
+    shifted = count(chunked(None), X, W)
+    assert shifted == count(chunked("shift"), X, W)
+    assert count(chunked("call"), X, W) == 2 * shifted
+    np.testing.assert_allclose(chunked("call")(X, W), jax.vmap(per, (0, None))(X, W))
+
+
+def test_shifted_chunk_repeats_rows_that_a_callback_sees():
+    """The default evaluates rows `n - size .. k * size` twice (masked or overwritten);
+    `remainder="call"` evaluates every row once, for side effects."""
+    seen = []
+
+    def noisy(x):
+        jax.debug.callback(lambda r: seen.append(np.asarray(r).copy()), x)
+        return 2.0 * x
+
+    x = jnp.arange(7.0)
+    for remainder, rows in ((None, 9), ("call", 7)):
+        seen.clear()
+        out = chunkx.Chunk(chunkx.Vmap(noisy), 3, remainder=remainder)(x)
+        jax.effects_barrier()
+        np.testing.assert_array_equal(out, 2.0 * x)
+        assert sum(len(np.atleast_1d(r)) for r in seen) == rows
+
+
+def test_user_monoid_keeps_the_remainder_call():
+    """A Monoid that cannot mask evaluates the leftover rows as one more piece."""
+    mono = chunkx.Monoid(jnp.maximum, lambda r: jnp.max(r, axis=0))
+    f = chunkx.Chunk(chunkx.Vmap(jnp.sin), 5, reducer=mono)
+    x = jnp.linspace(0.0, 3.0, N)
+    assert count(f, x) == 2 * count(chunkx.Chunk(chunkx.Vmap(jnp.sin), 5), x)
+    np.testing.assert_allclose(f(x), jnp.max(jnp.sin(x)))
+
+
+def test_planned_size_budgets_the_one_program():
+    """An "auto" size is budgeted on the one program it runs (the shifted loop, no remainder
+    call), and that program compiles within the budget."""
+    budget = 4096
+    x = jnp.ones((1001, 3))
+
+    def chunked(size, **kw):
+        return chunkx.Chunk(chunkx.Vmap(loss_row, (0, None)), size, reducer=chunkx.Sum(),
+                            in_axes=(0, None), **kw)
+
+    auto = chunked("auto", memory_budget=budget)
+    size = auto.memory_plan(x, W).chunk_size
+    assert 1 < size < 1001
+    assert count(auto, x, W) == count(chunked(size), x, W) == count(chunked(1), x, W)
+    assert chunkx.compiled_temp_bytes(chunked(size), x, W) <= budget
+    np.testing.assert_allclose(auto(x, W), jnp.sum(jax.vmap(loss_row, (0, None))(x, W)))
