@@ -256,7 +256,7 @@ class Chunk(eqx.Module):
 
         def piece(chunk_rows, chunk_valid):
             full = join_args(chunk_rows, fixed, static)
-            return evaluate(fn, reducer, full, chunk_valid, "Chunk")
+            return evaluate(fn, reducer, full, chunk_valid, "Chunk", chunk=True)
 
         if checkpoint:
             piece = jax.checkpoint(piece, prevent_cse=False)
