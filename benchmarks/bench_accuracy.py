@@ -129,7 +129,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results" / "accuracy.json"))
+    out = pathlib.Path(__file__).parent / "results" / "accuracy.json"
+    ap.add_argument("--out", default=str(out))
     a = ap.parse_args()
     sizes = [1, 7, 100, 1000, a.n]
     results = dict(backend=jax.default_backend(), n=a.n, features=4, reps=a.reps)

@@ -2,11 +2,13 @@
 
 A plain running sum over `k` chunks loses up to `k` roundings of the running total, so its
 error grows as the chunks shrink (at one row per chunk it is a sequential sum of every row).
-Here each floating leaf carries its total and a compensation term: every addition's rounding
-error is recovered exactly (Knuth's two-sum, Neumaier's scheme without a branch) and added to
-the compensation, which joins the total once at the end. The error of the running sum is then
-that of one rounding of the total plus a term of second order in the unit roundoff, whatever
-the number of chunks; within a chunk the rows are summed by `jnp.sum` as before.
+Here each floating leaf carries its total and a compensation term: the rounding error of each
+addition is recovered exactly (Knuth's two-sum, which needs no ordering of the terms) and
+carried into the next addition (as in Kahan's summation), and what is left joins the total at
+the end. The error of the running sum is then a few roundings of the total plus a term of
+second order in the unit roundoff, whatever the number of chunks; within a chunk the rows are
+summed by `jnp.sum` as before. Folding the error into the next partial (rather than adding it
+to a separate sum) lets XLA update both carries in place: one extra carry per leaf.
 
 Floating leaves narrower than float32 (bfloat16, float16) are accumulated in float32 and
 rounded to their own dtype once, at the end: `jnp.sum` of such a leaf accumulates in float32
@@ -67,10 +69,11 @@ class Running(eqx.Module):
         x = jnp.asarray(part.value if _is_wide(part) else part).astype(self.total.dtype)
         if self.comp is None:
             return Running(self.total + x, None, self.dtype)
-        t = self.total + x
+        y = x + self.comp  # the error carried so far joins the next partial (as in Kahan's)
+        t = self.total + y
         z = t - self.total
-        err = (self.total - (t - z)) + (x - z)  # exactly total + x - t (two-sum)
-        return Running(t, self.comp + err, self.dtype)
+        err = (self.total - (t - z)) + (y - z)  # exactly total + y - t (two-sum)
+        return Running(t, err, self.dtype)
 
     def value(self) -> jax.Array:
         """The sum, in the leaf's dtype."""
