@@ -166,3 +166,42 @@ def test_elementwise_concat_bit_identical_at_every_size():
             got = jax.jit(chunkx.Chunk(chunkx.Vmap(g), size, remainder=remainder))(x, y)
             for a, b in zip(got, want):
                 np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(size))
+
+
+@pytest.mark.parametrize("kind", ["SUM"])
+def test_micro_grad_and_microbatch_option_off_is_optax(kind):
+    """`compensated=False` on `micro_grad` and `microbatch` gives optax's SUM bits (optax's
+    MEAN of per-example values averages each microbatch first, a different formula, compared
+    to rounding in tests/test_microbatch.py); on, the result agrees with optax to rounding."""
+    x, w = data(jnp.float32)
+    x = x[:700]
+    ours, theirs = getattr(chunkx.AccumulationType, kind), getattr(om.AccumulationType, kind)
+    loss = lambda w, x: f(x[0], w)  # noqa: E731  (one example, with its batch axis of 1)
+    want, _ = jax.jit(om.micro_grad(loss, microbatch_size=7, accumulator=theirs))(w, x)
+    off, _ = jax.jit(
+        chunkx.micro_grad(loss, microbatch_size=7, accumulator=ours, compensated=False)
+    )(w, x)
+    on, _ = jax.jit(chunkx.micro_grad(loss, microbatch_size=7, accumulator=ours))(w, x)
+    np.testing.assert_array_equal(np.asarray(off), np.asarray(want))
+    np.testing.assert_allclose(np.asarray(on), np.asarray(want), rtol=1e-5)
+
+    batch = lambda x: jnp.sum(jax.vmap(f, (0, None))(x, w))  # noqa: E731
+    want = jax.jit(om.microbatch(batch, 0, 7, theirs))(x)
+    off = jax.jit(chunkx.microbatch(batch, 0, 7, ours, compensated=False))(x)
+    on = jax.jit(chunkx.microbatch(batch, 0, 7, ours))(x)
+    np.testing.assert_array_equal(np.asarray(off), np.asarray(want))
+    np.testing.assert_allclose(np.asarray(on), np.asarray(want), rtol=1e-5)
+
+
+def test_monoid_option_off_is_the_plain_fold():
+    x, w = data(jnp.float32)
+    x = x[:700]
+    rows = jax.vmap(f, (0, None))(x, w)
+
+    def hand(rows):  # the left fold of chunk sums, seeded from the first chunk
+        parts = jnp.sum(rows.reshape(100, 7), axis=1)
+        return jax.lax.scan(lambda a, p: (a + p, None), parts[0], parts[1:])[0]
+
+    m = chunkx.Monoid(jnp.add, jnp.sum, compensated=False)
+    got = jax.jit(chunkx.Chunk(chunkx.Vmap(f, (0, None)), 7, reducer=m, in_axes=(0, None)))(x, w)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(hand)(rows)))
