@@ -259,7 +259,7 @@ class Chunk(eqx.Module):
 
         def piece(chunk_rows, chunk_valid):
             full = join_args(chunk_rows, fixed, static)
-            return evaluate(fn, reducer, full, chunk_valid, "Chunk")
+            return evaluate(fn, reducer, full, chunk_valid, "Chunk", chunk=True)
 
         desc = f"chunkx: chunks of {size} rows"
         return chunk_loop(piece, reducer, (mapped, valid), n, size, self, desc, checkpoint)

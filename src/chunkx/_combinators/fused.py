@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
+from . import compensated as comp
 from ._rows import join_args, rows, struct_of, zeros_like_struct
 from ._sharding import typed_like
 from .loop import chunk_loop, evaluate, remainder_of
@@ -109,13 +110,13 @@ class _Lifted:
             mapped = jax.tree_util.tree_unflatten(self.rows_tree, row_leaves)
             fn = convs[row_leaves[0].shape[0]]
             full = join_args(mapped, fixed, self.static)
-            return evaluate(fn, self.chunk.reducer, full, valid, "Chunk")
+            return evaluate(fn, self.chunk.reducer, full, valid, "Chunk", chunk=True)
 
         return piece
 
     def loop(self, piece, reducer, row_leaves, valid, size, what="chunkx", remat=False):
-        if self.n <= size:
-            return piece(row_leaves, valid)  # one piece: its partial is the result
+        if self.n <= size:  # one piece: its partial is the result
+            return comp.narrow(piece(row_leaves, valid))
         desc = f"{what}: chunks of {size} rows"
         source = (row_leaves, valid)
         return chunk_loop(piece, reducer, source, self.n, size, self.chunk, desc, remat)
@@ -151,7 +152,7 @@ def fused_call(chunk, mapped, fixed, static, valid, n) -> Any:
         rmask, _, rdots = _live(row_leaves, tangents[0])
         wmask, _, wdots = _live(whole_leaves, tangents[1])
         vjp_piece = _vjp_piece(lifted, whole_leaves, rmask, wmask)
-        acc = _FusedAcc(c)
+        acc = _FusedAcc(c, chunk.reducer.compensates())
         vec, jw, jr = lifted.loop(vjp_piece, acc, row_leaves, valid, c, "chunkx value+grad")
         dot = sum((_contract(j, t) for j, t in zip(jw + jr, wdots + rdots)), jnp.zeros_like(vec))
         return _unflat(vec, out_struct), _unflat(dot.astype(vec.dtype), out_struct)
@@ -183,18 +184,24 @@ def _vjp_piece(lifted, whole_leaves, rmask, wmask):
 
 
 class _FusedAcc:
-    """Accumulates `(vec, J_whole, J_rows)`: sums, and each chunk's row Jacobians in place."""
+    """Accumulates `(vec, J_whole, J_rows)`: sums (compensated where the reducer's are), and
+    each chunk's row Jacobians in place (every row is written by one chunk only)."""
 
-    def __init__(self, size):
-        self.size = size
+    def __init__(self, size, compensated):
+        self.size, self.compensated = size, compensated
 
     def init(self, part, n):
         vec, jw, jr = zeros_like_struct(part)
+        if self.compensated:
+            vec, jw = comp.start((vec, jw))
         jr = [jnp.zeros((j.shape[0], n) + j.shape[2:], j.dtype) for j in jr]
         return vec, jw, jr
 
     def accumulate(self, acc, part, start, index):
-        vec, jw = jax.tree_util.tree_map(jnp.add, acc[:2], part[:2])
+        if self.compensated:
+            vec, jw = comp.add(acc[:2], part[:2])
+        else:
+            vec, jw = jax.tree_util.tree_map(jnp.add, acc[:2], part[:2])
 
         def add_rows(buf, j):
             buf = typed_like(buf, j)
@@ -204,6 +211,8 @@ class _FusedAcc:
         return (vec, jw, [add_rows(b, j) for b, j in zip(acc[2], part[2])]), None
 
     def finish(self, acc, stacked):
+        if self.compensated:
+            return (*comp.value(acc[:2]), acc[2])
         return acc
 
 

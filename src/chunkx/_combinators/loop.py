@@ -31,12 +31,14 @@ def remainder_of(opts) -> str:
 
 
 def evaluate(
-    fn: Callable, reducer: AbstractReducer, args: tuple, valid: RowMask | None, who: str
+    fn: Callable, reducer: AbstractReducer, args: tuple, valid: RowMask | None, who: str,
+    chunk: bool = False,
 ) -> Any:
-    """One piece: the batched `fn` on `args`, reduced to a partial result."""
+    """One piece: the batched `fn` on `args`, reduced to a partial result (`chunk`: one
+    chunk of a loop, reduced as the reducer's `accumulate` takes it)."""
     out = fn(*args)
     reducer.check_rows(struct_of(out), who)
-    return reducer.reduce_rows(out, valid)
+    return (reducer.reduce_chunk if chunk else reducer.reduce_rows)(out, valid)
 
 
 def chunk_loop(

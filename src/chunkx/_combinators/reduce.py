@@ -20,6 +20,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .._types import RowMask, Tree
+from . import compensated as comp
 from ._rows import call_with_valid, zeros_like_struct
 from ._sharding import is_explicit, place
 
@@ -57,9 +58,19 @@ class AbstractReducer(eqx.Module):
         """
         return False
 
+    def compensates(self) -> bool:
+        """Whether a chunk loop accumulates floating partial results with compensation (a
+        running sum whose error does not grow with the number of chunks)."""
+        return False
+
     @abc.abstractmethod
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
         """The partial result of one piece of rows (`valid` masks repeated or padded rows)."""
+
+    def reduce_chunk(self, rows: Tree, valid: RowMask | None) -> Tree:
+        """The partial result of one chunk of a chunk loop, as `accumulate` takes it
+        (`reduce_rows` unless the loop keeps partials wider than the result)."""
+        return self.reduce_rows(rows, valid)
 
     @abc.abstractmethod
     def combine(self, a: Tree, b: Tree) -> Tree:
@@ -219,6 +230,11 @@ class Sum(AbstractReducer):
       are added without materialising per-row results. Rows cannot be masked then: use
       `remainder="call"`, or [`chunkx.Pad`][] with `fill="zero"` for a map that is linear in
       its rows.
+    - `compensated`: a chunk loop adds the chunks' floating-point sums with compensation
+      (each addition's rounding error is carried and added back at the end; bfloat16 and
+      float16 accumulate in float32), so the result is as accurate as `jnp.sum` of all rows
+      at any chunk size. `False`: a plain running sum in the leaves' dtype (the bits of a
+      hand-written loop such as optax's). Integer sums are exact either way.
 
     !!! Example
 
@@ -231,9 +247,13 @@ class Sum(AbstractReducer):
     """
 
     presummed: bool = eqx.field(static=True, default=False)
+    compensated: bool = eqx.field(static=True, default=True)
 
     def is_additive(self) -> bool:
         return True
+
+    def compensates(self) -> bool:
+        return self.compensated
 
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
         if self.presummed:
@@ -244,25 +264,31 @@ class Sum(AbstractReducer):
                 )
             return rows
 
-        def leaf_sum(x):
-            if valid is not None:
-                mask = valid.reshape(valid.shape + (1,) * (x.ndim - 1))
-                x = jnp.where(mask, x, jnp.zeros((), x.dtype))
-            return jnp.sum(x, axis=0, dtype=x.dtype)
+        return jax.tree_util.tree_map(lambda x: _masked_sum(x, valid, x.dtype), rows)
 
-        return jax.tree_util.tree_map(leaf_sum, rows)
+    def reduce_chunk(self, rows: Tree, valid: RowMask | None) -> Tree:
+        if self.presummed or not self.compensated:
+            return self.reduce_rows(rows, valid)
+
+        def wide_sum(x):  # bfloat16/float16 rows: the chunk's float32 sum, not rounded
+            wide = comp.carry_dtype(x.dtype)
+            return comp.widen(_masked_sum(x, valid, wide), x.dtype)
+
+        return jax.tree_util.tree_map(wide_sum, rows)
 
     def combine(self, a: Tree, b: Tree) -> Tree:
         return jax.tree_util.tree_map(jnp.add, a, b)
 
     def init(self, part: Tree, n: int) -> Tree:
-        return zeros_like_struct(part)
+        return comp.start(part) if self.compensated else zeros_like_struct(part)
 
     def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
+        if self.compensated:
+            return comp.add(acc, part), None
         return self.combine(acc, part), None
 
     def finish(self, acc: Tree, stacked: Tree) -> Tree:
-        return acc
+        return comp.value(acc) if self.compensated else acc
 
     def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
         return call_with_valid(fn, args, valid)
@@ -302,6 +328,9 @@ class Monoid(AbstractReducer):
     - `additive`: `True` asserts that `reduction` adds its arguments (e.g. a pytree sum), so
       that a [`chunkx.Chunk`][] may fuse value and gradient (`grad="fused"`); if it does not,
       gradients are wrong. `None`: only `jnp.add`, `operator.add` and `jax.lax.add` count.
+    - `compensated`: where `reduction` is `jnp.add`, `operator.add` or `jax.lax.add` and the
+      partial result is one floating array, a chunk loop adds the chunks with compensation
+      as [`chunkx.Sum`][] does; `False`: a plain left fold.
 
     !!! Example
 
@@ -317,12 +346,19 @@ class Monoid(AbstractReducer):
     reduction: Callable[[Tree, Tree], Tree]
     chunk_reduction: Callable[[Tree], Tree] = identity
     additive: bool | None = eqx.field(static=True, default=None)
+    compensated: bool = eqx.field(static=True, default=True)
 
     def is_additive(self) -> bool:
         """`additive` if given, else whether `reduction` is `jnp.add`/`operator.add`/`lax.add`."""
         if self.additive is not None:
             return self.additive
+        return self._adds()
+
+    def _adds(self) -> bool:
         return any(self.reduction is add for add in _ADDITIONS)
+
+    def compensates(self) -> bool:
+        return self.compensated and self._adds()
 
     def can_mask(self) -> bool:
         """Whether rows can be masked out: for a sum only (`reduction` adds and
@@ -344,15 +380,19 @@ class Monoid(AbstractReducer):
         return self.reduction(a, b)
 
     def init(self, part: Tree, n: int) -> Tree:
+        if self.compensates() and _one_array(part):  # a sum from zero
+            return comp.start(part)
         return zeros_like_struct(part)  # a placeholder: chunk 0 replaces it
 
     def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
+        if isinstance(acc, comp.Running):
+            return acc.add(part), None
         if isinstance(index, int):
             return (part if index == 0 else self.combine(acc, part)), None
         return jax.lax.cond(index == 0, lambda a, p: p, self.combine, acc, part), None
 
     def finish(self, acc: Tree, stacked: Tree) -> Tree:
-        return acc
+        return acc.value() if isinstance(acc, comp.Running) else acc
 
     def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
         return call_with_valid(fn, args, valid)
@@ -389,6 +429,19 @@ class Monoid(AbstractReducer):
 
     def shard_collect(self, gathered: Tree, mesh: Mesh | AbstractMesh) -> Tree:
         return _fold_devices(self, gathered, mesh)
+
+
+def _masked_sum(x: Any, valid: RowMask | None, dtype: Any) -> Any:
+    """The sum over axis 0 of the `valid` rows of `x`, in `dtype`."""
+    if valid is not None:
+        mask = valid.reshape(valid.shape + (1,) * (x.ndim - 1))
+        x = jnp.where(mask, x, jnp.zeros((), x.dtype))
+    return jnp.sum(x, axis=0, dtype=dtype)
+
+
+def _one_array(part: Any) -> bool:
+    """Whether a partial result (or its struct) is one array, not a container of them."""
+    return isinstance(part, jax.ShapeDtypeStruct) or eqx.is_array(part)
 
 
 def _zero_masked(x: Any, valid: Any) -> Any:

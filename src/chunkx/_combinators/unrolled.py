@@ -45,7 +45,7 @@ class Unrolled(eqx.Module):
             start = min(i, n - s)
             chunk = map_mapped(lambda x, a=start: x[a : a + s], args, axes)
             valid = None if start == i else jnp.asarray(np.arange(s) + start >= i)
-            part = evaluate(self.fn, reducer, chunk, valid, "Unrolled")
+            part = evaluate(self.fn, reducer, chunk, valid, "Unrolled", chunk=True)
             acc = reducer.init(part, n) if j == 0 else acc
             acc, y = reducer.accumulate(acc, part, start, j)
             stacked.append(y)

@@ -209,8 +209,14 @@ class Leaves(AbstractReducer):
     def is_additive(self) -> bool:
         return all(r.is_additive() for r in self.reducers)
 
+    def compensates(self) -> bool:
+        return all(r.compensates() for r in self.reducers)
+
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
         return self.treedef.unflatten(self._each("reduce_rows", rows, extra=(valid,)))
+
+    def reduce_chunk(self, rows: Tree, valid: RowMask | None) -> Tree:
+        return self.treedef.unflatten(self._each("reduce_chunk", rows, extra=(valid,)))
 
     def combine(self, a: Tree, b: Tree) -> Tree:
         return self.treedef.unflatten(self._each("combine", a, b))
@@ -251,9 +257,10 @@ class Leaves(AbstractReducer):
         return self.treedef.unflatten(out)
 
 
-def plan_leaves(who: str, accumulator: Any, per_example: bool, num_real: Any):
+def plan_leaves(who: str, accumulator: Any, per_example: bool, num_real: Any, compensated: bool):
     """`(Leaves reducer, kinds)`: the reducer per leaf of the accumulator prefix and what
-    each leaf is (an AccumulationType, or the user's accumulator)."""
+    each leaf is (an AccumulationType, or the user's accumulator); SUM, MEAN and
+    RUNNING_MEAN add with compensation unless `compensated` is off."""
     kinds, treedef = jax.tree_util.tree_flatten(accumulator, is_leaf=is_accumulation)
     reducers, out = [], []
     for k in kinds:
@@ -268,7 +275,7 @@ def plan_leaves(who: str, accumulator: Any, per_example: bool, num_real: Any):
         elif t is AccumulationType.CONCAT:
             reducers.append(Concat() if per_example else Stack())
         else:
-            reducers.append(Sum(presummed=not per_example))
+            reducers.append(Sum(presummed=not per_example, compensated=compensated))
         out.append(k if t is None else t)
     return Leaves(tuple(reducers), treedef), tuple(out)
 

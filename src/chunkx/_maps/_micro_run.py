@@ -160,6 +160,7 @@ class Plan(eqx.Module):
     memory_budget: int | None = eqx.field(static=True, default=None)
     shard: bool = eqx.field(static=True, default=False)
     mesh: Any = eqx.field(static=True, default=None)
+    compensated: bool = eqx.field(static=True, default=True)
 
     def __call__(self, fun: Callable, slots: tuple[Slot, ...], args: tuple, kwargs: dict):
         batch, rest = split_call(slots, args, kwargs)
@@ -167,7 +168,9 @@ class Plan(eqx.Module):
         if n == 0:
             raise ValueError(f"`{self.who}`: the batch is empty (0 rows); there is no microbatch.")
         mb = n if self.microbatch_size is None else self.microbatch_size
-        leaves, kinds = plan_leaves(self.who, self.accumulator, self.per_example, self.num_real)
+        leaves, kinds = plan_leaves(
+            self.who, self.accumulator, self.per_example, self.num_real, self.compensated
+        )
         d = call_mesh(self.mesh, args).size if self.shard else 1
         k = None if mb == "auto" else -(-n // mb)
         self._check(leaves, n, mb, d)

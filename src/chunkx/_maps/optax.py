@@ -78,6 +78,7 @@ def microbatch(
     argnames: str | Sequence[str] = (),
     in_axes: int | Sequence[int] = 0,
     num_real_microbatches: int | jax.Array | None = None,
+    compensated: bool = True,
 ) -> Callable[..., Any]:
     """`fun` evaluated microbatch by microbatch, its results joined by `accumulator` (optax).
 
@@ -108,6 +109,8 @@ def microbatch(
       pytree prefix of `fun`'s output with one of them at each leaf.
     - `in_axes`: the batch axis of each of `argnums + argnames` (an int: all of them).
     - `num_real_microbatches`: run only this many microbatches (an int or a traced value).
+    - `compensated`: SUM, MEAN and RUNNING_MEAN add the microbatch results with
+      compensation (see [`chunkx.Sum`][]); `False`: a plain running sum, optax's bits.
 
     !!! Example
 
@@ -129,7 +132,10 @@ def microbatch(
             f"`microbatch(in_axes={in_axes!r})`: in_axes needs one entry per batch argument "
             f"(argnums {argnums} and argnames {names}), got {len(axes)}."
         )
-    plan = _plan("microbatch", accumulator, False, microbatch_size, num_real_microbatches)
+    plan = _plan(
+        "microbatch", accumulator, False, microbatch_size, num_real_microbatches,
+        compensated=compensated,
+    )
     return Microbatched(fun, plan, argnums, names, axes)
 
 
@@ -168,6 +174,7 @@ def micro_vmap(
     memory_budget: int | None = None,
     shard: bool = False,
     mesh: Mesh | None = None,
+    compensated: bool = True,
 ) -> MicroVmap:
     """`jax.vmap(fun, in_axes)` over microbatches, the rows joined by `accumulator` (optax).
 
@@ -203,6 +210,8 @@ def micro_vmap(
       half the device's memory where the backend reports it).
     - `shard`, `mesh`: split the rows over the devices of `mesh` (default: see
       [`chunkx.Shard`][]); `microbatch_size` must be a multiple of the device count.
+    - `compensated`: SUM, MEAN and RUNNING_MEAN add the microbatches' sums with
+      compensation (see [`chunkx.Sum`][]); `False`: a plain running sum, optax's bits.
 
     !!! Example
 
@@ -223,6 +232,6 @@ def micro_vmap(
     plan = _plan(
         "micro_vmap", accumulator, True, microbatch_size, num_real_microbatches,
         vmap_fn=vmap_fn, grad_size=grad_microbatch_size, memory_budget=memory_budget,
-        shard=shard, mesh=mesh,
+        shard=shard, mesh=mesh, compensated=compensated,
     )
     return MicroVmap(fun, plan, axes)

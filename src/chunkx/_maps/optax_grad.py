@@ -87,6 +87,7 @@ def micro_grad(
     memory_budget: int | None = None,
     shard: bool = False,
     mesh: Mesh | None = None,
+    compensated: bool = True,
 ) -> MicroGrad:
     """Per-example gradients, transformed and accumulated over microbatches (optax).
 
@@ -112,7 +113,7 @@ def micro_grad(
     - `batch_argnums`: the positional arguments with a batch axis (axis 0).
     - `keep_batch_dim`: give `fun` each example with a batch axis of length 1.
     - `microbatch_size`, `accumulator`, `num_real_microbatches`, `grad_microbatch_size`,
-      `memory_budget`, `shard`, `mesh`: see [`chunkx.micro_vmap`][].
+      `memory_budget`, `shard`, `mesh`, `compensated`: see [`chunkx.micro_vmap`][].
     - `transform_fn`: applied to each per-example gradient before accumulating (e.g. clip).
     - `metrics_fn`: per-example metrics of the gradient, returned per example.
 
@@ -138,7 +139,7 @@ def micro_grad(
     plan = _plan(
         "micro_grad", (accumulator, AccumulationType.CONCAT), True, microbatch_size,
         num_real_microbatches, grad_size=grad_microbatch_size, memory_budget=memory_budget,
-        shard=shard, mesh=mesh,
+        shard=shard, mesh=mesh, compensated=compensated,
     )
     return MicroGrad(grad_fn, plan, batch)
 

@@ -1,0 +1,147 @@
+"""Accuracy of chunked sums by chunk size, and what compensation costs.
+
+Relative error against float64 (an exactly rounded sum of float64 rows on the same inputs) of
+a `Sum` over `n` rows of `f(x) = sum(sin(3 x w)^2 + 0.5)` (4 features), in float32 and
+bfloat16, by chunk size: the value (`batch_vmap(..., reducer=Sum())`) and the fused gradient
+(`jax.value_and_grad` of a chunked `Sum`), compensated (the default) and not
+(`Sum(compensated=False)`), next to the unchunked `jnp.sum(jax.vmap(f)(x))` and `jax.grad`
+of it. Then the run time of compensation (compensated against plain, compiled side by side,
+called interleaved, medians) and the XLA temp bytes of both (`memory_analysis`), for the
+value, the fused gradient, and a gradient-sized sum (per-example gradients of a 128x64
+layer summed over the rows), whose carry is large.
+
+    python benchmarks/bench_accuracy.py            # writes benchmarks/results/accuracy.json
+"""
+
+import argparse
+import json
+import math
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from _timing import Variant, prepare, time_interleaved
+
+import chunkx
+
+jax.config.update("jax_enable_x64", True)  # the float64 oracle
+
+
+def f(x, w):
+    return jnp.sum(jnp.sin(3 * x * w) ** 2 + 0.5)
+
+
+def plain(w, x):
+    return jnp.sum(jax.vmap(f, (0, None))(x, w))
+
+
+def data(n, dtype):
+    x = jax.random.uniform(jax.random.PRNGKey(0), (n, 4), jnp.float64).astype(dtype)
+    w = jnp.linspace(0.5, 2.0, 4, dtype=jnp.float64).astype(dtype)
+    return x, w
+
+
+def rel(a, b) -> float:
+    a = np.asarray(jnp.asarray(a).astype(jnp.float64))
+    b = np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def summed(size, compensated):
+    return chunkx.batch_vmap(
+        f, in_axes=(0, None), chunk_size=size, reducer=chunkx.Sum(compensated=compensated)
+    )
+
+
+def fused(size, compensated):
+    loss = chunkx.Chunk(
+        chunkx.Vmap(f, (0, None)), size, reducer=chunkx.Sum(compensated=compensated),
+        in_axes=(0, None), grad="fused",
+    )
+    return jax.value_and_grad(lambda w, x: loss(x, w))
+
+
+def errors(n, dtype, sizes):
+    """One dtype's rows of the accuracy table."""
+    x, w = data(n, dtype)
+    x64, w64 = x.astype(jnp.float64), w.astype(jnp.float64)
+    v_ref = math.fsum(np.asarray(jax.vmap(f, (0, None))(x64, w64)).tolist())
+    g_ref = np.asarray(jax.grad(plain)(w64, x64))
+    v0, g0 = jax.jit(jax.value_and_grad(plain))(w, x)
+    rows = []
+    for size in sizes:
+        row = dict(size=size, jnp_sum=rel(v0, v_ref), jax_grad=rel(g0, g_ref))
+        for comp, key in ((True, "compensated"), (False, "plain")):
+            row[key] = rel(jax.jit(summed(size, comp))(x, w), v_ref)
+            _, g = jax.jit(fused(size, comp))(w, x)
+            row[f"grad_{key}"] = rel(g, g_ref)
+        rows.append(row)
+        print(f"  {jnp.dtype(dtype).name:8s} chunk {size:6d}: value {row['compensated']:.1e} "
+              f"(plain {row['plain']:.1e}, jnp.sum {row['jnp_sum']:.1e}); grad "
+              f"{row['grad_compensated']:.1e} (plain {row['grad_plain']:.1e}, jax.grad "
+              f"{row['jax_grad']:.1e})")
+    return rows
+
+
+def per_example_grad_sum(size, compensated):
+    """Per-example gradients of a 128x64 layer, summed: a carry of 8192 floats."""
+
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+    return chunkx.batch_vmap(
+        jax.grad(loss), in_axes=(None, 0), chunk_size=size,
+        reducer=chunkx.Sum(compensated=compensated),
+    )
+
+
+def overhead(n, reps):
+    """Compensated against plain, per case and chunk size: median seconds and temp bytes."""
+    x, w = data(n, jnp.float32)
+    xw = jax.random.normal(jax.random.PRNGKey(1), (n // 10, 128), jnp.float32)
+    ww = jax.random.normal(jax.random.PRNGKey(2), (128, 64), jnp.float32) / 16
+    cases = [
+        ("value", summed, (x, w)),
+        ("fused value_and_grad", lambda s, c: (lambda x, w: fused(s, c)(w, x)), (x, w)),
+        ("per-example gradient sum", per_example_grad_sum, (ww, xw)),
+    ]
+    out = []
+    for name, build, args in cases:
+        for size in (7, 100, 1000):
+            vs = [Variant(f"{name}, chunk {size}, {k}", build(size, k == "compensated"), args)
+                  for k in ("compensated", "plain")]
+            prepare(vs, check=False)
+            t = time_interleaved(vs, reps)
+            comp, plain_ = vs
+            row = dict(
+                case=name, size=size, compensated_s=t[comp.name], plain_s=t[plain_.name],
+                ratio=t[comp.name] / t[plain_.name], compensated_temp=comp.temp_bytes,
+                plain_temp=plain_.temp_bytes, extra_temp=comp.temp_bytes - plain_.temp_bytes,
+            )
+            out.append(row)
+            print(f"  {name:26s} chunk {size:5d}: {row['ratio']:.3f}x run time, "
+                  f"temp {row['compensated_temp']} vs {row['plain_temp']} bytes")
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--reps", type=int, default=15)
+    out = pathlib.Path(__file__).parent / "results" / "accuracy.json"
+    ap.add_argument("--out", default=str(out))
+    a = ap.parse_args()
+    sizes = [1, 7, 100, 1000, a.n]
+    results = dict(backend=jax.default_backend(), n=a.n, features=4, reps=a.reps)
+    print("accuracy (relative error against float64)")
+    results["accuracy"] = {jnp.dtype(d).name: errors(a.n, d, sizes)
+                           for d in (jnp.float32, jnp.bfloat16)}
+    print("overhead of compensation (float32)")
+    results["overhead"] = overhead(a.n, a.reps)
+    pathlib.Path(a.out).write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Chunked sums are as accurate as the unchunked `jnp.sum(jax.vmap(f)(x))` at every chunk size
+(compensated accumulation), for the value and the fused gradient, in float32, bfloat16,
+float16 and float64, against a float64 oracle; integer sums are exact; `compensated=False`
+is the plain running sum of a hand-written loop; elementwise maps are bit-identical to
+`jax.vmap` at every chunk size."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from optax import microbatching as om
+
+import chunkx
+
+N = 3000
+SIZES = [1, 7, 100, 1000]
+DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16, jnp.float64]
+
+
+def f(x, w):
+    return jnp.sum(jnp.sin(3 * x * w) ** 2 + 0.5)
+
+
+def data(dtype):
+    x = jax.random.uniform(jax.random.PRNGKey(0), (N, 4), jnp.float64).astype(dtype)
+    w = jnp.linspace(0.5, 2.0, 4, dtype=jnp.float64).astype(dtype)
+    return x, w
+
+
+def plain(w, x):
+    return jnp.sum(jax.vmap(f, (0, None))(x, w))
+
+
+def rel(a, b):
+    a = np.asarray(jnp.asarray(a).astype(jnp.float64))
+    b = np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def oracle(x, w):
+    """The float64 value (an exactly rounded sum of float64 rows) and gradient on the same
+    (rounded) inputs."""
+    x64, w64 = x.astype(jnp.float64), w.astype(jnp.float64)
+    value = math.fsum(np.asarray(jax.vmap(f, (0, None))(x64, w64)).tolist())
+    return value, np.asarray(jax.grad(plain)(w64, x64))
+
+
+def bound(err_ref, dtype):
+    """4x the error of the unchunked sum. In float64 that sum is often correctly rounded
+    here (error 0.0), so its error is taken as at least the unit roundoff: no sum of several
+    float64 partials can promise less than one rounding."""
+    if dtype == jnp.float64:
+        err_ref = max(err_ref, float(jnp.finfo(jnp.float64).eps) / 2)
+    return 4 * err_ref
+
+
+def loss(size, compensated=True):
+    chunk = chunkx.Chunk(
+        chunkx.Vmap(f, (0, None)), size, reducer=chunkx.Sum(compensated=compensated),
+        in_axes=(0, None), grad="fused",
+    )
+    return lambda w, x: chunk(x, w)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+def test_value_and_fused_grad_within_4x_of_unchunked_sum(dtype):
+    x, w = data(dtype)
+    v_ref, g_ref = oracle(x, w)
+    v0, g0 = jax.jit(jax.value_and_grad(plain))(w, x)
+    ev, eg = rel(v0, v_ref), rel(g0, g_ref)
+    for size in SIZES:
+        v, g = jax.jit(jax.value_and_grad(loss(size)))(w, x)
+        assert v.dtype == v0.dtype and g.dtype == g0.dtype
+        assert rel(v, v_ref) <= bound(ev, dtype), (size, rel(v, v_ref), ev)
+        assert rel(g, g_ref) <= bound(eg, dtype), (size, rel(g, g_ref), eg)
+        value = jax.jit(loss(size))(w, x)  # the primal alone (no fused pass)
+        assert rel(value, v_ref) <= bound(ev, dtype), (size, rel(value, v_ref), ev)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
+def test_maps_and_monoid_sums_compensated(dtype):
+    """The public maps and a sum Monoid accumulate as `Sum` does (chunks of 1 and 7)."""
+    x, w = data(dtype)
+    v_ref, _ = oracle(x, w)
+    ev = rel(plain(w, x), v_ref)
+    add = chunkx.Monoid(jnp.add, jnp.sum)
+    for size in (1, 7):
+        maps = [
+            chunkx.batch_vmap(f, in_axes=(0, None), chunk_size=size, reducer=chunkx.Sum()),
+            chunkx.Chunk(chunkx.Vmap(f, (0, None)), size, reducer=add, in_axes=(0, None)),
+            chunkx.Chunk(
+                chunkx.Vmap(f, (0, None)), size, reducer=chunkx.Sum(), in_axes=(0, None),
+                remainder="shift",
+            ),
+        ]
+        for m in maps:
+            got = jax.jit(m)(x, w)
+            assert got.dtype == x.dtype
+            assert rel(got, v_ref) <= bound(ev, dtype), (size, m, rel(got, v_ref), ev)
+
+
+@pytest.mark.parametrize("size", [1, 7, 100])
+def test_micro_vmap_sum_compensated_and_option_off_is_optax(size):
+    """micro_vmap's SUM is compensated; `compensated=False` gives optax's bits."""
+    x, w = data(jnp.float32)
+    x = x[:2100]  # a multiple of every size (optax needs one)
+    v_ref, _ = oracle(x, w)
+    ev = rel(plain(w, x), v_ref)
+    ours, theirs = chunkx.AccumulationType.SUM, om.AccumulationType.SUM
+    on = chunkx.micro_vmap(f, (0, None), microbatch_size=size, accumulator=ours)
+    assert rel(jax.jit(on)(x, w), v_ref) <= bound(ev, jnp.float32)
+    off = chunkx.micro_vmap(
+        f, (0, None), microbatch_size=size, accumulator=ours, compensated=False
+    )
+    want = om.micro_vmap(f, (0, None), microbatch_size=size, accumulator=theirs)
+    np.testing.assert_array_equal(np.asarray(jax.jit(off)(x, w)), np.asarray(jax.jit(want)(x, w)))
+
+
+@pytest.mark.parametrize("size", [1, 7, 100])
+def test_option_off_is_the_plain_running_sum(size):
+    """`Sum(compensated=False)` gives the bits of a hand-written scan of chunk sums."""
+    n = 700  # a multiple of every size: the reference loop is a reshape
+    x, w = data(jnp.float32)
+    x = x[:n]
+
+    def hand(x, w):
+        def step(acc, xc):
+            return acc + jnp.sum(jax.vmap(f, (0, None))(xc, w)), None
+
+        xs = x.reshape((n // size, size) + x.shape[1:])
+        return jax.lax.scan(step, jnp.zeros((), x.dtype), xs)[0]
+
+    got = jax.jit(lambda w, x: loss(size, compensated=False)(w, x))(w, x)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(hand)(x, w)))
+
+
+@pytest.mark.parametrize("size", [1, 7, 100])
+def test_integer_sums_exact(size):
+    x = jnp.arange(1000, dtype=jnp.int32) * 7919 % 46_000  # squares fit in int32
+    want = int(np.sum(np.asarray(x, np.int64) ** 2 % 65521))
+    for compensated in (True, False):
+        f_int = chunkx.Chunk(
+            chunkx.Vmap(lambda r: r**2 % 65521), size, reducer=chunkx.Sum(compensated=compensated)
+        )
+        got = jax.jit(f_int)(x)
+        assert got.dtype == jnp.int32 and int(got) == want
+
+
+def test_elementwise_concat_bit_identical_at_every_size():
+    """An elementwise map is bit-identical to the compiled `jax.vmap` at every chunk size
+    1..n, with either remainder handling (both sides compiled: XLA fuses, and may contract
+    `a * b + c`, differently from an eager op-by-op call)."""
+    n = 13
+
+    def g(x, y):
+        return jnp.sin(x) * jnp.exp(-y), jnp.tanh(x * y) + jnp.exp(y), (x * y + 1) * x - y
+
+    k1, k2 = jax.random.split(jax.random.PRNGKey(1))
+    x = jax.random.normal(k1, (n, 3), jnp.float32)
+    y = jax.random.normal(k2, (n, 3), jnp.float32)
+    want = jax.jit(jax.vmap(g))(x, y)
+    for remainder in ("call", "shift"):
+        for size in range(1, n + 1):
+            got = jax.jit(chunkx.Chunk(chunkx.Vmap(g), size, remainder=remainder))(x, y)
+            for a, b in zip(got, want):
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(size))
+
+
+@pytest.mark.parametrize("kind", ["SUM"])
+def test_micro_grad_and_microbatch_option_off_is_optax(kind):
+    """`compensated=False` on `micro_grad` and `microbatch` gives optax's SUM bits (optax's
+    MEAN of per-example values averages each microbatch first, a different formula, compared
+    to rounding in tests/test_microbatch.py); on, the result agrees with optax to rounding."""
+    x, w = data(jnp.float32)
+    x = x[:700]
+    ours, theirs = getattr(chunkx.AccumulationType, kind), getattr(om.AccumulationType, kind)
+    loss = lambda w, x: f(x[0], w)  # noqa: E731  (one example, with its batch axis of 1)
+    want, _ = jax.jit(om.micro_grad(loss, microbatch_size=7, accumulator=theirs))(w, x)
+    off, _ = jax.jit(
+        chunkx.micro_grad(loss, microbatch_size=7, accumulator=ours, compensated=False)
+    )(w, x)
+    on, _ = jax.jit(chunkx.micro_grad(loss, microbatch_size=7, accumulator=ours))(w, x)
+    np.testing.assert_array_equal(np.asarray(off), np.asarray(want))
+    np.testing.assert_allclose(np.asarray(on), np.asarray(want), rtol=1e-5)
+
+    batch = lambda x: jnp.sum(jax.vmap(f, (0, None))(x, w))  # noqa: E731
+    want = jax.jit(om.microbatch(batch, 0, 7, theirs))(x)
+    off = jax.jit(chunkx.microbatch(batch, 0, 7, ours, compensated=False))(x)
+    on = jax.jit(chunkx.microbatch(batch, 0, 7, ours))(x)
+    np.testing.assert_array_equal(np.asarray(off), np.asarray(want))
+    np.testing.assert_allclose(np.asarray(on), np.asarray(want), rtol=1e-5)
+
+
+def test_monoid_option_off_is_the_plain_fold():
+    x, w = data(jnp.float32)
+    x = x[:700]
+    rows = jax.vmap(f, (0, None))(x, w)
+
+    def hand(rows):  # the left fold of chunk sums, seeded from the first chunk
+        parts = jnp.sum(rows.reshape(100, 7), axis=1)
+        return jax.lax.scan(lambda a, p: (a + p, None), parts[0], parts[1:])[0]
+
+    m = chunkx.Monoid(jnp.add, jnp.sum, compensated=False)
+    got = jax.jit(chunkx.Chunk(chunkx.Vmap(f, (0, None)), 7, reducer=m, in_axes=(0, None)))(x, w)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(hand)(rows)))
