@@ -10,11 +10,10 @@ from typing import Any, Literal
 
 import equinox as eqx
 import jax
-from beartype import beartype
 from jax.sharding import Mesh
-from jaxtyping import jaxtyped
 
 from .._checks import check_positive
+from .._public import public
 from ._micro import AccumulationType
 from ._micro_run import Plan
 
@@ -68,7 +67,7 @@ class Microbatched(eqx.Module):
         return self.plan(self.fun, slots, args, kwargs)
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def microbatch(
     fun: Callable[..., Any],
     argnums: int | Sequence[int],
@@ -154,7 +153,7 @@ class MicroVmap(eqx.Module):
         return self.plan(self.fun, slots, args, kwargs)
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def micro_vmap(
     fun: Callable[..., Any],
     in_axes: int | None | Sequence[int | None] = 0,
