@@ -7,6 +7,7 @@ so the rows are permuted before the loop and concatenated outputs permuted back.
 column-major split of a sharded batch gives every microbatch the same share of every device.
 """
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,8 @@ from .._combinators.chunk import Chunk
 from .._combinators.pad import Pad
 from .._combinators.reduce import Concat
 from .._combinators.shard import Shard
+from .._plan.auto import note_plans
+from .._plan.measure import divisor_below
 from .._types import RowMask
 from ._micro import Leaves, UserAccumulate, finalize, plan_leaves, replicated
 
@@ -168,6 +171,8 @@ class Plan(eqx.Module):
             raise ValueError(f"`{self.who}`: the batch is empty (0 rows); there is no microbatch.")
         mb = n if self.microbatch_size is None else self.microbatch_size
         leaves, kinds = plan_leaves(self.who, self.accumulator, self.per_example, self.num_real)
+        if mb == "auto" and not self.per_example:  # `fun` sees whole microbatches
+            mb = self._whole_microbatches(fun, slots, leaves, batch, rest, n)
         d = call_mesh(self.mesh, args).size if self.shard else 1
         k = None if mb == "auto" else -(-n // mb)
         self._check(leaves, n, mb, d)
@@ -205,6 +210,21 @@ class Plan(eqx.Module):
             grad_size=grad_size, memory_budget=self.memory_budget,
             owner=(self.who, arg, "memory_budget", self.who),
         )
+
+    def _whole_microbatches(self, fun, slots, leaves, batch, rest, n: int) -> int:
+        """`microbatch_size="auto"` where `fun` sees whole microbatches: the largest divisor
+        of the `n` rows within the size a Chunk of microbatches plans for the budget (the
+        plan `memory_plan` shows, its `chunk_size` that divisor)."""
+        axes = (0,) * len(batch) + (None,)
+        probe = Chunk(
+            RowFn(fun, slots, False, False), "auto", reducer=leaves, in_axes=axes,
+            remainder="call", memory_budget=self.memory_budget,
+            owner=(self.who, "microbatch_size", "memory_budget", self.who),
+        )
+        plan = probe.memory_plan(*batch, rest)
+        size = divisor_below(n, plan.chunk_size)
+        note_plans(dataclasses.replace(plan, chunk_size=size), None)
+        return size
 
     def _counts(self, n: int, k: int | None, r: Any):
         """What MEAN and RUNNING_MEAN divide by: rows (or microbatches) in all, and those run."""

@@ -12,12 +12,16 @@ import equinox as eqx
 import jax
 from jax.sharding import Mesh
 
-from .._checks import check_positive
+from .._checks import check_budget, check_positive
+from .._plan.search import MemoryPlan
 from .._public import public
+from .._types import Budget
 from ._micro import AccumulationType
 from ._micro_run import Plan
+from ._visible import plan_of
 
 MicrobatchSize = int | Literal["auto"] | None
+_SIZES = ("microbatch_size", "grad_microbatch_size")
 
 
 def _ints(x: int | Sequence[int]) -> tuple[int, ...]:
@@ -66,17 +70,30 @@ class Microbatched(eqx.Module):
         slots = tuple((kind, key, a) for (kind, key), a in zip(keys, self.in_axes))
         return self.plan(self.fun, slots, args, kwargs)
 
+    def memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
+        """The [`chunkx.MemoryPlan`][] that `microbatch_size="auto"` follows for these
+        arguments (arrays or `jax.ShapeDtypeStruct`s; nothing is run)."""
+        return plan_of(self.plan.who, _SIZES, self, args, kwargs)
+
+    def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
+        """The [`chunkx.MemoryPlan`][] of the reverse pass: its `chunk_size` is the backward
+        microbatch size (planned with `microbatch_size="auto"` or
+        `grad_microbatch_size="auto"`), for the arrays `fun` holds and the arguments that are
+        not batched (as [`chunkx.Chunk.grad_memory_plan`][])."""
+        return plan_of(self.plan.who, _SIZES, self, args, kwargs, reverse=True)
+
 
 @public
 def microbatch(
     fun: Callable[..., Any],
     argnums: int | Sequence[int],
-    microbatch_size: int | None,
+    microbatch_size: MicrobatchSize,
     accumulator: Any = AccumulationType.SUM,
     *,
     argnames: str | Sequence[str] = (),
     in_axes: int | Sequence[int] = 0,
     num_real_microbatches: int | jax.Array | None = None,
+    memory_budget: Budget = None,
 ) -> Callable[..., Any]:
     """`fun` evaluated microbatch by microbatch, its results joined by `accumulator` (optax).
 
@@ -102,20 +119,30 @@ def microbatch(
     - `fun`: any function of a microbatch.
     - `argnums`, `argnames`: the positional and keyword arguments that have a batch axis.
     - `microbatch_size`: rows per microbatch; it must divide the batch (`fun` sees whole
-      microbatches). `None`: `fun` itself is returned.
+      microbatches). `None`: `fun` itself is returned. `"auto"`: the largest divisor of the
+      batch within the size planned for `memory_budget` (the reverse pass planned too, when
+      differentiated); see `memory_plan`.
     - `accumulator`: an [`chunkx.AccumulationType`][], an [`chunkx.Accumulator`][], or a
       pytree prefix of `fun`'s output with one of them at each leaf.
     - `in_axes`: the batch axis of each of `argnums + argnames` (an int: all of them).
     - `num_real_microbatches`: run only this many microbatches (an int or a traced value).
+    - `memory_budget`: with `microbatch_size="auto"`, bytes of XLA temp memory per device (an
+      int or an integral float such as `64e6`; `None`: half the device's memory).
 
     !!! Example
 
         ```python
-        import jax.numpy as jnp, chunkx
+        import jax, jax.numpy as jnp, chunkx
         fun = lambda x: (x + 1, jnp.sum(3 * x))
         types = (chunkx.AccumulationType.CONCAT, chunkx.AccumulationType.SUM)
         rows, total = chunkx.microbatch(fun, 0, 2, types)(jnp.arange(8.0))
         assert jnp.allclose(rows, jnp.arange(8.0) + 1) and total == 84.0
+
+        loss = lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)
+        step = chunkx.microbatch(jax.grad(loss), 1, "auto", memory_budget=2**16)
+        w, x = jnp.ones((8, 4)), jnp.ones((1024, 8))
+        assert 1024 % step.memory_plan(w, x).chunk_size == 0    # whole microbatches
+        assert jnp.allclose(step(w, x), jax.grad(loss)(w, x))
         ```
     """
     if microbatch_size is None:
@@ -128,7 +155,8 @@ def microbatch(
             f"`microbatch(in_axes={in_axes!r})`: in_axes needs one entry per batch argument "
             f"(argnums {argnums} and argnames {names}), got {len(axes)}."
         )
-    plan = _plan("microbatch", accumulator, False, microbatch_size, num_real_microbatches)
+    plan = _plan("microbatch", accumulator, False, microbatch_size, num_real_microbatches,
+                 memory_budget=check_budget("microbatch", "memory_budget", memory_budget))
     return Microbatched(fun, plan, argnums, names, axes)
 
 
@@ -151,6 +179,18 @@ class MicroVmap(eqx.Module):
         slots = tuple(("arg", i, a) for i, a in enumerate(axes) if a is not None)
         slots += tuple(("kw", k, 0) for k in kwargs)  # keyword arguments map along axis 0
         return self.plan(self.fun, slots, args, kwargs)
+
+    def memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
+        """The [`chunkx.MemoryPlan`][] that `microbatch_size="auto"` follows for these
+        arguments (arrays or `jax.ShapeDtypeStruct`s; nothing is run)."""
+        return plan_of(self.plan.who, _SIZES, self, args, kwargs)
+
+    def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
+        """The [`chunkx.MemoryPlan`][] of the reverse pass: its `chunk_size` is the backward
+        microbatch size (planned with `microbatch_size="auto"` or
+        `grad_microbatch_size="auto"`), for the arrays `fun` holds and the arguments that are
+        not batched (as [`chunkx.Chunk.grad_memory_plan`][])."""
+        return plan_of(self.plan.who, _SIZES, self, args, kwargs, reverse=True)
 
 
 @public

@@ -17,6 +17,7 @@ second map over the same program or a second process plans without compiling; in
 multi-process run process 0 plans and the others use its sizes (`agree.py`).
 """
 
+import contextvars
 import dataclasses
 import sys
 import warnings
@@ -28,7 +29,7 @@ import jax
 import numpy as np
 
 from .._combinators.reduce import Concat, Monoid, Sum
-from .cache import logger, measured
+from .cache import first_time, logger, measured
 from .measure import _struct, compiled_temp_bytes, default_budget, divisor_below, fingerprint
 from .reverse import ClosedOver, VjpProgram, default_wrt, planned_on_differentiation
 from .search import MemoryPlan, proportional_size, quick_search
@@ -174,8 +175,9 @@ def forward_plan(chunk: Any, tree: tuple, n: int) -> MemoryPlan:
         shift=_shift(chunk),
         who=who["who"], what=who["what"], name=who["name"],
     )
-    logger.info("Chunk(size='auto'): chunk size %d of %d rows (budget %d bytes, %d points)",
-                plan.chunk_size, n, budget, len(plan.points))
+    if first_time((key, plan.chunk_size)):
+        logger.info("%s(%s='auto'): chunk size %d of %d rows for %s (budget %d bytes)",
+                    who["who"], who["arg"], plan.chunk_size, n, who["what"], budget)
     return plan
 
 
@@ -205,8 +207,10 @@ def reverse_plan(
         m, size, budget, n, first, shift=_shift(chunk),
         who=who["who"], what=who["what"], name=who["name"],
     )
-    logger.info("Chunk(grad_size='auto'): backward chunk size %d (forward %d, budget %d bytes)",
-                plan.chunk_size, size, budget)
+    if first_time((key, plan.chunk_size)):
+        logger.info("%s(%s='auto'): backward chunk size %d (forward %d of %d rows) for %s "
+                    "(budget %d bytes)", who["who"], who["arg"], plan.chunk_size, size, n,
+                    who["what"], budget)
     return plan
 
 
@@ -240,7 +244,14 @@ def auto_call(chunk: Any, args: tuple, valid: Any, axes: tuple, n: int) -> Any:
     if size == "auto":
         size = agreed_size(lambda: forward_plan(chunk, tree, n).chunk_size, who)
     if jax.process_count() > 1:
-        logger.info("%s: process %d uses chunk size %s", who, jax.process_index(), size)
+        logger.debug("%s: process %d uses chunk size %s", who, jax.process_index(), size)
+    state = _SEEN.get()
+    if state is not None:  # a public map's `memory_plan`: what this Chunk plans
+        if not state[1]:
+            note_plans(forward_plan(chunk, tree, n) if chunk.size == "auto" else None, None)
+        elif chunk.grad_size == "auto":
+            wrt = default_grad_wrt(tree, axes)
+            note_plans(None, reverse_plan(chunk, tree, size or n, n, wrt, axes))
     if chunk.grad_size != "auto":
         return at_sizes(chunk, chunk.fn, size, chunk.grad_size)(*args, valid=valid)
     run = _runner(_template(chunk), size)
@@ -248,7 +259,35 @@ def auto_call(chunk: Any, args: tuple, valid: Any, axes: tuple, n: int) -> Any:
     def plan(t: Any, wrt: tuple) -> int:
         g = agreed_size(lambda: reverse_plan(chunk, t, size or n, n, wrt, axes).chunk_size, who)
         if jax.process_count() > 1:
-            logger.info("%s: process %d uses backward chunk size %d", who, jax.process_index(), g)
+            logger.debug("%s: process %d uses backward chunk size %d", who, jax.process_index(),
+                         g)
         return g
 
     return planned_on_differentiation(run, plan, tree)
+
+
+_SEEN: contextvars.ContextVar[tuple[list, bool] | None] = contextvars.ContextVar(
+    "chunkx_plans", default=None
+)
+
+
+def plans_in(call: Callable[..., Any], args: tuple, kwargs: dict, *, reverse: bool) -> list:
+    """The forward [`chunkx.MemoryPlan`][]s (with `reverse`: those of the reverse pass) of
+    every planned Chunk that `call(*args, **kwargs)` runs, in the order they run. `call` is
+    traced on abstract values (arrays or `jax.ShapeDtypeStruct`s), nothing is run; the
+    reverse plan is the one `Chunk.grad_memory_plan` describes. The plans are cached, so a
+    call afterwards compiles nothing more for planning."""
+    found: list = []
+    token = _SEEN.set((found, reverse))
+    try:
+        eqx.filter_eval_shape(call, *args, **kwargs)
+    finally:
+        _SEEN.reset(token)
+    return [plan for plan in found if plan is not None]
+
+
+def note_plans(forward: MemoryPlan | None, reverse: MemoryPlan | None) -> None:
+    """Tell a `plans_in` that is tracing this call which plan a piece of it follows."""
+    state = _SEEN.get()
+    if state is not None:
+        state[0].append(reverse if state[1] else forward)
