@@ -7,7 +7,6 @@ so the rows are permuted before the loop and concatenated outputs permuted back.
 column-major split of a sharded batch gives every microbatch the same share of every device.
 """
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +20,6 @@ from .._combinators.chunk import Chunk
 from .._combinators.pad import Pad
 from .._combinators.reduce import Concat
 from .._combinators.shard import Shard
-from .._plan.auto import note_plans
 from .._plan.measure import divisor_below
 from .._types import RowMask
 from ._micro import Leaves, UserAccumulate, finalize, plan_leaves, replicated
@@ -214,17 +212,14 @@ class Plan(eqx.Module):
     def _whole_microbatches(self, fun, slots, leaves, batch, rest, n: int) -> int:
         """`microbatch_size="auto"` where `fun` sees whole microbatches: the largest divisor
         of the `n` rows within the size a Chunk of microbatches plans for the budget (the
-        plan `memory_plan` shows, its `chunk_size` that divisor)."""
+        size is planned as a Chunk of microbatches is)."""
         axes = (0,) * len(batch) + (None,)
         probe = Chunk(
             RowFn(fun, slots, False, False), "auto", reducer=leaves, in_axes=axes,
             remainder="call", memory_budget=self.memory_budget,
             owner=(self.who, "microbatch_size", "memory_budget", self.who),
         )
-        plan = probe.memory_plan(*batch, rest)
-        size = divisor_below(n, plan.chunk_size)
-        note_plans(dataclasses.replace(plan, chunk_size=size), None)
-        return size
+        return divisor_below(n, probe.memory_plan(*batch, rest).chunk_size)
 
     def _counts(self, n: int, k: int | None, r: Any):
         """What MEAN and RUNNING_MEAN divide by: rows (or microbatches) in all, and those run."""

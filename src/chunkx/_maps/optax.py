@@ -13,15 +13,12 @@ import jax
 from jax.sharding import Mesh
 
 from .._checks import check_budget, check_positive
-from .._plan.search import MemoryPlan
 from .._public import public
 from .._types import Budget
 from ._micro import AccumulationType
 from ._micro_run import Plan
-from ._visible import plan_of
 
 MicrobatchSize = int | Literal["auto"] | None
-_SIZES = ("microbatch_size", "grad_microbatch_size")
 
 
 def _ints(x: int | Sequence[int]) -> tuple[int, ...]:
@@ -70,18 +67,6 @@ class Microbatched(eqx.Module):
         slots = tuple((kind, key, a) for (kind, key), a in zip(keys, self.in_axes))
         return self.plan(self.fun, slots, args, kwargs)
 
-    def memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
-        """The [`chunkx.MemoryPlan`][] that `microbatch_size="auto"` follows for these
-        arguments (arrays or `jax.ShapeDtypeStruct`s; nothing is run)."""
-        return plan_of(self.plan.who, _SIZES, self, args, kwargs)
-
-    def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
-        """The [`chunkx.MemoryPlan`][] of the reverse pass: its `chunk_size` is the backward
-        microbatch size (planned with `microbatch_size="auto"` or
-        `grad_microbatch_size="auto"`), for the arrays `fun` holds and the arguments that are
-        not batched (as [`chunkx.Chunk.grad_memory_plan`][])."""
-        return plan_of(self.plan.who, _SIZES, self, args, kwargs, reverse=True)
-
 
 @public
 def microbatch(
@@ -121,7 +106,7 @@ def microbatch(
     - `microbatch_size`: rows per microbatch; it must divide the batch (`fun` sees whole
       microbatches). `None`: `fun` itself is returned. `"auto"`: the largest divisor of the
       batch within the size planned for `memory_budget` (the reverse pass planned too, when
-      differentiated); see `memory_plan`.
+      differentiated).
     - `accumulator`: an [`chunkx.AccumulationType`][], an [`chunkx.Accumulator`][], or a
       pytree prefix of `fun`'s output with one of them at each leaf.
     - `in_axes`: the batch axis of each of `argnums + argnames` (an int: all of them).
@@ -141,8 +126,7 @@ def microbatch(
         loss = lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)
         step = chunkx.microbatch(jax.grad(loss), 1, "auto", memory_budget=2**16)
         w, x = jnp.ones((8, 4)), jnp.ones((1024, 8))
-        assert 1024 % step.memory_plan(w, x).chunk_size == 0    # whole microbatches
-        assert jnp.allclose(step(w, x), jax.grad(loss)(w, x))
+        assert jnp.allclose(step(w, x), jax.grad(loss)(w, x))   # whole microbatches
         ```
     """
     if microbatch_size is None:
@@ -179,18 +163,6 @@ class MicroVmap(eqx.Module):
         slots = tuple(("arg", i, a) for i, a in enumerate(axes) if a is not None)
         slots += tuple(("kw", k, 0) for k in kwargs)  # keyword arguments map along axis 0
         return self.plan(self.fun, slots, args, kwargs)
-
-    def memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
-        """The [`chunkx.MemoryPlan`][] that `microbatch_size="auto"` follows for these
-        arguments (arrays or `jax.ShapeDtypeStruct`s; nothing is run)."""
-        return plan_of(self.plan.who, _SIZES, self, args, kwargs)
-
-    def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
-        """The [`chunkx.MemoryPlan`][] of the reverse pass: its `chunk_size` is the backward
-        microbatch size (planned with `microbatch_size="auto"` or
-        `grad_microbatch_size="auto"`), for the arrays `fun` holds and the arguments that are
-        not batched (as [`chunkx.Chunk.grad_memory_plan`][])."""
-        return plan_of(self.plan.who, _SIZES, self, args, kwargs, reverse=True)
 
 
 @public

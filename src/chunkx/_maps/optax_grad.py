@@ -11,12 +11,10 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from .._checks import check_positive
-from .._plan.search import MemoryPlan
 from .._public import public
 from ._micro import AccumulationType
 from ._micro_run import Plan
-from ._visible import plan_of
-from .optax import _SIZES, MicrobatchSize, MicroVmap, _ints, _plan
+from .optax import MicrobatchSize, MicroVmap, _ints, _plan
 
 #: The auxiliary result of `micro_grad`: per-example values, metrics and `fun`'s aux.
 IndividualOutputs = collections.namedtuple("IndividualOutputs", ["values", "metrics", "aux"])
@@ -61,16 +59,6 @@ class MicroGrad(eqx.Module):
             )
         axes = tuple(0 if i in self.batch_argnums else None for i in range(len(args)))
         return MicroVmap(self.grad_fn, self.plan, axes)(*args, **kwargs)
-
-    def memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
-        """The [`chunkx.MemoryPlan`][] that `microbatch_size="auto"` follows for these
-        arguments (arrays or `jax.ShapeDtypeStruct`s; nothing is run)."""
-        return plan_of("micro_grad", _SIZES, self, args, kwargs)
-
-    def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
-        """The [`chunkx.MemoryPlan`][] of the reverse pass, where the per-example gradients
-        are themselves differentiated (`grad_microbatch_size="auto"`)."""
-        return plan_of("micro_grad", _SIZES, self, args, kwargs, reverse=True)
 
 
 def _no_metrics(grad: Any) -> None:

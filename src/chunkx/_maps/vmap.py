@@ -15,15 +15,12 @@ from .._checks import check_mesh_1d, check_positive, resolve_batch_size
 from .._combinators._sharding import on_inputs_mesh
 from .._combinators.reduce import AbstractReducer, Concat
 from .._combinators.vmap import Vmap
-from .._plan.search import MemoryPlan
 from .._public import public
 from .._types import GradPolicy
-from ._visible import plan_of
 from ._vmap_axes import Spec, by_name, check_spec, flat_axes, in_axis, leaf_names, out_axis
 from .adv import check_grad_options, compose, fn_name
 
 _AXES = (0, None)  # the pipeline's two arguments: mapped rows, fixed leaves
-_SIZES = ("batch_size", "grad_batch_size")
 
 
 class _Static(eqx.Module):
@@ -93,18 +90,6 @@ class ChunkedVmap(eqx.Module):
             )
         with on_inputs_mesh((args, kwargs)):
             return self._call(args, kwargs)
-
-    def memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
-        """The [`chunkx.MemoryPlan`][] that `batch_size="auto"` follows for these arguments
-        (arrays or `jax.ShapeDtypeStruct`s; nothing is run; with `shard=True`, one device's)."""
-        return plan_of(self._who, _SIZES, self, args, kwargs)
-
-    def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
-        """The [`chunkx.MemoryPlan`][] of the reverse pass (`batch_size="auto"` or
-        `grad_batch_size="auto"`): its `chunk_size` is the backward size, planned for the
-        arrays `fun` holds and the unmapped floating arguments (as
-        [`chunkx.Chunk.grad_memory_plan`][])."""
-        return plan_of(self._who, _SIZES, self, args, kwargs, reverse=True)
 
     @property
     def __wrapped__(self) -> Callable[..., Any]:  # `inspect.signature` reads fun's

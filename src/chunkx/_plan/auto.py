@@ -17,7 +17,6 @@ second map over the same program or a second process plans without compiling; in
 multi-process run process 0 plans and the others use its sizes (`agree.py`).
 """
 
-import contextvars
 import dataclasses
 import sys
 import warnings
@@ -245,13 +244,6 @@ def auto_call(chunk: Any, args: tuple, valid: Any, axes: tuple, n: int) -> Any:
         size = agreed_size(lambda: forward_plan(chunk, tree, n).chunk_size, who)
     if jax.process_count() > 1:
         logger.debug("%s: process %d uses chunk size %s", who, jax.process_index(), size)
-    state = _SEEN.get()
-    if state is not None:  # a public map's `memory_plan`: what this Chunk plans
-        if not state[1]:
-            note_plans(forward_plan(chunk, tree, n) if chunk.size == "auto" else None, None)
-        elif chunk.grad_size == "auto":
-            wrt = default_grad_wrt(tree, axes)
-            note_plans(None, reverse_plan(chunk, tree, size or n, n, wrt, axes))
     if chunk.grad_size != "auto":
         return at_sizes(chunk, chunk.fn, size, chunk.grad_size)(*args, valid=valid)
     run = _runner(_template(chunk), size)
@@ -265,29 +257,3 @@ def auto_call(chunk: Any, args: tuple, valid: Any, axes: tuple, n: int) -> Any:
 
     return planned_on_differentiation(run, plan, tree)
 
-
-_SEEN: contextvars.ContextVar[tuple[list, bool] | None] = contextvars.ContextVar(
-    "chunkx_plans", default=None
-)
-
-
-def plans_in(call: Callable[..., Any], args: tuple, kwargs: dict, *, reverse: bool) -> list:
-    """The forward [`chunkx.MemoryPlan`][]s (with `reverse`: those of the reverse pass) of
-    every planned Chunk that `call(*args, **kwargs)` runs, in the order they run. `call` is
-    traced on abstract values (arrays or `jax.ShapeDtypeStruct`s), nothing is run; the
-    reverse plan is the one `Chunk.grad_memory_plan` describes. The plans are cached, so a
-    call afterwards compiles nothing more for planning."""
-    found: list = []
-    token = _SEEN.set((found, reverse))
-    try:
-        eqx.filter_eval_shape(call, *args, **kwargs)
-    finally:
-        _SEEN.reset(token)
-    return [plan for plan in found if plan is not None]
-
-
-def note_plans(forward: MemoryPlan | None, reverse: MemoryPlan | None) -> None:
-    """Tell a `plans_in` that is tracing this call which plan a piece of it follows."""
-    state = _SEEN.get()
-    if state is not None:
-        state[0].append(reverse if state[1] else forward)

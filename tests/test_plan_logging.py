@@ -1,6 +1,6 @@
-"""Every plan visible: each "auto" map answers `memory_plan`/`grad_memory_plan` with the plan
-it runs, and logs one INFO line per plan (references: `jax.vmap`/`jax.grad` for the values,
-the sizes the map logs while it runs for the plans)."""
+"""Plans in the user's name: an "auto" map logs one INFO line per plan (a forward, a
+backward), naming the public map, and nothing for a plan a trace reuses; `microbatch` takes
+"auto" (references: `jax.vmap`/`jax.grad` for the values, the int-size map for the layout)."""
 
 import logging
 import re
@@ -51,7 +51,7 @@ MAPS = {
 
 
 @pytest.mark.parametrize("name", sorted(MAPS))
-def test_plan_is_the_one_run(name, caplog):
+def test_one_info_line_per_plan_in_the_maps_name(name, caplog):
     build, args, ref = MAPS[name]
     chunkx.clear_plan_cache()
     g = build()
@@ -60,7 +60,6 @@ def test_plan_is_the_one_run(name, caplog):
         return jnp.sum(g(x, w) ** 2)
 
     with caplog.at_level(logging.INFO, logger="chunkx"):
-        # with respect to the weights: what `grad_memory_plan` plans for
         value, grads = jax.jit(jax.value_and_grad(total, argnums=1))(*args)
     assert_tree_close((value, grads), jax.value_and_grad(ref, argnums=1)(*args))
     lines = _info(caplog)
@@ -68,47 +67,33 @@ def test_plan_is_the_one_run(name, caplog):
     who = name if name.startswith("micro") else f"chunkx.{name}"  # the map the user called
     assert all(t.startswith(f"{who}(") for t in lines), lines
     (fwd,), (bwd,) = _sizes(lines)
+    assert bwd < 1000  # the budget binds the reverse pass
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="chunkx"):
-        assert g.memory_plan(*args).chunk_size == fwd
-        assert g.grad_memory_plan(*args).chunk_size == bwd
-    assert _info(caplog) == []  # the plans were made: nothing new to say
-    assert bwd < 1000  # the budget binds the reverse pass
-
-
-def test_micro_grad_plan_is_the_one_run(caplog):
-    chunkx.clear_plan_cache()
-    g = chunkx.micro_grad(loss, microbatch_size="auto", memory_budget=BUDGET)
-    with caplog.at_level(logging.INFO, logger="chunkx"):
-        got = g(W, X)
-    assert_tree_close(got[0], jax.grad(loss)(W, X))
-    (fwd,), _ = _sizes(_info(caplog))
-    assert g.memory_plan(W, X).chunk_size == fwd
-    with pytest.raises(ValueError, match=r"`micro_grad.grad_memory_plan`: only a map whose"):
-        chunkx.micro_grad(loss, microbatch_size=100).grad_memory_plan(W, X)
+        jax.jit(jax.value_and_grad(lambda x, w: 2 * total(x, w), argnums=1))(*args)
+    assert _info(caplog) == []  # a new trace that reuses both plans
 
 
 @pytest.mark.parametrize("budget", [BUDGET, 2**20, 64e6])
 def test_microbatch_auto(budget):
     step = chunkx.microbatch(jax.grad(loss), 1, "auto", memory_budget=budget)
-    plan = step.memory_plan(W, X)
-    assert isinstance(plan, chunkx.MemoryPlan)
-    assert 1000 % plan.chunk_size == 0  # `fun` sees whole microbatches
     assert_tree_close(step(W, X), jax.grad(loss)(W, X))
     summed = chunkx.microbatch(loss, 1, "auto", memory_budget=budget)
     assert_tree_close(jax.grad(summed)(W, X), jax.grad(loss)(W, X))
-    assert summed.grad_memory_plan(W, X).chunk_size <= plan.chunk_size
 
 
-def test_microbatch_auto_matches_the_int_size():
-    """The planned size runs exactly as that int size does (the reference: optax's layout,
-    already checked against optax for int sizes)."""
+def test_microbatch_auto_runs_whole_microbatches(caplog):
+    """The planned size divides the batch and runs exactly as that int size does (the
+    reference: the int-size map, itself checked against optax)."""
     fun = lambda x: (x + 1, jnp.max(x))  # noqa: E731  (depends on the microbatching)
     types = (chunkx.AccumulationType.CONCAT, chunkx.AccumulationType.SUM)
     xs = jnp.sin(jnp.arange(96.0))
-    auto = chunkx.microbatch(fun, 0, "auto", types, memory_budget=2**20)
-    size = auto.memory_plan(xs).chunk_size
-    assert_tree_close(auto(xs), chunkx.microbatch(fun, 0, size, types)(xs))
+    chunkx.clear_plan_cache()
+    with caplog.at_level(logging.INFO, logger="chunkx"):
+        got = chunkx.microbatch(fun, 0, "auto", types, memory_budget=2**20)(xs)
+    (planned,), _ = _sizes(_info(caplog))
+    size = max(d for d in range(1, planned + 1) if 96 % d == 0)
+    assert_tree_close(got, chunkx.microbatch(fun, 0, size, types)(xs))
 
 
 def test_microbatch_budget_errors():
@@ -116,13 +101,6 @@ def test_microbatch_budget_errors():
         chunkx.microbatch(jnp.sum, 0, 4, memory_budget=1000)
     with pytest.raises(ValueError, match=r"`microbatch\(memory_budget=-1\)`"):
         chunkx.microbatch(jnp.sum, 0, "auto", memory_budget=-1)
-
-
-def test_no_auto_no_plan():
-    with pytest.raises(ValueError, match=r"`chunkx.vmap.memory_plan`: only a map whose batch_size"):
-        chunkx.vmap(rows, (0, None), batch_size=4).memory_plan(X, W)
-    with pytest.raises(ValueError, match=r"`micro_vmap.memory_plan`: only a map whose"):
-        chunkx.micro_vmap(rows, (0, None), microbatch_size=4).memory_plan(X, W)
 
 
 def test_batch_vmap_logs_one_line_per_plan_and_a_reused_plan_nothing(caplog):
