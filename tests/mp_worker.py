@@ -67,7 +67,7 @@ class Sizes(logging.Handler):
 
 
 logging.getLogger("chunkx").addHandler(Sizes())
-logging.getLogger("chunkx").setLevel(logging.INFO)
+logging.getLogger("chunkx").setLevel(logging.DEBUG)  # the sizes each process uses are DEBUG lines
 x = global_array(np.tile(x_np, (8, 1)), P())  # 176 rows
 w = global_array(w_np, P())
 

@@ -155,7 +155,7 @@ def test_unreadable_entries_warn_and_concurrent_writers_leave_whole_files(fresh_
     x, w = data(n=256)
     chunk = chunkx.Chunk(chunkx.Vmap(energy, (0, None)), "auto", reducer=chunkx.Sum(),
                          in_axes=(0, None), memory_budget=2**17)
-    with caplog.at_level(logging.INFO, logger="chunkx"):
+    with caplog.at_level(logging.DEBUG, logger="chunkx"):  # measurements: DEBUG
         plan = chunk.memory_plan(x, w)
     text = caplog.text
     assert "plan cache miss" in text and "compiled chunk size 256" in text

@@ -11,6 +11,7 @@ from ._combinators.chunk import Chunk as Chunk, Reduce as Reduce
 from ._combinators.pad import Pad as Pad
 from ._combinators.shard import Shard as Shard
 from ._combinators.pullback import Pullback as Pullback
+from ._maps.lax_map import map as map
 from ._maps.adv import BatchVmap as BatchVmap, batch_map as batch_map, batch_vmap as batch_vmap
 from ._maps.vmap import ChunkedVmap as ChunkedVmap, filter_vmap as filter_vmap, vmap as vmap
 from ._maps.vectorize import BatchVectorize as BatchVectorize, batch_vectorize as batch_vectorize

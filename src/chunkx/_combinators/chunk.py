@@ -9,6 +9,7 @@ from .._checks import as_in_axes, as_size, check_budget, check_choice, check_pos
 from .._plan.auto import auto_call, default_grad_wrt, forward_plan, planned_tree, reverse_plan
 from .._plan.search import MemoryPlan
 from .._types import GradPolicy, InAxes, Remainder, RowMask
+from ._axes import INHERIT, inherit_axes, layer_in_axes
 from ._rows import join_args, mapped_length, split_args
 from ._sharding import on_inputs_mesh
 from .fused import fused_call, grad_policy, regrad_call
@@ -108,7 +109,9 @@ class Chunk(eqx.Module):
       when the Chunk is first traced, on the arguments it is called with (one device's rows
       inside [`chunkx.Shard`][]); see "Choose a chunk size" in the docs and `memory_plan`.
     - `reducer`: how chunk results join; [`chunkx.Concat`][] by default.
-    - `in_axes`: `0`, `None`, or one `0`/`None` per positional argument.
+    - `in_axes`: `0`, `None`, or one `0`/`None` per positional argument; by default those of
+      `fn` where it is a chunkx layer that has them (a [`chunkx.Vmap`][]), else `0`. Axes that
+      contradict `fn`'s raise a `ValueError`: say them once, on the innermost layer.
     - `remainder`: `"shift"` or `"call"` (see above); `None` (the default): `"shift"`
       wherever the reducer masks or overwrites the repeated rows, else `"call"`.
     - `checkpoint`: rematerialise each chunk in reverse mode (what `grad="auto"` does when it
@@ -130,18 +133,16 @@ class Chunk(eqx.Module):
 
         ```python
         import jax, jax.numpy as jnp, chunkx
-        f = chunkx.Chunk(chunkx.Vmap(lambda x, w: jnp.tanh(x @ w), (0, None)), 64,
-                         in_axes=(0, None))
+        f = chunkx.Chunk(chunkx.Vmap(lambda x, w: jnp.tanh(x @ w), (0, None)), 64)
         x, w = jnp.ones((1000, 8)), jnp.ones((8, 3))
         assert jnp.allclose(f(x, w), jax.vmap(lambda x: jnp.tanh(x @ w))(x))
 
         loss = chunkx.Chunk(chunkx.Vmap(lambda x, w: jnp.sum(jnp.tanh(x @ w)), (0, None)),
-                            256, reducer=chunkx.Sum(), in_axes=(0, None), grad_size=64)
+                            256, reducer=chunkx.Sum(), grad_size=64)
         value, grad_w = jax.value_and_grad(loss, argnums=1)(x, w)   # fused, chunks of 64
 
         auto = chunkx.Chunk(chunkx.Vmap(lambda x, w: jnp.sum(jnp.tanh(x @ w)), (0, None)),
-                            "auto", reducer=chunkx.Sum(), in_axes=(0, None), grad_size="auto",
-                            memory_budget=2**16)
+                            "auto", reducer=chunkx.Sum(), grad_size="auto", memory_budget=2**16)
         value, grad_w = jax.value_and_grad(auto, argnums=1)(x, w)   # both passes planned
         assert auto.memory_plan(x, w).chunk_size <= 1000
         ```
@@ -150,7 +151,7 @@ class Chunk(eqx.Module):
     fn: Callable[..., Any]
     size: int | Literal["auto"] | None = eqx.field(static=True, converter=as_size)
     reducer: AbstractReducer = Concat()
-    in_axes: InAxes = eqx.field(static=True, default=0, converter=as_in_axes)
+    in_axes: InAxes = eqx.field(static=True, default=INHERIT, converter=as_in_axes)
     remainder: Remainder | None = eqx.field(static=True, default=None)
     checkpoint: bool = eqx.field(static=True, default=True)
     grad: GradPolicy = eqx.field(static=True, default="auto")
@@ -161,6 +162,9 @@ class Chunk(eqx.Module):
     progress: bool = eqx.field(static=True, default=False)
     memory_budget: int | None = eqx.field(static=True, default=None, converter=_as_budget)
     owner: tuple[str, str, str, str] | None = eqx.field(static=True, default=None)
+
+    def __post_init__(self):
+        self.in_axes = inherit_axes("Chunk", self.in_axes, self.fn)
 
     def __check_init__(self):
         if self.size != "auto":
@@ -263,3 +267,13 @@ class Chunk(eqx.Module):
 
         desc = f"chunkx: chunks of {size} rows"
         return chunk_loop(piece, reducer, (mapped, valid), n, size, self, desc, checkpoint)
+
+
+@layer_in_axes.register(Chunk)
+def _(layer: Chunk) -> Any:
+    return layer.in_axes
+
+
+@layer_in_axes.register(Reduce)
+def _(layer: Reduce) -> Any:
+    return layer_in_axes(layer.fn)  # Reduce maps every row of fn's arguments at once

@@ -15,6 +15,7 @@ import equinox as eqx
 
 from .._checks import as_in_axes, as_size, check_positive, zero_in_axes
 from .._types import InAxes
+from ._axes import INHERIT, inherit_axes, layer_in_axes
 from ._rows import map_mapped, mapped_length
 
 
@@ -34,7 +35,10 @@ class Groups(eqx.Module):
     fn: Callable[..., Any]
     groups: int = eqx.field(static=True, converter=as_size)
     size: int = eqx.field(static=True, converter=as_size)
-    in_axes: InAxes = eqx.field(static=True, default=0, converter=as_in_axes)
+    in_axes: InAxes = eqx.field(static=True, default=INHERIT, converter=as_in_axes)
+
+    def __post_init__(self):
+        self.in_axes = inherit_axes("Groups", self.in_axes, self.fn)
 
     def __check_init__(self):
         check_positive("Groups", "groups", self.groups, allow_none=False)
@@ -51,3 +55,8 @@ class Groups(eqx.Module):
         k = n // (g * s)
         out = self.fn(*map_mapped(lambda x: _swap_blocks(x, g, k), args, axes))
         return map_mapped(lambda y: _swap_blocks(y, k, g), (out,), (0,))[0]
+
+
+@layer_in_axes.register(Groups)
+def _(layer: Groups) -> Any:
+    return layer.in_axes

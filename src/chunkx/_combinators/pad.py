@@ -18,6 +18,7 @@ import numpy as np
 
 from .._checks import as_in_axes, as_size, check_choice, check_positive, zero_in_axes
 from .._types import AxisSpec, InAxes, RowMask
+from ._axes import INHERIT, inherit_axes, layer_in_axes
 from ._rows import map_mapped, mapped_length
 from ._sharding import on_inputs_mesh
 from .reduce import AbstractReducer, reducer_of
@@ -91,7 +92,8 @@ class Pad(eqx.Module):
       [`chunkx.Reduce`][] and [`chunkx.Shard`][] do.
     - `multiple`: the mapped length is padded to a multiple of this.
     - `reducer`: the reducer `fn` applies; by default the one `fn` holds, else Concat.
-    - `in_axes`: `0`, `None`, or one `0`/`None` per positional argument.
+    - `in_axes`: by default those of `fn` (as for the reducer), else `0`; see
+      [`chunkx.Chunk`][].
     - `fill`: `"edge"` (default) or `"zero"`.
 
     !!! Example
@@ -107,8 +109,14 @@ class Pad(eqx.Module):
     fn: Callable[..., Any]
     multiple: int = eqx.field(static=True, converter=as_size)
     reducer: AbstractReducer | None = None
-    in_axes: InAxes = eqx.field(static=True, default=0, converter=as_in_axes)
+    in_axes: InAxes = eqx.field(static=True, default=INHERIT, converter=as_in_axes)
     fill: Fill = eqx.field(static=True, default="edge")
+
+    def __post_init__(self):
+        self.in_axes = inherit_axes("Pad", self.in_axes, self.fn)
+        inner = getattr(self.fn, "reducer", None)  # the reducer flows inside out too
+        if self.reducer is None and isinstance(inner, AbstractReducer):
+            self.reducer = inner
 
     def __check_init__(self):
         check_positive("Pad", "multiple", self.multiple, allow_none=False)
@@ -132,3 +140,8 @@ class Pad(eqx.Module):
         elif self.fill == "edge":
             valid = row_mask(n, m)
         return reducer.trim(reducer.call_masked(self.fn, padded, valid), n)
+
+
+@layer_in_axes.register(Pad)
+def _(layer: Pad) -> Any:
+    return layer.in_axes

@@ -10,6 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 from .._checks import as_in_axes, zero_in_axes
 from .._types import InAxes, RowMask
+from ._axes import INHERIT, inherit_axes, layer_in_axes
 from ._rows import call_with_valid, map_mapped, mapped_length
 from ._sharding import call_mesh, is_explicit, mesh_of, on_mesh, place
 from .pad import split_rows
@@ -46,7 +47,8 @@ class Shard(eqx.Module):
       the inputs are already laid out on (a caller's Auto or Explicit mesh), else every device
       on a 1-D mesh at call time.
     - `reducer`: by default the one `fn` holds, else [`chunkx.Concat`][].
-    - `in_axes`: `0`, `None`, or one `0`/`None` per positional argument.
+    - `in_axes`: by default those of `fn` (as for the reducer), else `0`; see
+      [`chunkx.Chunk`][].
 
     !!! Example
 
@@ -61,7 +63,13 @@ class Shard(eqx.Module):
     fn: Callable[..., Any]
     mesh: Mesh | None = eqx.field(static=True, default=None)
     reducer: AbstractReducer | None = None
-    in_axes: InAxes = eqx.field(static=True, default=0, converter=as_in_axes)
+    in_axes: InAxes = eqx.field(static=True, default=INHERIT, converter=as_in_axes)
+
+    def __post_init__(self):
+        self.in_axes = inherit_axes("Shard", self.in_axes, self.fn)
+        inner = getattr(self.fn, "reducer", None)  # the reducer flows inside out too
+        if self.reducer is None and isinstance(inner, AbstractReducer):
+            self.reducer = inner
 
     def __check_init__(self):
         reducer_of("Shard", self.fn, self.reducer)
@@ -128,3 +136,8 @@ class Shard(eqx.Module):
             check_vma=False,
         )(dyn, valid)
         return reducer.shard_collect(gathered, mesh)
+
+
+@layer_in_axes.register(Shard)
+def _(layer: Shard) -> Any:
+    return layer.in_axes

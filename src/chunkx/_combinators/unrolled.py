@@ -11,6 +11,7 @@ import numpy as np
 from .._checks import as_in_axes, as_size, check_positive, zero_in_axes
 from .._progress import ticker
 from .._types import InAxes
+from ._axes import INHERIT, inherit_axes, layer_in_axes
 from ._rows import map_mapped, mapped_length
 from .loop import evaluate
 from .reduce import AbstractReducer, Concat
@@ -27,8 +28,11 @@ class Unrolled(eqx.Module):
     fn: Callable[..., Any]
     size: int = eqx.field(static=True, converter=as_size)
     reducer: AbstractReducer = Concat()
-    in_axes: InAxes = eqx.field(static=True, default=0, converter=as_in_axes)
+    in_axes: InAxes = eqx.field(static=True, default=INHERIT, converter=as_in_axes)
     progress: bool = eqx.field(static=True, default=False)
+
+    def __post_init__(self):
+        self.in_axes = inherit_axes("Unrolled", self.in_axes, self.fn)
 
     def __check_init__(self):
         check_positive("Unrolled", "size", self.size, allow_none=False)
@@ -54,3 +58,8 @@ class Unrolled(eqx.Module):
         if stacked[0] is None:
             return reducer.finish(acc, None)
         return reducer.finish(acc, jax.tree_util.tree_map(lambda *ys: jnp.stack(ys), *stacked))
+
+
+@layer_in_axes.register(Unrolled)
+def _(layer: Unrolled) -> Any:
+    return layer.in_axes

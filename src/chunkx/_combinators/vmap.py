@@ -7,6 +7,7 @@ import equinox as eqx
 
 from .._checks import as_in_axes, zero_in_axes
 from .._types import InAxes
+from ._axes import layer_in_axes
 
 
 class Vmap(eqx.Module):
@@ -47,3 +48,8 @@ class Vmap(eqx.Module):
         axes = zero_in_axes("Vmap", self.in_axes, len(args))
         spec = tuple(None if a is None else eqx.if_array(0) for a in axes)
         return eqx.filter_vmap(self.fn, in_axes=spec, out_axes=self.out_axes)(*args)
+
+
+@layer_in_axes.register(Vmap)
+def _(layer: Vmap) -> Any:
+    return layer.in_axes

@@ -20,6 +20,7 @@ from .._combinators.chunk import Chunk
 from .._combinators.pad import Pad
 from .._combinators.reduce import Concat
 from .._combinators.shard import Shard
+from .._plan.measure import divisor_below
 from .._types import RowMask
 from ._micro import Leaves, UserAccumulate, finalize, plan_leaves, replicated
 
@@ -171,6 +172,8 @@ class Plan(eqx.Module):
         leaves, kinds = plan_leaves(
             self.who, self.accumulator, self.per_example, self.num_real, self.compensated
         )
+        if mb == "auto" and not self.per_example:  # `fun` sees whole microbatches
+            mb = self._whole_microbatches(fun, slots, leaves, batch, rest, n)
         d = call_mesh(self.mesh, args).size if self.shard else 1
         k = None if mb == "auto" else -(-n // mb)
         self._check(leaves, n, mb, d)
@@ -209,6 +212,18 @@ class Plan(eqx.Module):
             grad_size=grad_size, memory_budget=self.memory_budget,
             owner=(self.who, arg, "memory_budget", self.who),
         )
+
+    def _whole_microbatches(self, fun, slots, leaves, batch, rest, n: int) -> int:
+        """`microbatch_size="auto"` where `fun` sees whole microbatches: the largest divisor
+        of the `n` rows within the size a Chunk of microbatches plans for the budget (the
+        size is planned as a Chunk of microbatches is)."""
+        axes = (0,) * len(batch) + (None,)
+        probe = Chunk(
+            RowFn(fun, slots, False, False), "auto", reducer=leaves, in_axes=axes,
+            remainder="call", memory_budget=self.memory_budget,
+            owner=(self.who, "microbatch_size", "memory_budget", self.who),
+        )
+        return divisor_below(n, probe.memory_plan(*batch, rest).chunk_size)
 
     def _counts(self, n: int, k: int | None, r: Any):
         """What MEAN and RUNNING_MEAN divide by: rows (or microbatches) in all, and those run."""

@@ -7,9 +7,7 @@ from typing import Any, Literal
 import equinox as eqx
 import jax
 import numpy as np
-from beartype import beartype
 from jax.sharding import Mesh
-from jaxtyping import jaxtyped
 
 from .._checks import (
     as_in_axes,
@@ -30,6 +28,7 @@ from .._combinators.shard import Shard
 from .._combinators.vmap import Vmap
 from .._plan.measure import per_device_rows
 from .._plan.search import MemoryPlan
+from .._public import public
 from .._types import Budget, GradPolicy, InAxes, Size
 from ._axes import move_axis, normalize_axis
 
@@ -275,7 +274,7 @@ class _with_kwargs(eqx.Module):
         return self.f(*args[:-1], **args[-1])
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def batch_vmap(
     f: Callable[..., Any],
     /,
@@ -414,7 +413,7 @@ def _first_row(rows: Any) -> Any:
     return jax.tree_util.tree_map(lambda y: y[0], rows)
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def batch_map(
     fun: Callable[[Any], Any],
     fun_input: Any,

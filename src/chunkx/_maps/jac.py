@@ -8,10 +8,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from beartype import beartype
-from jaxtyping import jaxtyped
 
 from .._checks import as_size, resolve_batch_size
+from .._public import public
 from .._types import Size
 from .adv import batch_vmap
 
@@ -228,7 +227,7 @@ class BatchJacrev(eqx.Module):
         return (jac, *aux) if self.has_aux else jac
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def batch_jacfwd(
     fun: Any,
     argnums: int | Sequence = 0,
@@ -296,7 +295,7 @@ def batch_jacfwd(
     return BatchJacfwd(fun, argnums, has_aux, holomorphic, batch_size, linearize)
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def batch_jacrev(
     fun: Any,
     argnums: int | Sequence = 0,

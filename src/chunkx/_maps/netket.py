@@ -7,8 +7,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from beartype import beartype
-from jaxtyping import PyTree, jaxtyped
+from jaxtyping import PyTree
 
 from .._checks import as_size, check_positive, in_axes_tuple
 from .._combinators._rows import mapped_length
@@ -16,6 +15,7 @@ from .._combinators.chunk import Chunk
 from .._combinators.reduce import AbstractReducer, Concat, Sum
 from .._combinators.shard import Shard
 from .._combinators.vmap import Vmap
+from .._public import public
 from .._types import InAxes, Size
 
 Argnums = int | tuple  # entries checked by `_argnums` (beartype samples one of tuple[X, ...])
@@ -101,7 +101,7 @@ def _apply(who, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums, lift):
                   in_axes, who)
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def apply_chunked(
     f: Callable[..., Any],
     in_axes: InAxes = 0,
@@ -158,7 +158,7 @@ def apply_chunked(
     )
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def vmap_chunked(
     f: Callable[..., Any],
     in_axes: InAxes = 0,
@@ -424,7 +424,7 @@ def _check_rows(primals, chunk_argnums, ct) -> int:
     return next(iter(lengths))
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def vjp_chunked(
     fun: Callable[..., Any],
     *primals: PyTree[Any],

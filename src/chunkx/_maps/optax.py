@@ -10,11 +10,11 @@ from typing import Any, Literal
 
 import equinox as eqx
 import jax
-from beartype import beartype
 from jax.sharding import Mesh
-from jaxtyping import jaxtyped
 
-from .._checks import check_positive
+from .._checks import check_budget, check_positive
+from .._public import public
+from .._types import Budget
 from ._micro import AccumulationType
 from ._micro_run import Plan
 
@@ -68,16 +68,17 @@ class Microbatched(eqx.Module):
         return self.plan(self.fun, slots, args, kwargs)
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def microbatch(
     fun: Callable[..., Any],
     argnums: int | Sequence[int],
-    microbatch_size: int | None,
+    microbatch_size: MicrobatchSize,
     accumulator: Any = AccumulationType.SUM,
     *,
     argnames: str | Sequence[str] = (),
     in_axes: int | Sequence[int] = 0,
     num_real_microbatches: int | jax.Array | None = None,
+    memory_budget: Budget = None,
     compensated: bool = True,
 ) -> Callable[..., Any]:
     """`fun` evaluated microbatch by microbatch, its results joined by `accumulator` (optax).
@@ -104,22 +105,31 @@ def microbatch(
     - `fun`: any function of a microbatch.
     - `argnums`, `argnames`: the positional and keyword arguments that have a batch axis.
     - `microbatch_size`: rows per microbatch; it must divide the batch (`fun` sees whole
-      microbatches). `None`: `fun` itself is returned.
+      microbatches). `None`: `fun` itself is returned. `"auto"`: the largest divisor of the
+      batch within the size planned for `memory_budget` (the reverse pass planned too, when
+      differentiated).
     - `accumulator`: an [`chunkx.AccumulationType`][], an [`chunkx.Accumulator`][], or a
       pytree prefix of `fun`'s output with one of them at each leaf.
     - `in_axes`: the batch axis of each of `argnums + argnames` (an int: all of them).
     - `num_real_microbatches`: run only this many microbatches (an int or a traced value).
+    - `memory_budget`: with `microbatch_size="auto"`, bytes of XLA temp memory per device (an
+      int or an integral float such as `64e6`; `None`: half the device's memory).
     - `compensated`: SUM, MEAN and RUNNING_MEAN add the microbatch results with
       compensation (see [`chunkx.Sum`][]); `False`: a plain running sum, optax's bits.
 
     !!! Example
 
         ```python
-        import jax.numpy as jnp, chunkx
+        import jax, jax.numpy as jnp, chunkx
         fun = lambda x: (x + 1, jnp.sum(3 * x))
         types = (chunkx.AccumulationType.CONCAT, chunkx.AccumulationType.SUM)
         rows, total = chunkx.microbatch(fun, 0, 2, types)(jnp.arange(8.0))
         assert jnp.allclose(rows, jnp.arange(8.0) + 1) and total == 84.0
+
+        loss = lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)
+        step = chunkx.microbatch(jax.grad(loss), 1, "auto", memory_budget=2**16)
+        w, x = jnp.ones((8, 4)), jnp.ones((1024, 8))
+        assert jnp.allclose(step(w, x), jax.grad(loss)(w, x))   # whole microbatches
         ```
     """
     if microbatch_size is None:
@@ -134,6 +144,7 @@ def microbatch(
         )
     plan = _plan(
         "microbatch", accumulator, False, microbatch_size, num_real_microbatches,
+        memory_budget=check_budget("microbatch", "memory_budget", memory_budget),
         compensated=compensated,
     )
     return Microbatched(fun, plan, argnums, names, axes)
@@ -160,7 +171,7 @@ class MicroVmap(eqx.Module):
         return self.plan(self.fun, slots, args, kwargs)
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def micro_vmap(
     fun: Callable[..., Any],
     in_axes: int | None | Sequence[int | None] = 0,

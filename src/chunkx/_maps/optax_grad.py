@@ -8,11 +8,10 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from beartype import beartype
 from jax.sharding import Mesh
-from jaxtyping import jaxtyped
 
 from .._checks import check_positive
+from .._public import public
 from ._micro import AccumulationType
 from ._micro_run import Plan
 from .optax import MicrobatchSize, MicroVmap, _ints, _plan
@@ -70,7 +69,7 @@ def _identity(grad: Any) -> Any:
     return grad
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def micro_grad(
     fun: Callable[..., Any],
     has_aux: bool = False,
@@ -144,7 +143,7 @@ def micro_grad(
     return MicroGrad(grad_fn, plan, batch)
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def reshape_batch_axis(tree: Any, microbatch_size: int, axis: int = 0) -> Any:
     """Split the batch axis of every leaf into `(num_microbatches, microbatch_size)`,
     column-major (optax): row `k + K * j` goes to `[k, j]`, so a sharding along the batch axis

@@ -8,14 +8,14 @@ from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
-from beartype import beartype
 from jax.sharding import Mesh
-from jaxtyping import PyTree, jaxtyped
+from jaxtyping import PyTree
 
 from .._checks import check_budget
 from .._combinators.reduce import identity
 from .._combinators.vmap import Vmap
 from .._plan.search import MemoryPlan
+from .._public import public
 from .._types import Budget, InAxes
 from .adv import (
     _ndev,
@@ -29,7 +29,7 @@ from .adv import (
 )
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def plan_memory(
     f: Callable[..., Any],
     *args: PyTree[Any],
@@ -87,7 +87,7 @@ def _plan(
     return eqx.filter_eval_shape(plan, args)
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def plan_chunk_size(
     f: Callable[..., Any],
     *args: PyTree[Any],

@@ -4,9 +4,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import equinox as eqx
-from beartype import beartype
 from jax.sharding import Mesh
-from jaxtyping import jaxtyped
 
 from .._checks import (
     as_in_axes,
@@ -25,6 +23,7 @@ from .._combinators.pad import Pad
 from .._combinators.shard import Shard
 from .._combinators.unrolled import Unrolled
 from .._plan.measure import padded_rows_per_device
+from .._public import public
 from .._types import Budget, InAxes, Size
 from ._axes import MovedAxes, map_outputs, move_axis, normalize_axis
 
@@ -201,7 +200,7 @@ class _CheckedOutAxes(eqx.Module):
         return out
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def chunk_map(
     f: Callable[..., Any],
     in_axes: InAxes = 0,
@@ -304,7 +303,7 @@ def chunk_map(
     )
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def jit_chunk_vmap(
     f: Callable[..., Any],
     in_axes: InAxes = 0,

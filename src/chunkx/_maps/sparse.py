@@ -7,14 +7,14 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from beartype import beartype
 from jax.sharding import Mesh
-from jaxtyping import PRNGKeyArray, PyTree, UInt32, jaxtyped
+from jaxtyping import PRNGKeyArray, PyTree, UInt32
 
 from .._checks import check_budget
 from .._combinators._rows import mapped_length
 from .._combinators.pullback import Pullback, check_contract
 from .._combinators.reduce import identity
+from .._public import public
 from .._types import Budget, Size
 from .adv import check_grad_options, check_options, check_strip, run_one_input
 
@@ -52,7 +52,7 @@ def _raise_if_mixed(who: str, x: Any, err: Any, scale: Any, rtol: float, atol: f
         return eqx.error_if(x, bad, msg)
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def check_block_diagonal(
     fn: Callable[[Any], Any],
     y: PyTree,
@@ -106,7 +106,7 @@ def _head(y: Any, rows: int, strip: bool) -> Any:
     return jax.tree_util.tree_map(lambda x: x[0] if strip else x[:rows], y)
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def sparse_pullback(
     fn: Callable[[Any], Any],
     y: PyTree,
@@ -211,7 +211,7 @@ def sparse_pullback(
     return out
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def sparse_pullback_map(
     fn: Callable[[Any], Any], y: PyTree, *, higher_order: bool = False
 ) -> Pullback:

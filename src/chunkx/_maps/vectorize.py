@@ -8,10 +8,9 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from beartype import beartype
-from jaxtyping import jaxtyped
 
 from .._checks import as_size, resolve_batch_size
+from .._public import public
 from .._types import Size
 from .adv import batch_vmap
 
@@ -224,7 +223,7 @@ def _vectorize(fn, args, loop_shapes, loop_shape, batch_size):
     return jnp.expand_dims(out, axis=expand)
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def batch_vectorize(
     pyfunc: Callable[..., Any],
     *,

@@ -8,14 +8,14 @@ from typing import Any, Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from beartype import beartype
 from jax.sharding import Mesh
-from jaxtyping import PyTree, jaxtyped
+from jaxtyping import PyTree
 
 from .._checks import check_mesh_1d, check_positive, resolve_batch_size
 from .._combinators._sharding import on_inputs_mesh
 from .._combinators.reduce import AbstractReducer, Concat
 from .._combinators.vmap import Vmap
+from .._public import public
 from .._types import GradPolicy
 from ._vmap_axes import Spec, by_name, check_spec, flat_axes, in_axis, leaf_names, out_axis
 from .adv import check_grad_options, compose, fn_name
@@ -257,7 +257,7 @@ def _options(who, batch_size, memory_budget, grad, grad_batch_size, shard, mesh,
     return batch_size, check_grad_options(who, batch_size, grad, grad_batch_size)
 
 
-@jaxtyped(typechecker=beartype)
+@public(name="chunkx.vmap")
 def vmap(
     fun: Callable[..., Any],
     in_axes: PyTree[Any] = 0,
@@ -342,7 +342,7 @@ def vmap(
     )
 
 
-@jaxtyped(typechecker=beartype)
+@public(name="chunkx.filter_vmap")
 def filter_vmap(
     fun: Callable[..., Any] | None = None,
     *,

@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from .._combinators.loop import remainder_of
-from .cache import logger, measured
+from .cache import first_time, logger, measured
 from .measure import _struct, compiled_temp_bytes, default_budget, divisor_below, fingerprint
 from .reverse import ClosedOver, VjpProgram, default_wrt, planned_on_differentiation
 from .search import MemoryPlan, proportional_size, quick_search
@@ -161,8 +161,9 @@ def forward_plan(chunk: Any, tree: tuple, n: int) -> MemoryPlan:
         shift=_shift(chunk),
         who=who["who"], what=who["what"], name=who["name"],
     )
-    logger.info("Chunk(size='auto'): chunk size %d of %d rows (budget %d bytes, %d points)",
-                plan.chunk_size, n, budget, len(plan.points))
+    if first_time((key, plan.chunk_size)):
+        logger.info("%s(%s='auto'): chunk size %d of %d rows for %s (budget %d bytes)",
+                    who["who"], who["arg"], plan.chunk_size, n, who["what"], budget)
     return plan
 
 
@@ -192,8 +193,10 @@ def reverse_plan(
         m, size, budget, n, first, shift=_shift(chunk),
         who=who["who"], what=who["what"], name=who["name"],
     )
-    logger.info("Chunk(grad_size='auto'): backward chunk size %d (forward %d, budget %d bytes)",
-                plan.chunk_size, size, budget)
+    if first_time((key, plan.chunk_size)):
+        logger.info("%s(%s='auto'): backward chunk size %d (forward %d of %d rows) for %s "
+                    "(budget %d bytes)", who["who"], who["arg"], plan.chunk_size, size, n,
+                    who["what"], budget)
     return plan
 
 
@@ -227,7 +230,7 @@ def auto_call(chunk: Any, args: tuple, valid: Any, axes: tuple, n: int) -> Any:
     if size == "auto":
         size = agreed_size(lambda: forward_plan(chunk, tree, n).chunk_size, who)
     if jax.process_count() > 1:
-        logger.info("%s: process %d uses chunk size %s", who, jax.process_index(), size)
+        logger.debug("%s: process %d uses chunk size %s", who, jax.process_index(), size)
     if chunk.grad_size != "auto":
         return at_sizes(chunk, chunk.fn, size, chunk.grad_size)(*args, valid=valid)
     run = _runner(_template(chunk), size)
@@ -235,7 +238,9 @@ def auto_call(chunk: Any, args: tuple, valid: Any, axes: tuple, n: int) -> Any:
     def plan(t: Any, wrt: tuple) -> int:
         g = agreed_size(lambda: reverse_plan(chunk, t, size or n, n, wrt, axes).chunk_size, who)
         if jax.process_count() > 1:
-            logger.info("%s: process %d uses backward chunk size %d", who, jax.process_index(), g)
+            logger.debug("%s: process %d uses backward chunk size %d", who, jax.process_index(),
+                         g)
         return g
 
     return planned_on_differentiation(run, plan, tree)
+

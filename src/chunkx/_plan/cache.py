@@ -53,6 +53,7 @@ def clear_plan_cache() -> None:
         ```
     """
     _MEMO.clear()
+    _LOGGED.clear()
     root = plan_cache_dir()
     if root is None or not root.is_dir():
         return
@@ -108,6 +109,18 @@ def _points(key: str) -> dict[int, int]:
     return points
 
 
+_LOGGED: set = set()  # plans logged at INFO in this process
+
+
+def first_time(mark: tuple) -> bool:
+    """Whether a plan (`mark`: its fingerprint and answer) is new in this process: a trace
+    that reuses a plan logs nothing at INFO."""
+    if mark in _LOGGED:
+        return False
+    _LOGGED.add(mark)
+    return True
+
+
 def measured(
     key: str, measure: Callable[[int], int], who: str, notice: Callable[[], None] | None = None
 ) -> Callable[[int], int]:
@@ -117,7 +130,7 @@ def measured(
     before the first compilation (e.g. to tell the user that planning is under way).
     """
     points = _points(key)
-    logger.info("%s: plan cache %s (%s)", who, "hit" if points else "miss", key[:12])
+    logger.debug("%s: plan cache %s (%s)", who, "hit" if points else "miss", key[:12])
     told = []
 
     def m(size: int) -> int:
@@ -126,7 +139,7 @@ def measured(
         if notice is not None and not told:
             told.append(notice())
         points[size] = value = int(measure(size))
-        logger.info("%s: compiled chunk size %d: %d bytes of XLA temp memory", who, size, value)
+        logger.debug("%s: compiled chunk size %d: %d bytes of XLA temp memory", who, size, value)
         root = plan_cache_dir()
         if root is not None:
             _write(root, key, points)

@@ -6,14 +6,14 @@ import string
 from collections.abc import Sequence
 
 import jax.numpy as jnp
-from beartype import beartype
-from jaxtyping import Array, ArrayLike, Float, jaxtyped
+from jaxtyping import Array, ArrayLike, Float
 
+from .._public import public
 from ._jets import binomial_table
 from ._validate import as_arrays, check_order
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def binomial_combine_tensor(order: int, *, dtype=None) -> Float[Array, "T T T"]:
     """The binomial product-rule tensor `trs[t, r, s] = C(t, r)` if `r + s == t`, else 0.
 
@@ -40,7 +40,7 @@ def binomial_combine_tensor(order: int, *, dtype=None) -> Float[Array, "T T T"]:
     return binomial_table(order, jnp.zeros((), dtype).dtype)
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def dense_probe_derivatives(
     ww: Sequence[Float[ArrayLike, " _N"]],
     pp: Sequence[Float[ArrayLike, " _N"]],

@@ -17,14 +17,13 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
-from beartype import beartype
-from jaxtyping import jaxtyped
 
 from chunkx import MemoryPlan, compiled_temp_bytes, fit_memory
 from chunkx._checks import check_choice, check_positive
 from chunkx._plan.measure import equal_chunks, padded_rows_per_device
 from chunkx._types import Budget, Size
 
+from .._public import public
 from ._format import prod
 from ._transpose import tv_probe_derivatives_transpose
 
@@ -113,7 +112,7 @@ def _prepare(fn, mode_shapes, tucker_ranks, tt_ranks, order, n_probes, n_tangent
     return (N, n, r, int(order), w_local, int(n_tangent), stack, dtype.name)
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def estimate_chunk_size(
     mode_shapes: Sequence[int],
     tucker_ranks: Sequence[int],
@@ -173,7 +172,7 @@ def estimate_chunk_size(
     return int(-(-w_local // max(1, w_local // low)))  # equal chunks of >= low
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def max_chunk_size_within(
     mode_shapes: Sequence[int],
     tucker_ranks: Sequence[int],

@@ -2,9 +2,9 @@
 
 from collections.abc import Sequence
 
-from beartype import beartype
-from jaxtyping import Array, ArrayLike, Float, jaxtyped
+from jaxtyping import Array, ArrayLike, Float
 
+from .._public import public
 from ._format import CorePair, TuckerTensorTrain, as_core_pair
 from ._stacks import (
     corewise_rows_fn,
@@ -35,7 +35,7 @@ Variation = Sequence[Sequence[Float[ArrayLike, "..."]]]
 Jets = tuple[Float[Array, "_T ..."], ...]
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def t3_probe_derivatives(
     ww: Probes, pp: Directions, x: TuckerTensorTrain | CorePair, order: int
 ) -> Jets:
@@ -89,7 +89,7 @@ def t3_probe_derivatives(
     return rows_to_jets(tuple(r.reshape(r.shape[:1] + C + r.shape[2:]) for r in rows), W)
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def tv_probe_derivatives(
     ww: Probes, pp: Directions, variation: Variation, frame: Frame, order: int
 ) -> Jets:

@@ -5,9 +5,9 @@ Same rows as the probe kind: one scalar jet per sample, `(order + 1,) + W [+ B] 
 gather Tucker fibers (no one-hot vectors).
 """
 
-from beartype import beartype
-from jaxtyping import Array, ArrayLike, Float, Int, jaxtyped
+from jaxtyping import Array, ArrayLike, Float, Int
 
+from .._public import public
 from ._format import CorePair, TuckerTensorTrain, as_core_pair, prod
 from ._forward import Directions, Frame, Probes, Variation
 from ._stacks import (
@@ -78,7 +78,7 @@ def _tv_forward(fn, kind, a, pp, variation, frame, order):
     return rows_to_scalar_jets(rows.reshape(rows.shape[:1] + B + C + rows.shape[3:]), W)
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def t3_apply_derivatives(
     ww: Probes, pp: Directions, x: TuckerTensorTrain | CorePair, order: int
 ) -> SampleJets:
@@ -117,7 +117,7 @@ def t3_apply_derivatives(
     return _t3_forward("t3_apply_derivatives", "apply", ww, pp, x, order)
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def t3_entries_derivatives(
     index: Index, pp: Directions, x: TuckerTensorTrain | CorePair, order: int
 ) -> SampleJets:
@@ -157,7 +157,7 @@ def t3_entries_derivatives(
     return _t3_forward("t3_entries_derivatives", "entries", index, pp, x, order)
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def tv_apply_derivatives(
     ww: Probes, pp: Directions, variation: Variation, frame: Frame, order: int
 ) -> SampleJets:
@@ -192,7 +192,7 @@ def tv_apply_derivatives(
     return _tv_forward("tv_apply_derivatives", "apply", ww, pp, variation, frame, order)
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def tv_entries_derivatives(
     index: Index, pp: Directions, variation: Variation, frame: Frame, order: int
 ) -> SampleJets:

@@ -5,12 +5,11 @@ probe kind's (`_transpose.corewise_transpose` / `tangent_transpose`); entries sc
 through the VJP of the fiber gather (no one-hot vectors).
 """
 
-from beartype import beartype
 from jax.sharding import Mesh
-from jaxtyping import jaxtyped
 
 from chunkx._types import Size
 
+from .._public import public
 from ._format import CorePair, TuckerTensorTrain, as_core_pair, prod
 from ._forward import Directions, Frame, Probes
 from ._sampling import Index, SampleResiduals, _modes, _samples
@@ -62,7 +61,7 @@ def _tv_transpose(fn, kind, c, a, pp, frame, order, options):
     return tangent_transpose(kind, zt, (a_rows, p_rows), frame, B, C, W, order, options)
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def t3_apply_corewise_derivatives_transpose(
     c: SampleResiduals,
     ww: Probes,
@@ -112,7 +111,7 @@ def t3_apply_corewise_derivatives_transpose(
                          core_pair, order, (sum_over_probes, chunk_size, mesh))
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def t3_entries_corewise_derivatives_transpose(
     c: SampleResiduals,
     index: Index,
@@ -157,7 +156,7 @@ def t3_entries_corewise_derivatives_transpose(
                          core_pair, order, (sum_over_probes, chunk_size, mesh))
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def tv_apply_derivatives_transpose(
     c: SampleResiduals,
     ww: Probes,
@@ -201,7 +200,7 @@ def tv_apply_derivatives_transpose(
                          (sum_over_probes, chunk_size, mesh))
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def tv_entries_derivatives_transpose(
     c: SampleResiduals,
     index: Index,

@@ -7,12 +7,12 @@ entries kinds (`_sampling`): rows in, one `Chunk`/reducer/`Shard` pipeline, stac
 from collections.abc import Sequence
 
 import jax.numpy as jnp
-from beartype import beartype
 from jax.sharding import Mesh
-from jaxtyping import Array, ArrayLike, Float, jaxtyped
+from jaxtyping import Array, ArrayLike, Float
 
 from chunkx._types import Size
 
+from .._public import public
 from ._format import CorePair, TuckerTensorTrain, as_core_pair, prod
 from ._forward import Directions, Frame, Probes
 from ._pipeline import chunk_rows, corewise_pipeline, tangent_pipeline
@@ -77,7 +77,7 @@ def tangent_transpose(kind, zt, rows, frame, B, C, W, order, options):
     return _unflatten(grads, W, (B + C, lead), sop)
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def t3_probe_corewise_derivatives_transpose(
     ztildes: Residuals,
     ww: Probes,
@@ -155,7 +155,7 @@ def t3_probe_corewise_derivatives_transpose(
     return corewise_transpose("probe", zt, rows, (tucker, tt), W, C, order, options, core_pair)
 
 
-@jaxtyped(typechecker=beartype)
+@public
 def tv_probe_derivatives_transpose(
     ztildes: Residuals,
     ww: Probes,

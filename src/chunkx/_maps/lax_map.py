@@ -1,0 +1,106 @@
+"""`chunkx.map`: `jax.lax.map(f, xs, batch_size=...)` as a pipeline, `Chunk(Vmap(f), size)`."""
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+
+from .._checks import check_budget
+from .._combinators._rows import mapped_length
+from .._combinators.chunk import Chunk
+from .._combinators.vmap import Vmap
+from .._public import public
+from .._types import Budget, Size
+from .adv import _Strip
+
+WHO = "chunkx.map"
+
+
+def _chunk_size(batch_size: Any) -> Any:
+    """`jax.lax.map`'s `batch_size` as a Chunk size: `None` (a row a step) is 1, `0` (every
+    row in one batch, as `jax.lax.map` runs it) is `None`."""
+    if batch_size is None or batch_size == "auto":
+        return 1 if batch_size is None else "auto"
+    try:
+        size = None if isinstance(batch_size, bool) else operator.index(batch_size)
+    except TypeError:
+        size = None
+    if size is None or size < 0:
+        raise ValueError(
+            f"`{WHO}(batch_size={batch_size!r})`: batch_size must be a non-negative int (0: every "
+            f"row at once, as jax.lax.map), None (a row at a time) or 'auto', got {batch_size!r} "
+            f"({type(batch_size).__name__})."
+        )
+    return size or None
+
+
+@public(name=WHO)
+def map(
+    f: Callable[..., Any],
+    xs: Any,
+    *,
+    batch_size: Size = None,
+    memory_budget: Budget = None,
+) -> Any:
+    """`jax.lax.map(f, xs, batch_size=batch_size)`, with the memory bound kept under `grad`.
+
+    As a plain loop (`xs[i:j]` slices every array leaf of `xs` along its leading axis):
+
+    ```python
+    parts = [jax.vmap(f)(xs[i : min(i + b, n)]) for i in range(0, n, b)]
+    ys = tree_map(lambda *p: jnp.concatenate(p), *parts)
+    ```
+
+    with `b = n` for `batch_size=0`, as `jax.lax.map` runs it; `batch_size=None` is
+    `[f(xs[i]) for i in range(n)]` stacked, `f` itself on one row at a time (not vmapped: a
+    `lax.cond` stays a branch), as in `jax.lax.map`. It is `Chunk(Vmap(f), b)(xs)`: full
+    chunks in one `lax.scan`, the leftover rows in one more call, and each chunk rematerialised
+    in reverse mode, so `jax.grad` keeps one chunk's residuals where `jax.lax.map` keeps every
+    chunk's.
+
+    **Arguments:**
+
+    - `f`: the per-example function of one argument (a pytree).
+    - `xs`: a pytree whose array leaves share their leading axis, the mapped one.
+    - `batch_size`: rows per step; `None` (default): one; `0`: all rows at once; `"auto"`: the
+      largest that fits in `memory_budget` bytes of XLA temp memory, planned for the forward
+      and the reverse pass (see [`chunkx.Chunk`][]; plan it ahead with
+      `chunkx.Chunk(chunkx.Vmap(f), "auto", memory_budget=B).memory_plan(xs)`).
+    - `memory_budget`: with `batch_size="auto"`: bytes of XLA temp memory per device (an int
+      or an integral float such as `64e6`); `None`: half the device's memory.
+
+    **Returns:**
+
+    `f` of every row, stacked along the leading axis of every output leaf.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        xs = {"a": jnp.arange(10.0), "b": jnp.ones((10, 3))}
+        f = lambda x: x["a"] * jnp.sum(x["b"])
+        assert jnp.allclose(chunkx.map(f, xs, batch_size=4),
+                            jax.lax.map(f, xs, batch_size=4))
+        ```
+    """
+    size = _chunk_size(batch_size)
+    if memory_budget is not None and size != "auto":
+        raise ValueError(
+            f"`{WHO}(memory_budget={memory_budget!r})`: memory_budget is only used with "
+            f"batch_size='auto', got batch_size={batch_size!r}."
+        )
+    if not any(eqx.is_array(x) for x in jax.tree_util.tree_leaves(xs)):
+        raise ValueError(
+            f"`{WHO}(xs=...)`: xs must hold at least one array (the mapped one), got "
+            f"{type(xs).__name__} with none."
+        )
+    n = mapped_length((xs,), (0,), WHO)  # one leading length, in this function's name
+    auto = size == "auto"
+    rows = _Strip(f) if batch_size is None and n else Vmap(f)  # None: `f` itself, unvmapped
+    return Chunk(
+        rows, size, grad_size="auto" if auto else None,
+        memory_budget=check_budget(WHO, "memory_budget", memory_budget),
+        owner=(WHO, "batch_size", "memory_budget", WHO) if auto else None,
+    )(xs)

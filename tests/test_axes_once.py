@@ -1,0 +1,162 @@
+"""Axes said once: the layers around a `Vmap` map the axes it maps (reference: `jax.vmap`)."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import chunkx
+from chunkx._combinators.groups import Groups
+from chunkx._combinators.unrolled import Unrolled
+from helpers import assert_tree_close
+
+X = jnp.arange(10.0)
+W = jnp.linspace(0.5, 2.0, 10)  # as long as X: mapping it by mistake changes the shape
+
+
+def f(x, w):
+    return x * w
+
+
+def loss(x, w):
+    return jnp.sum(jnp.sin(x * w))
+
+
+WANT = jax.vmap(f, (0, None))(X, W)  # (10, 10)
+
+
+def _inner():
+    return chunkx.Vmap(f, (0, None))
+
+
+COMPOSITIONS = {
+    "Chunk": lambda: chunkx.Chunk(_inner(), 4),
+    "Chunk-shift": lambda: chunkx.Chunk(_inner(), 4, remainder="shift"),
+    "Pad": lambda: chunkx.Pad(_inner(), 4),
+    "Shard": lambda: chunkx.Shard(_inner()),
+    "Pad(Chunk)": lambda: chunkx.Pad(chunkx.Chunk(_inner(), 4), 4),
+    "Shard(Chunk)": lambda: chunkx.Shard(chunkx.Chunk(_inner(), 2)),
+    "Shard(Pad(Chunk))": lambda: chunkx.Shard(chunkx.Pad(chunkx.Chunk(_inner(), 3), 3)),
+    "Chunk(Chunk)": lambda: chunkx.Chunk(chunkx.Chunk(_inner(), 2), 4),
+    "Chunk(Reduce)": lambda: chunkx.Chunk(chunkx.Reduce(_inner()), 4),
+    "Unrolled": lambda: Unrolled(_inner(), 4),
+    "Groups": lambda: chunkx.Pad(Groups(chunkx.Chunk(_inner(), 2), 2, 1), 4),
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMPOSITIONS))
+def test_concat_said_once(name):
+    g = COMPOSITIONS[name]()
+    assert g.in_axes == (0, None)
+    assert_tree_close(g(X, W), WANT)
+    assert_tree_close(jax.jit(g)(X, W), WANT)
+
+
+def test_issue_example_shape():
+    g = chunkx.Chunk(chunkx.Vmap(lambda x, w: x * w, (0, None)), 4)
+    assert g(X, W).shape == (10, 10)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda v: chunkx.Chunk(v, 4, reducer=chunkx.Sum()),
+        lambda v: chunkx.Chunk(v, 4, reducer=chunkx.Sum(), remainder="shift"),
+        lambda v: chunkx.Pad(chunkx.Chunk(v, 4, reducer=chunkx.Sum()), 4),
+        lambda v: chunkx.Shard(chunkx.Chunk(v, 2, reducer=chunkx.Sum())),
+        lambda v: chunkx.Shard(chunkx.Pad(chunkx.Chunk(v, 3, reducer=chunkx.Sum()), 3)),
+        lambda v: chunkx.Chunk(v, 4, reducer=chunkx.Sum(), grad="recompute"),
+        lambda v: chunkx.Chunk(v, 4, reducer=chunkx.Sum(), grad_size=2),
+    ],
+)
+def test_sum_and_gradients_said_once(build):
+    g = build(chunkx.Vmap(loss, (0, None)))
+
+    def ref(x, w):
+        return jnp.sum(jax.vmap(loss, (0, None))(x, w))
+
+    assert_tree_close(g(X, W), ref(X, W))
+    got = jax.jit(jax.value_and_grad(g, argnums=(0, 1)))(X, W)
+    assert_tree_close(got, jax.value_and_grad(ref, argnums=(0, 1))(X, W))
+
+
+def test_concat_gradient_said_once():
+    g = chunkx.Shard(chunkx.Pad(chunkx.Chunk(_inner(), 3), 3))
+
+    def total(h):
+        return lambda x, w: jnp.sum(jnp.cos(h(x, w)))
+
+    want = jax.grad(total(jax.vmap(f, (0, None))), argnums=(0, 1))(X, W)
+    assert_tree_close(jax.jit(jax.grad(total(g), argnums=(0, 1)))(X, W), want)
+
+
+def test_monoid_said_once():
+    v = chunkx.Vmap(loss, (0, None))
+    g = chunkx.Shard(chunkx.Chunk(v, 2, reducer=chunkx.Monoid(jnp.maximum, jnp.max)))
+    assert_tree_close(g(X, W), jnp.max(jax.vmap(loss, (0, None))(X, W)))
+
+
+def test_pytree_arguments_said_once():
+    def h(p, q):
+        return p["a"] * q["b"] + p["c"]
+
+    p = {"a": X, "c": 2 * X}
+    q = {"b": W}
+    want = jax.vmap(h, (0, None))(p, q)
+    g = chunkx.Pad(chunkx.Chunk(chunkx.Vmap(h, (0, None)), 3), 3)
+    assert_tree_close(g(p, q), want)
+
+
+def test_old_spelling_still_works():
+    v = _inner()
+    for g in [
+        chunkx.Chunk(v, 4, in_axes=(0, None)),
+        chunkx.Chunk(v, 4, in_axes=[0, None]),
+        chunkx.Pad(chunkx.Chunk(v, 4, in_axes=(0, None)), 4, in_axes=(0, None)),
+        chunkx.Shard(chunkx.Chunk(v, 2, in_axes=(0, None)), in_axes=(0, None)),
+    ]:
+        assert_tree_close(g(X, W), WANT)
+
+
+def test_equivalent_spellings_agree():
+    """`0` maps every argument: the same as a tuple of zeros; `None` likewise."""
+    v = chunkx.Vmap(f)  # in_axes=0: both mapped
+    want = jax.vmap(f)(X, W)
+    assert_tree_close(chunkx.Chunk(v, 4, in_axes=(0, 0))(X, W), want)
+    v2 = chunkx.Vmap(f, (0, 0))
+    assert_tree_close(chunkx.Pad(chunkx.Chunk(v2, 4, in_axes=0), 4)(X, W), want)
+
+
+def test_plain_function_defaults_to_zero():
+    """Around a plain batched function (no axes of its own) a layer maps axis 0 as before."""
+
+    def batched(x, w):
+        return x * w
+
+    assert_tree_close(chunkx.Chunk(batched, 4)(X, W), X * W)
+    assert chunkx.Chunk(batched, 4).in_axes == 0
+    g = chunkx.Chunk(lambda x, w: x * w, 4, in_axes=(0, None))  # said on the outer layer
+    assert_tree_close(g(X, jnp.float64(3.0)), X * 3.0)
+    assert_tree_close(chunkx.Pad(g, 4)(X, jnp.float64(3.0)), X * 3.0)
+
+
+@pytest.mark.parametrize(
+    "build, layer",
+    [
+        (lambda: chunkx.Chunk(chunkx.Vmap(f), 4, in_axes=(0, None)), "Chunk"),
+        (lambda: chunkx.Chunk(chunkx.Vmap(f, (0, None)), 4, in_axes=0), "Chunk"),
+        (lambda: chunkx.Pad(chunkx.Vmap(f, (0, None)), 4, in_axes=(0, 0)), "Pad"),
+        (lambda: chunkx.Shard(chunkx.Chunk(chunkx.Vmap(f, (0, None)), 2), in_axes=0), "Shard"),
+        (lambda: chunkx.Pad(chunkx.Chunk(_inner(), 2), 2, in_axes=(None, 0)), "Pad"),
+        (lambda: Groups(chunkx.Chunk(_inner(), 2), 2, 1, in_axes=0), "Groups"),
+        (lambda: Unrolled(_inner(), 2, in_axes=0), "Unrolled"),
+        (lambda: chunkx.Chunk(chunkx.Reduce(_inner()), 2, in_axes=0), "Chunk"),
+    ],
+)
+def test_mismatch_raises(build, layer):
+    with pytest.raises(ValueError, match=rf"`{layer}\(in_axes=.*`: the wrapped \w+ maps in_axes="):
+        build()
+
+
+def test_mismatch_names_both_values():
+    with pytest.raises(ValueError, match=r"Chunk\(in_axes=\(0, None\)\).*maps in_axes=0"):
+        chunkx.Chunk(chunkx.Vmap(f), 4, in_axes=(0, None))
