@@ -13,7 +13,7 @@ from ._axes import INHERIT, inherit_axes, layer_in_axes
 from ._rows import join_args, mapped_length, split_args
 from ._sharding import on_inputs_mesh
 from .fused import fused_call, grad_policy, regrad_call
-from .loop import chunk_loop, evaluate
+from .loop import chunk_loop, evaluate, remainder_of
 from .reduce import AbstractReducer, Concat
 
 
@@ -197,6 +197,11 @@ class Chunk(eqx.Module):
     def __call__(self, *args: Any, valid: RowMask | None = None) -> Any:
         with on_inputs_mesh(args):  # eager inputs on an Explicit mesh: the buffers join them
             return self._call(args, valid)
+
+    def remainder_policy(self) -> str:
+        """`"shift"` or `"call"`: what this Chunk does with rows that its size leaves over
+        (`remainder` as given; by default `"shift"` wherever the reducer can shift)."""
+        return remainder_of(self)
 
     def memory_plan(self, *args: Any, valid: RowMask | None = None) -> MemoryPlan:
         """The [`chunkx.MemoryPlan`][] that `size="auto"` follows for these arguments.

@@ -9,16 +9,7 @@ import jax.numpy as jnp
 from .._progress import scan, ticker
 from .._types import RowMask
 from ._rows import rows, struct_of
-from .reduce import AbstractReducer, Concat, Monoid, Sum
-
-
-def can_shift(reducer: AbstractReducer) -> bool:
-    """Whether a chunk loop may shift its last chunk back over rows already done: where the
-    reducer masks the repeated rows ([`chunkx.Sum`][], a sum [`chunkx.Monoid`][]) or writes
-    them again with the same values ([`chunkx.Concat`][])."""
-    if isinstance(reducer, Monoid):
-        return reducer.can_mask()
-    return isinstance(reducer, Concat) or (isinstance(reducer, Sum) and not reducer.presummed)
+from .reduce import AbstractReducer
 
 
 def remainder_of(opts) -> str:
@@ -26,7 +17,7 @@ def remainder_of(opts) -> str:
     or, with the default `remainder=None`, `"shift"` wherever its reducer allows it (one
     compiled program for any number of rows), else `"call"`."""
     if opts.remainder is None:
-        return "shift" if can_shift(opts.reducer) else "call"
+        return "shift" if opts.reducer.can_shift() else "call"
     return opts.remainder
 
 

@@ -63,6 +63,12 @@ class AbstractReducer(eqx.Module):
         running sum whose error does not grow with the number of chunks)."""
         return False
 
+    def can_shift(self) -> bool:
+        """Whether a chunk loop may shift its last chunk back over rows already done (one
+        compiled program for any number of rows): the reducer masks the repeated rows out,
+        or writes them again with the same values."""
+        return False
+
     @abc.abstractmethod
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
         """The partial result of one piece of rows (`valid` masks repeated or padded rows)."""
@@ -162,6 +168,9 @@ class Concat(AbstractReducer):
         ```
     """
 
+    def can_shift(self) -> bool:
+        return True  # repeated rows are written again, with the same values
+
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
         return rows
 
@@ -251,6 +260,9 @@ class Sum(AbstractReducer):
 
     def is_additive(self) -> bool:
         return True
+
+    def can_shift(self) -> bool:
+        return not self.presummed
 
     def compensates(self) -> bool:
         return self.compensated
@@ -359,6 +371,9 @@ class Monoid(AbstractReducer):
 
     def compensates(self) -> bool:
         return self.compensated and self._adds()
+
+    def can_shift(self) -> bool:
+        return self.can_mask()
 
     def can_mask(self) -> bool:
         """Whether rows can be masked out: for a sum only (`reduction` adds and

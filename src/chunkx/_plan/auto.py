@@ -27,7 +27,6 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from .._combinators.loop import remainder_of
 from .cache import first_time, logger, measured
 from .measure import _struct, compiled_temp_bytes, default_budget, divisor_below, fingerprint
 from .reverse import ClosedOver, VjpProgram, default_wrt, planned_on_differentiation
@@ -54,7 +53,7 @@ def _shift(chunk: Any) -> bool:
     """Whether the planned Chunk runs `remainder="shift"` (its memory is then the loop's
     alone, with no remainder program whose buffers XLA keeps beside the loop's: linear in the
     chunk size, so two measurements plan it)."""
-    return remainder_of(chunk) == "shift"
+    return chunk.remainder_policy() == "shift"
 
 
 def at_sizes(chunk: Any, fn: Callable, size: int | None, grad_size: int | None) -> Any:
@@ -118,13 +117,25 @@ def _budget(chunk: Any, tree: Any = None) -> int:
 
 
 def _outer_batch(tree: Any) -> int:
-    """The size of the `jax.vmap` the Chunk's arguments are batched by (1: none seen)."""
-    for x in jax.tree_util.tree_leaves(tree):
-        if type(x).__name__ == "BatchTracer":
-            val, dim = getattr(x, "val", None), getattr(x, "batch_dim", None)
-            if isinstance(dim, int) and val is not None:
-                return int(np.shape(val)[dim])
-    return 1
+    """How many copies of the Chunk the enclosing `jax.vmap`s make (the product of their
+    sizes; 1: none seen), found with `jax.custom_batching.custom_vmap`: each vmap the
+    Chunk's arguments are batched by calls the probe's rule once, with its size."""
+    sizes: list[int] = []
+
+    @jax.custom_batching.custom_vmap
+    def probe(x):
+        return x
+
+    @probe.def_vmap
+    def _rule(axis_size, in_batched, x):
+        sizes.append(axis_size)
+        return probe(x), in_batched[0]  # an enclosing vmap sees the probe again
+
+    leaves = tuple(jax.lax.stop_gradient(x) for x in jax.tree_util.tree_leaves(tree)
+                   if eqx.is_array(x))
+    if leaves:
+        probe(leaves)
+    return int(np.prod(sizes, dtype=np.int64)) if sizes else 1
 
 
 def _notice(chunk: Any, what: str) -> Callable[[], None] | None:
