@@ -52,7 +52,8 @@ def _vjp_aux():
 
 def _micro_grad(shard=False, fun=row_loss, **kw):
     kw["batch_argnums"] = (1, 2)
-    got = chunkx.micro_grad(fun, shard=shard, **kw)(W, X, Y)
+    ours = dict(kw, shard=shard, compensated=kw.pop("compensated", True))
+    got = chunkx.micro_grad(fun, **ours)(W, X, Y)
     want = om.micro_grad(fun, **kw)(W, X, Y)
     return (got[0], tuple(got[1])), (want[0], tuple(want[1]))  # optax's namedtuple: fields
 
@@ -174,6 +175,13 @@ CASES = {
         fun=lambda w, x, y: (row_loss(w, x, y), jnp.sum(x)), has_aux=True),
     "micro_grad keep_batch_dim=False": lambda: _micro_grad(keep_batch_dim=False),
     "micro_grad shard": lambda: _micro_grad(shard=True),
+    "micro_grad compensated=False": lambda: _micro_grad(compensated=False),
+    "micro_vmap compensated=False": lambda: (
+        chunkx.micro_vmap(per_row, (0, None), compensated=False)(X, W),
+        om.micro_vmap(per_row, (0, None))(X, W)),
+    "microbatch compensated=False": lambda: (
+        chunkx.microbatch(lambda x: jnp.sum(x, 0), 0, None, compensated=False)(X),
+        om.microbatch(lambda x: jnp.sum(x, 0), 0, None)(X)),
 }
 
 

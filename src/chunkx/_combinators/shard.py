@@ -80,15 +80,15 @@ class Shard(eqx.Module):
             return self._call(mesh, args, valid)
 
     def _call(self, mesh, args, valid):
-        if is_explicit(mesh):  # inputs on no mesh: replicated on it first (slices stay typed)
-            args = jax.tree_util.tree_map(
-                lambda x: place(x, mesh, P()) if eqx.is_array(x) and mesh_of(x) is None else x,
-                args,
-            )
         reducer = reducer_of("Shard", self.fn, self.reducer)
         axes = zero_in_axes("Shard", self.in_axes, len(args))
         n = mapped_length(args, axes, "Shard")
         n_even = n - n % mesh.size
+        if is_explicit(mesh):  # inputs on no mesh: replicated on it first (slices stay typed)
+            whole = n_even == n and n > 0  # mapped rows go straight to their devices
+            args = tuple(a if whole and ax is not None else jax.tree_util.tree_map(
+                lambda x: place(x, mesh, P()) if eqx.is_array(x) and mesh_of(x) is None else x,
+                a) for a, ax in zip(args, axes))
         head, tail = split_rows(args, axes, valid, n_even)
         parts = []
         if head is not None:
