@@ -15,10 +15,11 @@ from .._checks import check_mesh_1d, check_positive, resolve_batch_size
 from .._combinators._sharding import on_inputs_mesh
 from .._combinators.reduce import AbstractReducer, Concat
 from .._combinators.vmap import Vmap
+from .._plan.search import MemoryPlan
 from .._public import public
 from .._types import GradPolicy
 from ._vmap_axes import Spec, by_name, check_spec, flat_axes, in_axis, leaf_names, out_axis
-from .adv import check_grad_options, compose, fn_name
+from .adv import _ndev, check_grad_options, compose, fn_name, local_args, the_chunk
 
 _AXES = (0, None)  # the pipeline's two arguments: mapped rows, fixed leaves
 
@@ -99,7 +100,32 @@ class ChunkedVmap(eqx.Module):
         # As a method decorator (like eqx.filter_vmap's): bind the instance.
         return self if instance is None else jax.tree_util.Partial(self, instance)
 
-    def _call(self, args: tuple, kwargs: dict) -> Any:
+    def memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
+        """The [`chunkx.MemoryPlan`][] that `batch_size="auto"` follows for these arguments
+        (one device's rows with `shard=True`). Arrays or `jax.ShapeDtypeStruct`s; nothing is
+        run, and the plan is cached, so calling the map afterwards compiles nothing more."""
+        return self._plan("memory_plan", args, kwargs)
+
+    def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
+        """The [`chunkx.MemoryPlan`][] of the reverse pass of `batch_size="auto"` (planned
+        for the floating unmapped arguments, as [`chunkx.BatchVmap`][]'s is)."""
+        return self._plan("grad_memory_plan", args, kwargs)
+
+    def _plan(self, method: str, args: tuple, kwargs: dict) -> MemoryPlan:
+        if self.batch_size != "auto":
+            raise ValueError(
+                f"`{self._who}(batch_size={self.batch_size!r}).{method}`: only a map built with "
+                "batch_size='auto' has a memory plan."
+            )
+
+        def plan(args, kwargs):  # traced: arrays and `jax.ShapeDtypeStruct`s alike
+            return self._call(args, kwargs, plan=method)
+
+        return eqx.filter_eval_shape(plan, args, kwargs)
+
+    def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
+        """The map's value, or with `plan` (`"memory_plan"`, `"grad_memory_plan"`) the plan
+        its Chunk follows for these arguments."""
         who, tree = self._who, (args, kwargs)
         axes = self._input_axes(args, kwargs)
         leaves, treedef = jax.tree_util.tree_flatten(tree)
@@ -107,15 +133,27 @@ class ChunkedVmap(eqx.Module):
         axes = [a if a is None else in_axis(who, names[i], x, a)
                 for i, (x, a) in enumerate(zip(leaves, axes))]
         if all(a is None for a in axes):
+            if plan is not None:
+                raise ValueError(f"`{who}.{plan}`: no argument is mapped; nothing to plan.")
             return self._unmapped(args, kwargs)
         rows = [jnp.moveaxis(x, a, 0) for x, a in zip(leaves, axes) if a is not None]
         fixed = [x for x, a in zip(leaves, axes) if a is None]
         n = self._length(rows, [nm for nm, a in zip(names, axes) if a is not None], axes)
         mapped = tuple(a is not None for a in axes)
+        if plan is not None:
+            return self._planned(plan, _Body(self.fun, treedef, mapped), rows, fixed, n)
         if not self.filtered and type(self.out_axes.tree) is int:  # every output is mapped
             out = self._pipeline(_Body(self.fun, treedef, mapped))(rows, fixed)
             return self._move(out, lambda o: out_axis(who, o.shape[1:], self.out_axes.tree))
         return self._general(_Body(self.fun, treedef, mapped), rows, fixed, n)
+
+    def _planned(self, plan: str, body: _Body, rows: list, fixed: list, n: int) -> MemoryPlan:
+        """The plan of the pipeline's Chunk on the rows one device sees."""
+        if self.filtered or type(self.out_axes.tree) is not int:
+            body = self._sorted(body, rows, fixed, n)[0]
+        ndev = _ndev(self.shard, self.mesh, (rows, fixed))
+        local = local_args((rows, fixed), _AXES, self._who, ndev)
+        return getattr(the_chunk(self._pipeline(body)), plan)(*local)
 
     def _input_axes(self, args: tuple, kwargs: dict) -> list:
         who, spec = self._who, self.in_axes.tree
@@ -170,6 +208,20 @@ class ChunkedVmap(eqx.Module):
 
     def _general(self, body: _Body, rows: list, fixed: list, n: int) -> Any:
         """Outputs with `None` or callable out_axes: one traced row tells which are mapped."""
+        body, treedef, axes, unmapped, statics = self._sorted(body, rows, fixed, n)
+        out = self._pipeline(body)(rows, fixed)
+        moved = iter(jax.tree_util.tree_leaves(out))
+        final = []
+        for a, u, s in zip(axes, unmapped, statics):
+            if a is not None:
+                final.append(self._move(next(moved), lambda o, a=a: a))
+            else:
+                final.append(s if u is None else u)
+        return jax.tree_util.tree_unflatten(treedef, final)
+
+    def _sorted(self, body: _Body, rows: list, fixed: list, n: int) -> tuple:
+        """`(body, treedef, axes, unmapped, statics)`: the body returning the mapped outputs
+        only, and what the others are (one row traced, as `eqx.filter_vmap` sorts them)."""
         probe = self._probe(body, fixed)
         one = [x[: min(n, 1)] for x in rows]
         fixed_dyn = eqx.partition(fixed, eqx.is_array)[0]
@@ -186,15 +238,7 @@ class ChunkedVmap(eqx.Module):
         if any(u is not None for u in jax.tree_util.tree_leaves(unmapped)):
             unmapped = probe(one, fixed_dyn)[1]  # outputs that depend on no mapped row
         body = _Body(body.fun, body.treedef, body.mapped, tuple(a is not None for a in axes))
-        out = self._pipeline(body)(rows, fixed)
-        moved = iter(jax.tree_util.tree_leaves(out))
-        final = []
-        for a, u, s in zip(axes, unmapped, statics):
-            if a is not None:
-                final.append(self._move(next(moved), lambda o, a=a: a))
-            else:
-                final.append(s if u is None else u)
-        return jax.tree_util.tree_unflatten(treedef, final)
+        return body, treedef, axes, unmapped, statics
 
     def _probe(self, body: _Body, fixed: list) -> Callable:
         """`jax.vmap` of `body` that sorts outputs as `eqx.filter_vmap` does."""
