@@ -7,6 +7,7 @@ so the rows are permuted before the loop and concatenated outputs permuted back.
 column-major split of a sharded batch gives every microbatch the same share of every device.
 """
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -213,17 +214,50 @@ class Plan(eqx.Module):
             owner=(self.who, arg, "memory_budget", self.who),
         )
 
-    def _whole_microbatches(self, fun, slots, leaves, batch, rest, n: int) -> int:
-        """`microbatch_size="auto"` where `fun` sees whole microbatches: the largest divisor
-        of the `n` rows within the size a Chunk of microbatches plans for the budget (the
-        size is planned as a Chunk of microbatches is)."""
+    def memory_plan(self, method: str, fun: Callable, slots: tuple, args: tuple, kwargs: dict):
+        """The `MemoryPlan` (`method`: `"memory_plan"` or `"grad_memory_plan"`) that a call on
+        these arguments runs; nothing is run (the caller traces this abstractly)."""
+        who = self.who
+        if self.microbatch_size != "auto":
+            raise ValueError(
+                f"`{who}(microbatch_size={self.microbatch_size!r}).{method}`: only a map built "
+                "with microbatch_size='auto' has a memory plan."
+            )
+        if method == "grad_memory_plan" and (self.grad_size != "auto" or not self.per_example):
+            raise ValueError(
+                f"`{who}.grad_memory_plan`: only a per-example map (micro_vmap, micro_grad) "
+                "built with grad_microbatch_size='auto' has a gradient plan."
+            )
+        batch, rest = split_call(slots, args, kwargs)
+        n = mapped_length(batch, (0,) * len(batch), who)
+        leaves, _ = plan_leaves(
+            who, self.accumulator, self.per_example, self.num_real, self.compensated
+        )
+        if not self.per_example:  # whole microbatches: the divisor the call runs
+            plan = self._microbatch_plan(fun, slots, leaves, batch, rest)
+            return dataclasses.replace(plan, chunk_size=divisor_below(n, plan.chunk_size))
+        axes = (0,) * len(batch) + (None,)
+        chunk = self._chunk(RowFn(fun, slots, True, False, self.vmap_fn), leaves, axes, "auto",
+                            self.grad_size, "shift")
+        d = call_mesh(self.mesh, args).size if self.shard else 1
+        return getattr(chunk, method)(*_local(batch + (rest,), axes, who, d))
+
+    def _microbatch_plan(self, fun, slots, leaves, batch, rest):
+        """The plan of a Chunk of whole microbatches (what `microbatch` sizes itself by)."""
         axes = (0,) * len(batch) + (None,)
         probe = Chunk(
             RowFn(fun, slots, False, False), "auto", reducer=leaves, in_axes=axes,
             remainder="call", memory_budget=self.memory_budget,
             owner=(self.who, "microbatch_size", "memory_budget", self.who),
         )
-        return divisor_below(n, probe.memory_plan(*batch, rest).chunk_size)
+        return probe.memory_plan(*batch, rest)
+
+    def _whole_microbatches(self, fun, slots, leaves, batch, rest, n: int) -> int:
+        """`microbatch_size="auto"` where `fun` sees whole microbatches: the largest divisor
+        of the `n` rows within the size a Chunk of microbatches plans for the budget (the
+        size is planned as a Chunk of microbatches is)."""
+        plan = self._microbatch_plan(fun, slots, leaves, batch, rest)
+        return divisor_below(n, plan.chunk_size)
 
     def _counts(self, n: int, k: int | None, r: Any):
         """What MEAN and RUNNING_MEAN divide by: rows (or microbatches) in all, and those run."""
@@ -261,3 +295,10 @@ class Plan(eqx.Module):
                     f"`{who}(accumulator=...)`: a user-written Accumulator runs microbatch by "
                     f"microbatch and cannot take {what}; use the AccumulationType members."
                 )
+
+
+def _local(args: tuple, axes: tuple, who: str, ndev: int) -> tuple:
+    """The structs of the rows one device's Chunk sees (the maps' own row layout)."""
+    from .adv import local_args
+
+    return local_args(args, axes, who, ndev)

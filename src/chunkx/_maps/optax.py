@@ -67,6 +67,16 @@ class Microbatched(eqx.Module):
         slots = tuple((kind, key, a) for (kind, key), a in zip(keys, self.in_axes))
         return self.plan(self.fun, slots, args, kwargs)
 
+    def memory_plan(self, *args: Any, **kwargs: Any) -> Any:
+        """The [`chunkx.MemoryPlan`][] that `microbatch_size="auto"` follows for these
+        arguments: its `chunk_size` is the microbatch size the call runs (the largest divisor
+        of the batch within the planned size). Nothing is run; the plan is cached."""
+        keys = [("arg", i) for i in self.argnums] + [("kw", k) for k in self.argnames]
+        slots = tuple((kind, key, a) for (kind, key), a in zip(keys, self.in_axes))
+        return eqx.filter_eval_shape(
+            lambda a, k: self.plan.memory_plan("memory_plan", self.fun, slots, a, k),
+            args, kwargs)
+
 
 @public
 def microbatch(
@@ -158,6 +168,24 @@ class MicroVmap(eqx.Module):
     in_axes: int | None | tuple[int | None, ...] = eqx.field(static=True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.plan(self.fun, self._slots(args, kwargs), args, kwargs)
+
+    def memory_plan(self, *args: Any, **kwargs: Any) -> Any:
+        """The [`chunkx.MemoryPlan`][] that `microbatch_size="auto"` follows for these
+        arguments (one device's rows with `shard=True`). Nothing is run; the plan is cached."""
+        return self._planned("memory_plan", args, kwargs)
+
+    def grad_memory_plan(self, *args: Any, **kwargs: Any) -> Any:
+        """The [`chunkx.MemoryPlan`][] of the reverse pass of `grad_microbatch_size="auto"`."""
+        return self._planned("grad_memory_plan", args, kwargs)
+
+    def _planned(self, method: str, args: tuple, kwargs: dict) -> Any:
+        def plan(a, k):
+            return self.plan.memory_plan(method, self.fun, self._slots(a, k), a, k)
+
+        return eqx.filter_eval_shape(plan, args, kwargs)
+
+    def _slots(self, args: tuple, kwargs: dict) -> tuple:
         axes = self.in_axes
         if axes is None or isinstance(axes, int):
             axes = (axes,) * len(args)
@@ -167,8 +195,7 @@ class MicroVmap(eqx.Module):
                 f"but the function was called with {len(args)} positional arguments."
             )
         slots = tuple(("arg", i, a) for i, a in enumerate(axes) if a is not None)
-        slots += tuple(("kw", k, 0) for k in kwargs)  # keyword arguments map along axis 0
-        return self.plan(self.fun, slots, args, kwargs)
+        return slots + tuple(("kw", k, 0) for k in kwargs)  # keywords map along axis 0
 
 
 @public

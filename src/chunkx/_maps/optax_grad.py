@@ -52,13 +52,26 @@ class MicroGrad(eqx.Module):
     batch_argnums: tuple[int, ...] = eqx.field(static=True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._vmapped(args)(*args, **kwargs)
+
+    def memory_plan(self, *args: Any, **kwargs: Any) -> Any:
+        """The [`chunkx.MemoryPlan`][] that `microbatch_size="auto"` follows for these
+        arguments (the per-example gradients' loop). Nothing is run; the plan is cached."""
+        return self._vmapped(args).memory_plan(*args, **kwargs)
+
+    def grad_memory_plan(self, *args: Any, **kwargs: Any) -> Any:
+        """The [`chunkx.MemoryPlan`][] of `grad_microbatch_size="auto"`: the reverse pass of
+        the per-example gradients' loop (differentiating through `micro_grad`)."""
+        return self._vmapped(args).grad_memory_plan(*args, **kwargs)
+
+    def _vmapped(self, args: tuple) -> MicroVmap:
         if max(self.batch_argnums) >= len(args):
             raise ValueError(
                 f"`micro_grad(batch_argnums={self.batch_argnums})`: the function was called "
                 f"with {len(args)} positional arguments."
             )
         axes = tuple(0 if i in self.batch_argnums else None for i in range(len(args)))
-        return MicroVmap(self.grad_fn, self.plan, axes)(*args, **kwargs)
+        return MicroVmap(self.grad_fn, self.plan, axes)
 
 
 def _no_metrics(grad: Any) -> None:

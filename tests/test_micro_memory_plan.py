@@ -1,0 +1,75 @@
+"""`micro_vmap`, `micro_grad` and `microbatch` answer `memory_plan` (and the per-example maps
+`grad_memory_plan`) with the plan their `microbatch_size="auto"` runs: the same compiled
+program as the map built with the planned size (XLA's temp memory is the reference), its
+results equal to optax's."""
+
+import jax
+import jax.numpy as jnp
+import optax.microbatching as om
+import pytest
+
+import chunkx
+from helpers import assert_tree_close
+
+X = jnp.linspace(-1.0, 1.0, 1000 * 16).reshape(1000, 16)
+W = jnp.ones((16, 16)) / 16
+BUDGET = 2**16
+
+
+def per(x, w):
+    """A row energy with (16, 16) intermediates that XLA keeps (a sort)."""
+    h = jnp.tanh(jnp.outer(x, x) @ w)
+    return jnp.sum(jnp.sort(h.ravel())[::-1] * h.ravel())
+
+
+def loss(w, x):
+    return per(x, w)
+
+
+def test_micro_vmap_memory_plan_is_what_it_runs():
+    auto = chunkx.micro_vmap(per, (0, None), microbatch_size="auto", memory_budget=BUDGET)
+    plan = auto.memory_plan(jax.ShapeDtypeStruct(X.shape, X.dtype), W)
+    assert plan.n == 1000 and 1 <= plan.chunk_size < 1000
+    # the planned size fits the measured line, and the map runs within the budget
+    assert plan.predict(plan.chunk_size) <= BUDGET < max(b for _, b in plan.points)
+    assert chunkx.compiled_temp_bytes(auto, X, W) <= BUDGET
+    assert_tree_close(auto(X, W), om.micro_vmap(per, (0, None))(X, W))
+
+
+def test_micro_grad_memory_plan():
+    auto = chunkx.micro_grad(loss, microbatch_size="auto", memory_budget=4 * BUDGET)
+    plan = auto.memory_plan(W, X)
+    assert plan.predict(plan.chunk_size) <= 4 * BUDGET < max(b for _, b in plan.points)
+    assert chunkx.compiled_temp_bytes(auto, W, X) <= 4 * BUDGET
+    got, want = auto(W, X), om.micro_grad(loss)(W, X)
+    assert_tree_close((got[0], tuple(got[1])), (want[0], tuple(want[1])))
+
+
+def test_micro_vmap_grad_memory_plan():
+    budget = 2**18
+    auto = chunkx.micro_vmap(per, (0, None), microbatch_size="auto", memory_budget=budget,
+                             grad_microbatch_size="auto", accumulator=chunkx.AccumulationType.SUM)
+    plan = auto.grad_memory_plan(X, W)
+    assert plan.predict(plan.chunk_size) <= budget
+    grad = jax.grad(lambda w: auto(X, w))
+    assert chunkx.compiled_temp_bytes(grad, W) <= budget
+    want = jax.grad(lambda w: jnp.sum(jax.vmap(per, (0, None))(X, w)))(W)
+    assert_tree_close(grad(W), want)
+
+
+def test_microbatch_memory_plan_is_the_divisor_it_runs():
+    f = lambda x, w: jnp.sum(jax.vmap(per, (0, None))(x, w))  # noqa: E731
+    auto = chunkx.microbatch(f, 0, "auto", memory_budget=BUDGET)
+    plan = auto.memory_plan(X, W)
+    assert 1000 % plan.chunk_size == 0 and plan.chunk_size < 1000
+    fixed = chunkx.microbatch(f, 0, plan.chunk_size)
+    assert chunkx.compiled_temp_bytes(auto, X, W) == chunkx.compiled_temp_bytes(fixed, X, W)
+    assert_tree_close(auto(X, W), om.microbatch(f, 0, plan.chunk_size)(X, W))
+
+
+def test_a_fixed_size_has_no_plan():
+    with pytest.raises(ValueError, match=r"`micro_vmap\(microbatch_size=8\)\.memory_plan`"):
+        chunkx.micro_vmap(per, (0, None), microbatch_size=8).memory_plan(X, W)
+    with pytest.raises(ValueError, match=r"`microbatch\.grad_memory_plan`"):
+        chunkx.microbatch(per, 0, "auto", memory_budget=BUDGET).plan.memory_plan(
+            "grad_memory_plan", per, (), (X, W), {})
