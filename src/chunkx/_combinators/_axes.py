@@ -33,6 +33,11 @@ def layer_in_axes(fn: Any) -> Any:
     return INHERIT
 
 
+def own_axes(layer: Any) -> Any:
+    """`layer_in_axes` of a layer that holds its axes (resolved when it was built)."""
+    return layer.in_axes
+
+
 def _same(a: Any, b: Any) -> bool:
     """Whether two `in_axes` specs map the same arguments (an int/None is one entry for all)."""
     if isinstance(a, tuple) and isinstance(b, tuple):

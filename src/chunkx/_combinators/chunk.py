@@ -9,7 +9,7 @@ from .._checks import as_in_axes, as_size, check_budget, check_choice, check_pos
 from .._plan.auto import auto_call, default_grad_wrt, forward_plan, planned_tree, reverse_plan
 from .._plan.search import MemoryPlan
 from .._types import GradPolicy, InAxes, Remainder, RowMask
-from ._axes import INHERIT, inherit_axes, layer_in_axes
+from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._rows import join_args, mapped_length, split_args
 from ._sharding import on_inputs_mesh
 from .fused import fused_call, grad_policy, regrad_call
@@ -271,12 +271,11 @@ class Chunk(eqx.Module):
             return evaluate(fn, reducer, full, chunk_valid, "Chunk", chunk=True)
 
         desc = f"chunkx: chunks of {size} rows"
-        return chunk_loop(piece, reducer, (mapped, valid), n, size, self, desc, checkpoint)
+        source = (mapped, valid)
+        return chunk_loop(piece, reducer, source, n, size, self, desc=desc, remat=checkpoint)
 
 
-@layer_in_axes.register(Chunk)
-def _(layer: Chunk) -> Any:
-    return layer.in_axes
+layer_in_axes.register(Chunk, own_axes)
 
 
 @layer_in_axes.register(Reduce)

@@ -24,9 +24,10 @@ import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
 from . import compensated as comp
-from ._rows import join_args, rows, struct_of, zeros_like_struct
+from ._rows import join_args, rows, struct_of
 from ._sharding import typed_like
 from .loop import chunk_loop, evaluate, remainder_of
+from .reduce import Sum
 
 #: `grad="auto"` fuses where the reduced output has at most this many real elements.
 FUSED_MAX_OUTPUTS = 16
@@ -119,7 +120,7 @@ class _Lifted:
             return comp.narrow(piece(row_leaves, valid))
         desc = f"{what}: chunks of {size} rows"
         source = (row_leaves, valid)
-        return chunk_loop(piece, reducer, source, self.n, size, self.chunk, desc, remat)
+        return chunk_loop(piece, reducer, source, self.n, size, self.chunk, desc=desc, remat=remat)
 
     def primal(self, row_leaves, whole_leaves, valid):
         piece = self.piece(whole_leaves)
@@ -188,20 +189,16 @@ class _FusedAcc:
     each chunk's row Jacobians in place (every row is written by one chunk only)."""
 
     def __init__(self, size, compensated):
-        self.size, self.compensated = size, compensated
+        self.size = size
+        self.sums = Sum(compensated=compensated)  # `(vec, J_whole)` add up as a Sum's do
 
     def init(self, part, n):
-        vec, jw, jr = zeros_like_struct(part)
-        if self.compensated:
-            vec, jw = comp.start((vec, jw))
-        jr = [jnp.zeros((j.shape[0], n) + j.shape[2:], j.dtype) for j in jr]
+        vec, jw = self.sums.init(part[:2], n)
+        jr = [jnp.zeros((j.shape[0], n) + j.shape[2:], j.dtype) for j in part[2]]
         return vec, jw, jr
 
     def accumulate(self, acc, part, start, index):
-        if self.compensated:
-            vec, jw = comp.add(acc[:2], part[:2])
-        else:
-            vec, jw = jax.tree_util.tree_map(jnp.add, acc[:2], part[:2])
+        (vec, jw), _ = self.sums.accumulate(acc[:2], part[:2], start, index)
 
         def add_rows(buf, j):
             buf = typed_like(buf, j)
@@ -211,9 +208,7 @@ class _FusedAcc:
         return (vec, jw, [add_rows(b, j) for b, j in zip(acc[2], part[2])]), None
 
     def finish(self, acc, stacked):
-        if self.compensated:
-            return (*comp.value(acc[:2]), acc[2])
-        return acc
+        return (*self.sums.finish(acc[:2], None), acc[2])
 
 
 def _contract(j, t):

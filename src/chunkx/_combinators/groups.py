@@ -15,7 +15,7 @@ import equinox as eqx
 
 from .._checks import as_in_axes, as_size, check_positive, zero_in_axes
 from .._types import InAxes
-from ._axes import INHERIT, inherit_axes, layer_in_axes
+from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._rows import map_mapped, mapped_length
 
 
@@ -57,6 +57,4 @@ class Groups(eqx.Module):
         return map_mapped(lambda y: _swap_blocks(y, k, g), (out,), (0,))[0]
 
 
-@layer_in_axes.register(Groups)
-def _(layer: Groups) -> Any:
-    return layer.in_axes
+layer_in_axes.register(Groups, own_axes)

@@ -33,7 +33,7 @@ def evaluate(
 
 
 def chunk_loop(
-    piece, reducer, source, n, s, opts, desc: str = "chunkx", remat: bool = False
+    piece, reducer, source, n, s, opts, *, desc: str = "chunkx", remat: bool = False
 ) -> Any:
     """`piece(rows, valid)` over chunks of `s` rows of `source = (mapped, valid)`, accumulated.
 

@@ -18,10 +18,10 @@ import numpy as np
 
 from .._checks import as_in_axes, as_size, check_choice, check_positive, zero_in_axes
 from .._types import AxisSpec, InAxes, RowMask
-from ._axes import INHERIT, inherit_axes, layer_in_axes
+from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._rows import map_mapped, mapped_length
 from ._sharding import on_inputs_mesh
-from .reduce import AbstractReducer, reducer_of
+from .reduce import AbstractReducer, held_reducer, reducer_of
 
 Fill = Literal["edge", "zero"]
 
@@ -114,9 +114,8 @@ class Pad(eqx.Module):
 
     def __post_init__(self):
         self.in_axes = inherit_axes("Pad", self.in_axes, self.fn)
-        inner = getattr(self.fn, "reducer", None)  # the reducer flows inside out too
-        if self.reducer is None and isinstance(inner, AbstractReducer):
-            self.reducer = inner
+        if self.reducer is None:  # the reducer flows inside out too
+            self.reducer = held_reducer(self.fn)
 
     def __check_init__(self):
         check_positive("Pad", "multiple", self.multiple, allow_none=False)
@@ -142,6 +141,4 @@ class Pad(eqx.Module):
         return reducer.trim(reducer.call_masked(self.fn, padded, valid), n)
 
 
-@layer_in_axes.register(Pad)
-def _(layer: Pad) -> Any:
-    return layer.in_axes
+layer_in_axes.register(Pad, own_axes)

@@ -464,14 +464,19 @@ def _zero_masked(x: Any, valid: Any) -> Any:
     return jnp.where(mask, x, jnp.zeros((), jnp.result_type(x)))
 
 
+def held_reducer(fn: Any) -> AbstractReducer | None:
+    """The reducer a chunkx layer `fn` holds (`None` for a plain function)."""
+    inner = getattr(fn, "reducer", None)
+    return inner if isinstance(inner, AbstractReducer) else None
+
+
 def reducer_of(who: str, fn: Any, reducer: AbstractReducer | None) -> AbstractReducer:
     """The reducer a wrapping combinator uses: its own, else the one `fn` holds, else Concat.
 
     Given both, they must agree (a `Shard` around a `Chunk` joins devices the way the chunks
     join).
     """
-    inner = getattr(fn, "reducer", None)
-    inner = inner if isinstance(inner, AbstractReducer) else None
+    inner = held_reducer(fn)
     if reducer is None:
         return Concat() if inner is None else inner
     if inner is not None and not eqx.tree_equal(inner, reducer):

@@ -10,11 +10,11 @@ from jax.sharding import PartitionSpec as P
 
 from .._checks import as_in_axes, zero_in_axes
 from .._types import InAxes, RowMask
-from ._axes import INHERIT, inherit_axes, layer_in_axes
+from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._rows import call_with_valid, map_mapped, mapped_length
 from ._sharding import call_mesh, is_explicit, mesh_of, on_mesh, place
 from .pad import split_rows
-from .reduce import AbstractReducer, reducer_of
+from .reduce import AbstractReducer, held_reducer, reducer_of
 
 
 class Shard(eqx.Module):
@@ -67,9 +67,8 @@ class Shard(eqx.Module):
 
     def __post_init__(self):
         self.in_axes = inherit_axes("Shard", self.in_axes, self.fn)
-        inner = getattr(self.fn, "reducer", None)  # the reducer flows inside out too
-        if self.reducer is None and isinstance(inner, AbstractReducer):
-            self.reducer = inner
+        if self.reducer is None:  # the reducer flows inside out too
+            self.reducer = held_reducer(self.fn)
 
     def __check_init__(self):
         reducer_of("Shard", self.fn, self.reducer)
@@ -138,6 +137,4 @@ class Shard(eqx.Module):
         return reducer.shard_collect(gathered, mesh)
 
 
-@layer_in_axes.register(Shard)
-def _(layer: Shard) -> Any:
-    return layer.in_axes
+layer_in_axes.register(Shard, own_axes)

@@ -11,7 +11,7 @@ import numpy as np
 from .._checks import as_in_axes, as_size, check_positive, zero_in_axes
 from .._progress import ticker
 from .._types import InAxes
-from ._axes import INHERIT, inherit_axes, layer_in_axes
+from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._rows import map_mapped, mapped_length
 from .loop import evaluate
 from .reduce import AbstractReducer, Concat
@@ -60,6 +60,4 @@ class Unrolled(eqx.Module):
         return reducer.finish(acc, jax.tree_util.tree_map(lambda *ys: jnp.stack(ys), *stacked))
 
 
-@layer_in_axes.register(Unrolled)
-def _(layer: Unrolled) -> Any:
-    return layer.in_axes
+layer_in_axes.register(Unrolled, own_axes)

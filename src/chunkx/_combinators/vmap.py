@@ -7,7 +7,7 @@ import equinox as eqx
 
 from .._checks import as_in_axes, zero_in_axes
 from .._types import InAxes
-from ._axes import layer_in_axes
+from ._axes import layer_in_axes, own_axes
 
 
 class Vmap(eqx.Module):
@@ -50,6 +50,4 @@ class Vmap(eqx.Module):
         return eqx.filter_vmap(self.fn, in_axes=spec, out_axes=self.out_axes)(*args)
 
 
-@layer_in_axes.register(Vmap)
-def _(layer: Vmap) -> Any:
-    return layer.in_axes
+layer_in_axes.register(Vmap, own_axes)
