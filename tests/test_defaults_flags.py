@@ -130,6 +130,9 @@ CASES = {
         lambda: chunkx.filter_vmap(per_row, in_axes=(0, None), shard=True)(X, W), VMAP_REF),
     "filter_vmap progress": _pair(
         lambda: chunkx.filter_vmap(per_row, in_axes=(0, None), progress=True)(X, W), VMAP_REF),
+    # jax.lax.map
+    "map": _pair(lambda: chunkx.map(lambda x: per_row(x, W), X),
+                 jax.lax.map(lambda x: per_row(x, W), X)),
     # quantax
     "chunk_map": _pair(lambda: chunkx.chunk_map(vmapped_rows)(X), VMAP_REF),
     "chunk_map use_scan": _pair(lambda: chunkx.chunk_map(vmapped_rows, use_scan=True)(X),
