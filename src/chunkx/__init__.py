@@ -1,6 +1,7 @@
 """chunkx: composable chunked maps for JAX."""
 
 from ._combinators.reduce import (
+    AbstractAccumulation as AbstractAccumulation,
     AbstractReducer as AbstractReducer,
     Concat as Concat,
     Monoid as Monoid,

@@ -27,7 +27,7 @@ from . import compensated as comp
 from ._rows import join_args, rows, struct_of
 from ._sharding import typed_like
 from .loop import chunk_loop, evaluate, remainder_of
-from .reduce import Sum
+from .reduce import AbstractAccumulation, Sum
 
 #: `grad="auto"` fuses where the reduced output has at most this many real elements.
 FUSED_MAX_OUTPUTS = 16
@@ -153,7 +153,7 @@ def fused_call(chunk, mapped, fixed, static, valid, n) -> Any:
         rmask, _, rdots = _live(row_leaves, tangents[0])
         wmask, _, wdots = _live(whole_leaves, tangents[1])
         vjp_piece = _vjp_piece(lifted, whole_leaves, rmask, wmask)
-        acc = _FusedAcc(c, chunk.reducer.compensates())
+        acc = _FusedAcc(Sum(compensated=chunk.reducer.compensates()))
         vec, jw, jr = lifted.loop(vjp_piece, acc, row_leaves, valid, c, "chunkx value+grad")
         dot = sum((_contract(j, t) for j, t in zip(jw + jr, wdots + rdots)), jnp.zeros_like(vec))
         return _unflat(vec, out_struct), _unflat(dot.astype(vec.dtype), out_struct)
@@ -184,13 +184,11 @@ def _vjp_piece(lifted, whole_leaves, rmask, wmask):
     return jax.checkpoint(vjp_piece, prevent_cse=False)  # bounded memory at second order
 
 
-class _FusedAcc:
+class _FusedAcc(AbstractAccumulation):
     """Accumulates `(vec, J_whole, J_rows)`: sums (compensated where the reducer's are), and
     each chunk's row Jacobians in place (every row is written by one chunk only)."""
 
-    def __init__(self, size, compensated):
-        self.size = size
-        self.sums = Sum(compensated=compensated)  # `(vec, J_whole)` add up as a Sum's do
+    sums: Sum  # `(vec, J_whole)` add up as a Sum's do
 
     def init(self, part, n):
         vec, jw = self.sums.init(part[:2], n)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from .._progress import scan, ticker
 from .._types import RowMask
 from ._rows import rows, struct_of
-from .reduce import AbstractReducer
+from .reduce import AbstractAccumulation, AbstractReducer
 
 
 def remainder_of(opts) -> str:
@@ -29,18 +29,26 @@ def evaluate(
     chunk of a loop, reduced as the reducer's `accumulate` takes it)."""
     out = fn(*args)
     reducer.check_rows(struct_of(out), who)
-    return (reducer.reduce_chunk if chunk else reducer.reduce_rows)(out, valid)
+    part = (reducer.reduce_chunk if chunk else reducer.reduce_rows)(out, valid)
+    if valid is not None and not reducer.can_mask():
+        raise ValueError(
+            f"`{who}`: the reducer {reducer!r} cannot mask repeated or padded rows (its "
+            "can_mask() is False); use remainder='call' and no Pad, or a reducer that masks."
+        )
+    return part
 
 
 def chunk_loop(
-    piece, reducer, source, n, s, opts, *, desc: str = "chunkx", remat: bool = False
+    piece, reducer: AbstractAccumulation, source, n, s, opts, *, desc: str = "chunkx",
+    remat: bool = False,
 ) -> Any:
     """`piece(rows, valid)` over chunks of `s` rows of `source = (mapped, valid)`, accumulated.
 
-    `reducer` needs only `init`, `accumulate` and `finish`; `opts` gives `remainder`, `unroll`
-    and `progress`; `desc` names the progress bar (the chunk sizes "auto" chose are visible
-    there). `remat`: each step (its slicing included) is a `jax.checkpoint`, so reverse mode
-    keeps one chunk index per step, not the chunk's rows.
+    `reducer` is any [`chunkx.AbstractAccumulation`][] (a reducer, or the fused gradient's
+    loop); `opts` gives `remainder`, `unroll` and `progress`; `desc` names the progress bar
+    (the chunk sizes "auto" chose are visible there). `remat`: each step (its slicing
+    included) is a `jax.checkpoint`, so reverse mode keeps one chunk index per step, not the
+    chunk's rows.
     """
     shift = remainder_of(opts) == "shift" and n % s != 0
     k, r = (-(-n // s), 0) if shift else divmod(n, s)

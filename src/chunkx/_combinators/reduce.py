@@ -1,10 +1,12 @@
 """Reducers: how the partial results of chunks (and of devices) join.
 
-One reducer object answers every question the pipeline asks about joining rows: what one piece
-of rows contributes (`reduce_rows`), how two partial results join (`combine`), how a chunk loop
-accumulates (`init`/`accumulate`/`finish`), how padded rows are kept out (`call_masked`/`trim`),
-and how the devices of a mesh are joined (`shard_spec`/`shard_local`/`shard_collect`). The
-combinators ask; they never test which reducer they hold.
+A reducer says two things: what one piece of rows contributes (`reduce_rows`) and how two
+partial results join (`combine`). Everything else the pipeline asks has a default derived from
+those two, which `Concat`, `Sum` and `Monoid` override where they do better: how a chunk loop
+carries its result (the [`chunkx.AbstractAccumulation`][] protocol: `init`/`accumulate`/
+`finish`), how padded rows are kept out (`can_mask`, `call_masked`/`trim`), and how the devices
+of a mesh are joined (`shard_spec`/`shard_local`/`shard_collect`). The combinators ask; they
+never test which reducer they hold.
 """
 
 import abc
@@ -33,54 +35,31 @@ def identity(x: Any) -> Any:
     return x
 
 
-class AbstractReducer(eqx.Module):
-    """How partial results join. Subclass it (and make the subclass final) for a new reducer.
+class AbstractAccumulation(eqx.Module):
+    """How a chunk loop carries its result: the loop is
 
-    A *partial result* is what a piece of rows contributes: the rows themselves for
-    [`chunkx.Concat`][], a reduced value otherwise.
+    ```python
+    acc = init(struct_of_one_chunks_partial, n)
+    for index, start in enumerate(chunk_starts):          # one jax.lax.scan
+        acc, stacked[index] = accumulate(acc, partial_of_chunk(index), start, index)
+    return finish(acc, stacked)                           # stacked: a leading chunk axis
+    ```
+
+    Every reducer is one (its default loop folds the chunks with `combine`); so is the fused
+    value-and-gradient loop of [`chunkx.Chunk`][] and a user's optax-style
+    [`chunkx.Accumulator`][] in the microbatching maps.
 
     !!! Example
 
         ```python
         import jax.numpy as jnp, chunkx
-        r: chunkx.AbstractReducer = chunkx.Sum()
-        a = r.reduce_rows(jnp.arange(3.0), None)                   # one piece: 0 + 1 + 2
-        b = r.reduce_rows(jnp.arange(3.0, 5.0), jnp.array([True, False]))   # 3 (4 masked)
-        assert r.combine(a, b) == 6.0
+        loop: chunkx.AbstractAccumulation = chunkx.Sum()
+        acc = loop.init(jnp.zeros(()), 6)                      # a running (compensated) sum
+        for i, part in enumerate([jnp.array(3.0), jnp.array(12.0)]):
+            acc, _ = loop.accumulate(acc, part, 3 * i, i)
+        assert loop.finish(acc, None) == 15.0
         ```
     """
-
-    def is_additive(self) -> bool:
-        """Whether partial results join by `+` alone (the result is the sum of the chunks').
-
-        Then a chunk's derivative is its own contribution to the derivative of the result,
-        which lets [`chunkx.Chunk`][] fuse each chunk's value and gradient (`grad="fused"`).
-        """
-        return False
-
-    def compensates(self) -> bool:
-        """Whether a chunk loop accumulates floating partial results with compensation (a
-        running sum whose error does not grow with the number of chunks)."""
-        return False
-
-    def can_shift(self) -> bool:
-        """Whether a chunk loop may shift its last chunk back over rows already done (one
-        compiled program for any number of rows): the reducer masks the repeated rows out,
-        or writes them again with the same values."""
-        return False
-
-    @abc.abstractmethod
-    def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
-        """The partial result of one piece of rows (`valid` masks repeated or padded rows)."""
-
-    def reduce_chunk(self, rows: Tree, valid: RowMask | None) -> Tree:
-        """The partial result of one chunk of a chunk loop, as `accumulate` takes it
-        (`reduce_rows` unless the loop keeps partials wider than the result)."""
-        return self.reduce_rows(rows, valid)
-
-    @abc.abstractmethod
-    def combine(self, a: Tree, b: Tree) -> Tree:
-        """Join two partial results, `a` from rows before `b`."""
 
     @abc.abstractmethod
     def init(self, part: Tree, n: int) -> Tree:
@@ -98,41 +77,157 @@ class AbstractReducer(eqx.Module):
     def finish(self, acc: Tree, stacked: Tree) -> Tree:
         """The loop's result from the final accumulator and the stacked per-chunk outputs."""
 
+
+class AbstractReducer(AbstractAccumulation):
+    """How partial results join. Subclass it (and make the subclass final) for a new reducer.
+
+    A *partial result* is what a piece of rows contributes: the rows themselves for
+    [`chunkx.Concat`][], a reduced value otherwise. A reducer implements two methods,
+    `reduce_rows` and `combine`; the rest has defaults derived from them:
+
+    - a chunk loop folds the chunks' partials left to right with `combine` (seeded from the
+      first chunk: no identity element is needed); where `is_additive()`, from zeros; where
+      `compensates()`, as a compensated running sum;
+    - `can_mask()` (default `False`) says whether `reduce_rows` honours a row mask `valid`
+      (masked rows leave no trace in the partial result). Without it, a [`chunkx.Chunk`][]
+      evaluates the leftover rows as one more piece (`remainder="call"`), and a mask (from
+      [`chunkx.Pad`][], a shifted chunk or the caller) raises a `ValueError`;
+    - `can_shift()` (default: `can_mask()`) lets a chunk loop shift its last chunk back;
+    - `check_rows` checks at trace time that `reduce_rows` removes the mapped axis;
+    - under [`chunkx.Shard`][] each device's partial is gathered and the devices are folded in
+      mesh order with `combine` (so `combine` need not be commutative).
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+
+        class Max(chunkx.AbstractReducer):
+            def reduce_rows(self, rows, valid):
+                if valid is not None:                         # masked rows never win
+                    rows = jnp.where(valid, rows, -jnp.inf)
+                return jnp.max(rows, axis=0)
+
+            def combine(self, a, b):
+                return jnp.maximum(a, b)
+
+            def can_mask(self):
+                return True
+
+        x = jnp.linspace(-1.0, 1.0, 10)
+        f = chunkx.Pad(chunkx.Chunk(chunkx.Vmap(jnp.sin), 4, reducer=Max()), 4)
+        assert jnp.allclose(f(x), jnp.max(jnp.sin(x)))
+        ```
+    """
+
     @abc.abstractmethod
+    def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
+        """The partial result of one piece of rows (`valid` masks repeated or padded rows; it
+        is `None` unless `can_mask()`)."""
+
+    @abc.abstractmethod
+    def combine(self, a: Tree, b: Tree) -> Tree:
+        """Join two partial results, `a` from rows before `b`."""
+
+    def can_mask(self) -> bool:
+        """Whether `reduce_rows` honours a row mask: masked rows do not reach the result."""
+        return False
+
+    def can_shift(self) -> bool:
+        """Whether a chunk loop may shift its last chunk back over rows already done (one
+        compiled program for any number of rows): the reducer masks the repeated rows out,
+        or writes them again with the same values."""
+        return self.can_mask()
+
+    def is_additive(self) -> bool:
+        """Whether partial results join by `+` alone (the result is the sum of the chunks').
+
+        Then a chunk's derivative is its own contribution to the derivative of the result,
+        which lets [`chunkx.Chunk`][] fuse each chunk's value and gradient (`grad="fused"`).
+        """
+        return False
+
+    def compensates(self) -> bool:
+        """Whether a chunk loop accumulates floating partial results with compensation (a
+        running sum whose error does not grow with the number of chunks)."""
+        return False
+
+    def reduce_chunk(self, rows: Tree, valid: RowMask | None) -> Tree:
+        """The partial result of one chunk of a chunk loop, as `accumulate` takes it
+        (`reduce_rows` unless the loop keeps partials wider than the result)."""
+        return self.reduce_rows(rows, valid)
+
+    def init(self, part: Tree, n: int) -> Tree:
+        if self.compensates():
+            return comp.start(part)
+        return zeros_like_struct(part)  # additive: the identity; else a placeholder
+
+    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
+        if self.compensates():
+            return comp.add(acc, part), None
+        if self.is_additive():
+            return self.combine(acc, part), None
+        if isinstance(index, int):  # a fold seeded from chunk 0
+            return (part if index == 0 else self.combine(acc, part)), None
+        return jax.lax.cond(index == 0, lambda a, p: p, self.combine, acc, part), None
+
+    def finish(self, acc: Tree, stacked: Tree) -> Tree:
+        return comp.value(acc) if self.compensates() else acc
+
     def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
-        """Call a piece `fn` on rows of which only `valid` ones count."""
+        """Call a piece `fn` on rows of which only `valid` ones count (passed on as `valid=`)."""
+        return call_with_valid(fn, args, valid)
 
-    @abc.abstractmethod
     def trim(self, out: Tree, n: int) -> Tree:
-        """Cut a result computed on padded rows back to the first `n` rows' result."""
+        """Cut a result computed on padded rows back to the first `n` rows' result (masked
+        rows left no trace: unchanged)."""
+        return out
 
-    @abc.abstractmethod
     def check_rows(self, rows_struct: Tree, who: str) -> None:
-        """Raise early (at trace time) if this reducer cannot handle rows shaped `rows_struct`."""
+        """Raise early (at trace time) if this reducer cannot handle rows shaped `rows_struct`:
+        by default, if `reduce_rows` keeps the mapped axis."""
+        name = f"`{who}`: {type(self).__name__}.reduce_rows"
+        check_collapses(lambda r: self.reduce_rows(r, None), rows_struct, name)
 
-    @abc.abstractmethod
     def shard_spec(self, axis: Any) -> P:
-        """The `shard_map` out_spec of a partial-result leaf."""
+        """The `shard_map` out_spec of a partial-result leaf (by default: one per device)."""
+        return P(axis)
 
-    @abc.abstractmethod
     def shard_local(self, partial: Tree, axis: Any) -> Tree:
-        """What one device returns from inside `shard_map`."""
+        """What one device returns from inside `shard_map` (by default: its partial)."""
+        return jax.tree_util.tree_map(lambda x: x[None], partial)
 
-    @abc.abstractmethod
     def shard_collect(self, gathered: Tree, mesh: Mesh | AbstractMesh) -> Tree:
-        """Join what the devices returned into one partial result."""
+        """Join what the devices returned into one partial result (by default: folded with
+        `combine` in mesh order)."""
+        if is_explicit(mesh):  # an Explicit leading axis is sharded: replicate before indexing
+            gathered = jax.tree_util.tree_map(lambda x: place(x, mesh, P()), gathered)
+        leaves = jax.tree_util.tree_leaves(gathered)
+        acc = jax.tree_util.tree_map(lambda x: x[0], gathered)
+        for d in range(1, leaves[0].shape[0] if leaves else 0):
+            acc = self.combine(acc, jax.tree_util.tree_map(lambda x, d=d: x[d], gathered))
+        return acc
 
 
-def _fold_devices(reducer: AbstractReducer, gathered: Tree, mesh: Mesh | AbstractMesh) -> Tree:
-    """Fold per-device partials (stacked along a leading axis) in mesh order."""
-    if is_explicit(mesh):  # an Explicit leading axis is sharded: replicate before indexing
-        gathered = jax.tree_util.tree_map(lambda x: place(x, mesh, P()), gathered)
-    leaves = jax.tree_util.tree_leaves(gathered)
-    ndev = leaves[0].shape[0] if leaves else 0
-    acc = jax.tree_util.tree_map(lambda x: x[0], gathered)
-    for d in range(1, ndev):
-        acc = reducer.combine(acc, jax.tree_util.tree_map(lambda x, d=d: x[d], gathered))
-    return acc
+def check_collapses(reduce: Callable, rows_struct: Tree, what: str) -> None:
+    """Raise if `reduce(rows)` keeps the mapped axis (its shapes depend on the rows)."""
+
+    def with_rows(k):
+        return jax.tree_util.tree_map(
+            lambda s: jax.ShapeDtypeStruct((k,) + tuple(s.shape[1:]), s.dtype), rows_struct
+        )
+
+    s1, s2 = jax.eval_shape(reduce, with_rows(1)), jax.eval_shape(reduce, with_rows(2))
+    if jax.tree_util.tree_structure(s1) != jax.tree_util.tree_structure(s2) or any(
+        a.shape != b.shape
+        for a, b in zip(jax.tree_util.tree_leaves(s1), jax.tree_util.tree_leaves(s2))
+    ):
+        shapes = [tuple(s.shape) for s in jax.tree_util.tree_leaves(s2)]
+        raise ValueError(
+            f"{what} must remove the mapped axis (e.g. jnp.sum over axis 0) so that partial "
+            f"results can be folded; for 2 rows it returned shapes {shapes}, which depend on "
+            "the number of rows."
+        )
 
 
 def _layout_like(y: Any, b: Any) -> Any:
@@ -168,8 +263,8 @@ class Concat(AbstractReducer):
         ```
     """
 
-    def can_shift(self) -> bool:
-        return True  # repeated rows are written again, with the same values
+    def can_mask(self) -> bool:
+        return True  # every row is computed: repeated rows are written again, padded ones cut
 
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
         return rows
@@ -217,9 +312,6 @@ class Concat(AbstractReducer):
     def check_rows(self, rows_struct: Tree, who: str) -> None:
         pass
 
-    def shard_spec(self, axis: Any) -> P:
-        return P(axis)
-
     def shard_local(self, partial: Tree, axis: Any) -> Tree:
         return partial
 
@@ -261,7 +353,7 @@ class Sum(AbstractReducer):
     def is_additive(self) -> bool:
         return True
 
-    def can_shift(self) -> bool:
+    def can_mask(self) -> bool:
         return not self.presummed
 
     def compensates(self) -> bool:
@@ -291,25 +383,8 @@ class Sum(AbstractReducer):
     def combine(self, a: Tree, b: Tree) -> Tree:
         return jax.tree_util.tree_map(jnp.add, a, b)
 
-    def init(self, part: Tree, n: int) -> Tree:
-        return comp.start(part) if self.compensated else zeros_like_struct(part)
-
-    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
-        if self.compensated:
-            return comp.add(acc, part), None
-        return self.combine(acc, part), None
-
-    def finish(self, acc: Tree, stacked: Tree) -> Tree:
-        return comp.value(acc) if self.compensated else acc
-
-    def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
-        return call_with_valid(fn, args, valid)
-
-    def trim(self, out: Tree, n: int) -> Tree:
-        return out
-
     def check_rows(self, rows_struct: Tree, who: str) -> None:
-        pass
+        pass  # a sum removes the mapped axis; a pre-summed partial has none
 
     def shard_spec(self, axis: Any) -> P:
         return P()
@@ -338,11 +413,12 @@ class Monoid(AbstractReducer):
     - `chunk_reduction`: `(rows) -> partial`; it must remove the mapped axis. This is checked
       at trace time: the partial's shapes may not depend on the number of rows.
     - `additive`: `True` asserts that `reduction` adds its arguments (e.g. a pytree sum), so
-      that a [`chunkx.Chunk`][] may fuse value and gradient (`grad="fused"`); if it does not,
-      gradients are wrong. `None`: only `jnp.add`, `operator.add` and `jax.lax.add` count.
-    - `compensated`: where `reduction` is `jnp.add`, `operator.add` or `jax.lax.add` and the
-      partial result is one floating array, a chunk loop adds the chunks with compensation
-      as [`chunkx.Sum`][] does; `False`: a plain left fold.
+      that a [`chunkx.Chunk`][] may fuse value and gradient (`grad="fused"`) and start its
+      loop from zeros; if it does not, gradients are wrong. `None`: only `jnp.add`,
+      `operator.add` and `jax.lax.add` count.
+    - `compensated`: where `reduction` is `jnp.add`, `operator.add` or `jax.lax.add`, a chunk
+      loop adds the chunks with compensation as [`chunkx.Sum`][] does; `False`: a plain
+      running sum.
 
     !!! Example
 
@@ -372,9 +448,6 @@ class Monoid(AbstractReducer):
     def compensates(self) -> bool:
         return self.compensated and self._adds()
 
-    def can_shift(self) -> bool:
-        return self.can_mask()
-
     def can_mask(self) -> bool:
         """Whether rows can be masked out: for a sum only (`reduction` adds and
         `chunk_reduction` is `jnp.sum` or `np.sum`, a sum over every axis), whose masked rows
@@ -394,56 +467,10 @@ class Monoid(AbstractReducer):
     def combine(self, a: Tree, b: Tree) -> Tree:
         return self.reduction(a, b)
 
-    def init(self, part: Tree, n: int) -> Tree:
-        if self.compensates() and _one_array(part):  # a sum from zero
-            return comp.start(part)
-        return zeros_like_struct(part)  # a placeholder: chunk 0 replaces it
-
-    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
-        if isinstance(acc, comp.Running):
-            return acc.add(part), None
-        if isinstance(index, int):
-            return (part if index == 0 else self.combine(acc, part)), None
-        return jax.lax.cond(index == 0, lambda a, p: p, self.combine, acc, part), None
-
-    def finish(self, acc: Tree, stacked: Tree) -> Tree:
-        return acc.value() if isinstance(acc, comp.Running) else acc
-
-    def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
-        return call_with_valid(fn, args, valid)
-
-    def trim(self, out: Tree, n: int) -> Tree:
-        return out
-
     def check_rows(self, rows_struct: Tree, who: str) -> None:
         """Raise if `chunk_reduction` keeps the mapped axis (partial shape depends on rows)."""
-
-        def with_rows(k):
-            return jax.tree_util.tree_map(
-                lambda s: jax.ShapeDtypeStruct((k,) + tuple(s.shape[1:]), s.dtype), rows_struct
-            )
-
-        s1 = jax.eval_shape(self.chunk_reduction, with_rows(1))
-        s2 = jax.eval_shape(self.chunk_reduction, with_rows(2))
-        if jax.tree_util.tree_structure(s1) != jax.tree_util.tree_structure(s2) or any(
-            a.shape != b.shape
-            for a, b in zip(jax.tree_util.tree_leaves(s1), jax.tree_util.tree_leaves(s2))
-        ):
-            shapes = [tuple(s.shape) for s in jax.tree_util.tree_leaves(s2)]
-            raise ValueError(
-                f"`{who}(reduction=...)`: chunk_reduction must remove the mapped axis (e.g. "
-                f"jnp.sum over axis 0) so that partial results can be folded; for 2 rows it "
-                f"returned shapes {shapes}, which depend on the number of rows."
-            )
-
-    def shard_spec(self, axis: Any) -> P:
-        return P(axis)
-
-    def shard_local(self, partial: Tree, axis: Any) -> Tree:
-        return jax.tree_util.tree_map(lambda x: x[None], partial)
-
-    def shard_collect(self, gathered: Tree, mesh: Mesh | AbstractMesh) -> Tree:
-        return _fold_devices(self, gathered, mesh)
+        what = f"`{who}(reduction=...)`: chunk_reduction"
+        check_collapses(self.chunk_reduction, rows_struct, what)
 
 
 def _masked_sum(x: Any, valid: RowMask | None, dtype: Any) -> Any:
@@ -452,11 +479,6 @@ def _masked_sum(x: Any, valid: RowMask | None, dtype: Any) -> Any:
         mask = valid.reshape(valid.shape + (1,) * (x.ndim - 1))
         x = jnp.where(mask, x, jnp.zeros((), x.dtype))
     return jnp.sum(x, axis=0, dtype=dtype)
-
-
-def _one_array(part: Any) -> bool:
-    """Whether a partial result (or its struct) is one array, not a container of them."""
-    return isinstance(part, jax.ShapeDtypeStruct) or eqx.is_array(part)
 
 
 def _zero_masked(x: Any, valid: Any) -> Any:

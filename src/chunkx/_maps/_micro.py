@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from .._combinators._rows import call_with_valid, struct_of
+from .._combinators._rows import struct_of
 from .._combinators._sharding import is_explicit, mesh_of, place
 from .._combinators.reduce import AbstractReducer, Concat, Sum
 from .._types import RowMask, Tree
@@ -119,28 +119,14 @@ def is_accumulation(x: Any) -> bool:
 
 
 class _LoopOnly(AbstractReducer):
-    """A reducer that joins microbatches within one chunk loop only (no padding, no mesh)."""
+    """A reducer that joins microbatches within one chunk loop only (no padding, no mesh):
+    its loop is its own `init`/`accumulate`/`finish`."""
 
     def combine(self, a: Tree, b: Tree) -> Tree:
         raise NotImplementedError(f"{type(self).__name__} joins within one chunk loop only")
 
-    def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
-        return fn(*args)
-
-    def trim(self, out: Tree, n: int) -> Tree:
-        return out
-
     def check_rows(self, rows_struct: Tree, who: str) -> None:
-        pass
-
-    def shard_spec(self, axis: Any) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} is not sharded")
-
-    def shard_local(self, partial: Tree, axis: Any) -> Tree:
-        raise NotImplementedError(f"{type(self).__name__} is not sharded")
-
-    def shard_collect(self, gathered: Tree, mesh: Any) -> Tree:
-        raise NotImplementedError(f"{type(self).__name__} is not sharded")
+        pass  # a microbatch's result, joined as is
 
 
 class Stack(_LoopOnly):
@@ -167,7 +153,8 @@ class Stack(_LoopOnly):
 
 
 class UserAccumulate(_LoopOnly):
-    """A user's Accumulator as the chunk loop's reducer (its result is the carry, unfinalized).
+    """A user's Accumulator (optax's `init`/`update`/`finalize`) as the chunk loop's
+    [`chunkx.AbstractAccumulation`][] (its result is the carry, unfinalized).
 
     Microbatches from `num_real` on are run but do not update the carry.
     """
@@ -212,6 +199,9 @@ class Leaves(AbstractReducer):
     def compensates(self) -> bool:
         return all(r.compensates() for r in self.reducers)
 
+    def can_mask(self) -> bool:
+        return all(r.can_mask() for r in self.reducers)
+
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
         return self.treedef.unflatten(self._each("reduce_rows", rows, extra=(valid,)))
 
@@ -230,9 +220,6 @@ class Leaves(AbstractReducer):
 
     def finish(self, acc: Tree, stacked: Tree) -> Tree:
         return self.treedef.unflatten(self._each("finish", acc, stacked))
-
-    def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
-        return call_with_valid(fn, args, valid)
 
     def trim(self, out: Tree, n: int) -> Tree:
         out = jax.tree_util.tree_map(replicated, out)  # cutting rows off an Explicit axis
