@@ -6,6 +6,15 @@ public signatures, `py.typed` and the annotations users see are checked together
 """
 
 
+def use_AbstractAccumulation() -> None:
+    import jax.numpy as jnp, chunkx
+    loop: chunkx.AbstractAccumulation = chunkx.Sum()
+    acc = loop.init(jnp.zeros(()), 6)                      # a running (compensated) sum
+    for i, part in enumerate([jnp.array(3.0), jnp.array(12.0)]):
+        acc, _ = loop.accumulate(acc, part, 3 * i, i)
+    assert loop.finish(acc, None) == 15.0
+
+
 def use_AbstractReducer() -> None:
     import jax.numpy as jnp, chunkx
     r: chunkx.AbstractReducer = chunkx.Sum()
@@ -567,4 +576,4 @@ def use_reshape_batch_axis() -> None:
     y = chunkx.reshape_batch_axis(jnp.arange(6), 2)
     assert (y == jnp.array([[0, 3], [1, 4], [2, 5]])).all()
 
-USES = (use_AbstractReducer, use_ChunkedVmap, use_filter_vmap, use_AccumulationType, use_Accumulator, use_microbatch, use_micro_vmap, use_micro_grad, use_reshape_batch_axis, use_BatchJacfwd, use_BatchJacrev, use_BatchVectorize, use_BatchVmap, use_Chunk, use_ChunkMap, use_ChunkedVjp, use_Concat, use_MemoryPlan, use_Monoid, use_Pad, use_Pullback, use_Reduce, use_Shard, use_Sum, use_Vmap, use_apply_chunked, use_batch_jacfwd, use_batch_jacrev, use_batch_map, use_batch_vectorize, use_batch_vmap, use_check_block_diagonal, use_chunk_map, use_clear_plan_cache, use_compiled_temp_bytes, use_fit_memory, use_jit_chunk_vmap, use_map, use_plan_chunk_size, use_plan_memory, use_sparse_pullback, use_sparse_pullback_map, use_t3_GaussNewton, use_t3_TuckerTensorTrain, use_t3_binomial_combine_tensor, use_t3_dense_probe_derivatives, use_t3_estimate_chunk_size, use_t3_max_chunk_size_within, use_t3_t3_apply_corewise_derivatives_transpose, use_t3_t3_apply_derivatives, use_t3_t3_entries_corewise_derivatives_transpose, use_t3_t3_entries_derivatives, use_t3_t3_probe_corewise_derivatives_transpose, use_t3_t3_probe_derivatives, use_t3_tv_apply_derivatives, use_t3_tv_apply_derivatives_transpose, use_t3_tv_entries_derivatives, use_t3_tv_entries_derivatives_transpose, use_t3_tv_probe_derivatives, use_t3_tv_probe_derivatives_transpose, use_vjp_chunked, use_vmap_chunked)
+USES = (use_AbstractAccumulation, use_AbstractReducer, use_ChunkedVmap, use_filter_vmap, use_AccumulationType, use_Accumulator, use_microbatch, use_micro_vmap, use_micro_grad, use_reshape_batch_axis, use_BatchJacfwd, use_BatchJacrev, use_BatchVectorize, use_BatchVmap, use_Chunk, use_ChunkMap, use_ChunkedVjp, use_Concat, use_MemoryPlan, use_Monoid, use_Pad, use_Pullback, use_Reduce, use_Shard, use_Sum, use_Vmap, use_apply_chunked, use_batch_jacfwd, use_batch_jacrev, use_batch_map, use_batch_vectorize, use_batch_vmap, use_check_block_diagonal, use_chunk_map, use_clear_plan_cache, use_compiled_temp_bytes, use_fit_memory, use_jit_chunk_vmap, use_map, use_plan_chunk_size, use_plan_memory, use_sparse_pullback, use_sparse_pullback_map, use_t3_GaussNewton, use_t3_TuckerTensorTrain, use_t3_binomial_combine_tensor, use_t3_dense_probe_derivatives, use_t3_estimate_chunk_size, use_t3_max_chunk_size_within, use_t3_t3_apply_corewise_derivatives_transpose, use_t3_t3_apply_derivatives, use_t3_t3_entries_corewise_derivatives_transpose, use_t3_t3_entries_derivatives, use_t3_t3_probe_corewise_derivatives_transpose, use_t3_t3_probe_derivatives, use_t3_tv_apply_derivatives, use_t3_tv_apply_derivatives_transpose, use_t3_tv_entries_derivatives, use_t3_tv_entries_derivatives_transpose, use_t3_tv_probe_derivatives, use_t3_tv_probe_derivatives_transpose, use_vjp_chunked, use_vmap_chunked)
