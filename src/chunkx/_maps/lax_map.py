@@ -13,7 +13,7 @@ from .._combinators.chunk import Chunk
 from .._combinators.vmap import Vmap
 from .._public import public
 from .._types import Budget, Size
-from .adv import _Strip
+from .pipeline import Strip
 
 WHO = "chunkx.map"
 
@@ -98,7 +98,7 @@ def map(
         )
     n = mapped_length((xs,), (0,), WHO)  # one leading length, in this function's name
     auto = size == "auto"
-    rows = _Strip(f) if batch_size is None and n else Vmap(f)  # None: `f` itself, unvmapped
+    rows = Strip(f) if batch_size is None and n else Vmap(f)  # None: `f` itself, unvmapped
     return Chunk(
         rows, size, grad_size="auto" if auto else None,
         memory_budget=check_budget(WHO, "memory_budget", memory_budget),
