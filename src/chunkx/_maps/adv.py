@@ -98,11 +98,6 @@ class BatchVmap(eqx.Module):
         reverse pass fits the budget (differentiating the map raises it too). With
         `shard=True` the plan is one device's.
         """
-        if self.opts.grad_size != "auto":
-            raise ValueError(
-                f"`batch_vmap(grad_batch_size={self.opts.grad_size!r}).grad_memory_plan`: only "
-                "a map whose backward size is planned (batch_size='auto') has a gradient plan."
-            )
         return self._plan("grad_memory_plan", args, kwargs)
 
     def memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
@@ -112,14 +107,11 @@ class BatchVmap(eqx.Module):
         map afterwards compiles nothing more for planning. With `shard=True` the plan is one
         device's (its rows are `n // D`, or the leftover rows where those are more).
         """
-        if self.batch_size != "auto":
-            raise ValueError(
-                f"`batch_vmap(batch_size={self.batch_size!r}).memory_plan`: only a map built "
-                "with batch_size='auto' has a memory plan."
-            )
         return self._plan("memory_plan", args, kwargs)
 
     def _plan(self, method: str, args: tuple, kwargs: dict) -> MemoryPlan:
+        self.opts.check_planned(method)
+
         def plan(args, kwargs):  # traced: arrays and `jax.ShapeDtypeStruct`s alike
             f, zero, args = self._prepare(args, kwargs)
             return plan_of(self._build(f, zero), method, args, zero, self.opts)

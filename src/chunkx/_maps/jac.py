@@ -18,7 +18,8 @@ Argnums = int | tuple[int, ...]
 
 
 def _partial(fun, argnums, args, kwargs):
-    """`fun` as a function of the differentiated arguments only; and those arguments."""
+    """`fun` as a function of the differentiated arguments only; those arguments; and the
+    `argnums` of that function (an int stays an int, as JAX's Jacobian structure follows it)."""
     n = len(args)
     for i in argnums_tuple(argnums):
         if not -n <= i < n:  # JAX's message
@@ -29,23 +30,9 @@ def _partial(fun, argnums, args, kwargs):
             )
     nums = tuple(i % n for i in argnums_tuple(argnums))
     rest = tuple(i for i in range(len(args)) if i not in nums)
-    fixed = tuple(args[i] for i in rest)
-    return Bound(fun, fixed, rest, kwargs, free_at=nums), tuple(args[i] for i in nums)
-
-
-def _basis(tree: Any) -> Any:
-    """The standard basis of a pytree: leaves of shape `(n, *leaf.shape)`, n = total size."""
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    sizes = [int(np.size(x)) for x in leaves]
-    eye = jnp.eye(sum(sizes), dtype=jnp.result_type(*leaves))
-    parts = jnp.split(eye, np.cumsum(sizes[:-1]).tolist(), axis=1) if leaves else []
-    return jax.tree_util.tree_unflatten(
-        treedef,
-        [
-            _cast(p.reshape((p.shape[0],) + np.shape(x)), jnp.result_type(x))
-            for p, x in zip(parts, leaves)
-        ],
-    )
+    f = Bound(fun, tuple(args[i] for i in rest), rest, kwargs, free_at=nums)
+    dyn_nums = 0 if isinstance(argnums, int) else tuple(range(len(nums)))
+    return f, tuple(args[i] for i in nums), dyn_nums
 
 
 def _cast(x: Any, dtype: Any, weak: bool = False) -> Any:
@@ -107,8 +94,7 @@ class BatchJacfwd(eqx.Module):
     linearize: bool = eqx.field(static=True, default=True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        f, dyn = _partial(self.fun, self.argnums, args, kwargs)
-        nums = 0 if isinstance(self.argnums, int) else tuple(range(len(dyn)))
+        f, dyn, nums = _partial(self.fun, self.argnums, args, kwargs)
         jac_fn = jax.jacfwd(f, nums, has_aux=self.has_aux, holomorphic=self.holomorphic)
         ref = jax.eval_shape(jac_fn, *dyn)  # JAX's dtype checks, structure and avals
         ref_jac, ref_aux = ref if self.has_aux else (ref, None)
@@ -186,21 +172,21 @@ class BatchJacrev(eqx.Module):
     batch_size: int | None = eqx.field(static=True, converter=as_size)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        f, dyn = _partial(self.fun, self.argnums, args, kwargs)
-        nums = 0 if isinstance(self.argnums, int) else tuple(range(len(dyn)))
+        f, dyn, nums = _partial(self.fun, self.argnums, args, kwargs)
         jac_fn = jax.jacrev(f, nums, self.has_aux, self.holomorphic, self.allow_int)
         ref = jax.eval_shape(jac_fn, *dyn)  # JAX's dtype checks, structure and avals
         ref_jac = ref[0] if self.has_aux else ref
         y, pullback, *aux = jax.vjp(f, *dyn, has_aux=self.has_aux)  # residuals: once
         rows_of = _offsets(y)
-        if sum(k for _, k in rows_of) == 0:
+        n = sum(k for _, k in rows_of)
+        if n == 0:
             blocks = [None] * len(jax.tree_util.tree_leaves(ref_jac))
         else:
 
-            def pull(cotangent):
-                return _no_float0(pullback(cotangent))
+            def pull(i):  # the basis cotangent built inside the chunk, as for batch_jacfwd
+                return _no_float0(pullback(_basis_vector(i, y)))
 
-            rows = batch_vmap(pull, batch_size=self.batch_size)(_basis(y))
+            rows = batch_vmap(pull, batch_size=self.batch_size)(jnp.arange(n))
             blocks = [None if r is None else r[s : s + k] for s, k in rows_of for r in rows]
         jac = _assemble(ref_jac, blocks)
         return (jac, *aux) if self.has_aux else jac

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
@@ -25,8 +26,8 @@ from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
 from .._combinators.shard import Shard
 from .._plan.measure import per_device_rows
 from .._types import GradPolicy, Remainder
-from ._axes import move_axis, normalize_axis
 from ._bind import Bound
+from ._vmap_axes import resolve
 
 Planned = int | Literal["auto"] | None
 
@@ -35,24 +36,40 @@ class Options(eqx.Module):
     """A map's options, checked once (by `check_options`) where the user gave them.
 
     `who` is the public map; `names` are its size and budget arguments, as its plans and
-    messages name them.
+    messages name them. Every field after `size` is keyword-only.
     """
 
     who: str = eqx.field(static=True)
     size: Planned = eqx.field(static=True)
-    grad: GradPolicy = eqx.field(static=True, default="auto")
-    grad_size: Planned = eqx.field(static=True, default=None)
-    memory_budget: int | None = eqx.field(static=True, default=None)
-    shard: bool = eqx.field(static=True, default=False)
-    mesh: Mesh | None = eqx.field(static=True, default=None)
-    checkpoint: bool = eqx.field(static=True, default=True)
-    progress: bool = eqx.field(static=True, default=False)
-    remainder: Remainder | None = eqx.field(static=True, default=None)
-    names: tuple[str, str] = eqx.field(static=True, default=("batch_size", "memory_budget"))
+    grad: GradPolicy = eqx.field(static=True, kw_only=True, default="auto")
+    grad_size: Planned = eqx.field(static=True, kw_only=True, default=None)
+    memory_budget: int | None = eqx.field(static=True, kw_only=True, default=None)
+    shard: bool = eqx.field(static=True, kw_only=True, default=False)
+    mesh: Mesh | None = eqx.field(static=True, kw_only=True, default=None)
+    checkpoint: bool = eqx.field(static=True, kw_only=True, default=True)
+    progress: bool = eqx.field(static=True, kw_only=True, default=False)
+    remainder: Remainder | None = eqx.field(static=True, kw_only=True, default=None)
+    names: tuple[str, str] = eqx.field(
+        static=True, kw_only=True, default=("batch_size", "memory_budget")
+    )
 
     def owner(self, what: str) -> tuple[str, str, str, str]:
         """The Chunk's `owner`: the map, its size and budget arguments, and `what` it maps."""
         return (self.who, *self.names, what)
+
+    def check_planned(self, method: str) -> None:
+        """Raise unless the size `method` (`"memory_plan"`, `"grad_memory_plan"`) reports is
+        planned ("auto")."""
+        if method == "memory_plan" and self.size != "auto":
+            raise ValueError(
+                f"`{self.who}(batch_size={self.size!r}).memory_plan`: only a map built with "
+                "batch_size='auto' has a memory plan."
+            )
+        if method == "grad_memory_plan" and self.grad_size != "auto":
+            raise ValueError(
+                f"`{self.who}(grad_batch_size={self.grad_size!r}).grad_memory_plan`: only a map "
+                "whose backward size is planned (batch_size='auto') has a gradient plan."
+            )
 
     def devices(self, args: Any) -> int:
         """Devices the rows are split over: those of the mesh `Shard` will run on."""
@@ -85,7 +102,9 @@ def check_options(
     planned = check_grad_options(who, size, grad, grad_size)
     grad_size = planned if plan_grad or grad_size is not None else None
     names = ("batch_size", budget_name)
-    return Options(who, size, grad, grad_size, memory_budget, names=names, **rest)
+    return Options(
+        who, size, grad=grad, grad_size=grad_size, memory_budget=memory_budget, names=names, **rest
+    )
 
 
 def check_grad_options(who: str, batch_size: Any, grad: str, grad_batch_size: Any) -> Any:
@@ -183,18 +202,22 @@ def the_chunk(pipeline: Any) -> Chunk:
 
 
 def prepare_args(who: str, f: Callable, in_axes: Any, args: tuple, kwargs: dict):
-    """`(f, axes, args)` with every mapped axis moved to the front (keywords: bound whole)."""
+    """`(f, axes, args)` with every mapped axis moved to the front (keywords: bound whole).
+
+    adv's `in_axes` (one int/`None` per argument) read by the resolver `chunkx.vmap` uses:
+    an entry `k` maps every array leaf of its argument along `k` (negative: from the end of
+    that leaf's shape) and passes the other leaves whole, as `eqx.if_array(k)` does.
+    """
     axes = in_axes_tuple(who, in_axes, len(args))
     if all(a is None for a in axes):
         raise ValueError(
             f"`{who}(in_axes={in_axes!r})`: at least one argument must be mapped; "
             "every in_axes entry is None."
         )
-    axes = tuple(
-        None if a is None else normalize_axis(who, "in_axes", i, arg, a)
-        for i, (arg, a) in enumerate(zip(args, axes))
-    )
-    args = tuple(a if ax is None else move_axis(a, ax, 0) for a, ax in zip(args, axes))
+    spec = (tuple(None if a is None else eqx.if_array(a) for a in axes), None)
+    leaves, at, treedef, _ = resolve(who, spec, (args, {}), "the arguments", in_axes)
+    moved = [x if a is None else jnp.moveaxis(x, a, 0) for x, a in zip(leaves, at)]
+    args = jax.tree_util.tree_unflatten(treedef, moved)[0]
     zero = tuple(None if a is None else 0 for a in axes)
     mapped_length(args, zero, who)  # lengths and leaves checked here, named `who`
     return (Bound(f, kwargs=kwargs) if kwargs else f), zero, args

@@ -11,14 +11,14 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jaxtyping import PyTree
 
-from .._checks import check_positive
+from .._checks import check_entries, check_positive
 from .._combinators._sharding import on_inputs_mesh
 from .._combinators.reduce import AbstractReducer, Concat
 from .._combinators.vmap import Vmap
 from .._plan.search import MemoryPlan
 from .._public import public
 from .._types import Budget, GradPolicy
-from ._vmap_axes import Spec, by_name, check_spec, flat_axes, in_axis, leaf_names, out_axis
+from ._vmap_axes import Spec, by_name, check_spec, flat_axes, out_axis, resolve
 from .pipeline import Options, check_options, compose, fn_name, plan_of
 
 _AXES = (0, None)  # the pipeline's two arguments: mapped rows, fixed leaves
@@ -106,11 +106,7 @@ class ChunkedVmap(eqx.Module):
         return self._plan("grad_memory_plan", args, kwargs)
 
     def _plan(self, method: str, args: tuple, kwargs: dict) -> MemoryPlan:
-        if self.opts.size != "auto":
-            raise ValueError(
-                f"`{self._who}(batch_size={self.opts.size!r}).{method}`: only a map built with "
-                "batch_size='auto' has a memory plan."
-            )
+        self.opts.check_planned(method)
 
         def plan(args, kwargs):  # traced: arrays and `jax.ShapeDtypeStruct`s alike
             return self._call(args, kwargs, plan=method)
@@ -120,12 +116,8 @@ class ChunkedVmap(eqx.Module):
     def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
         """The map's value, or with `plan` (`"memory_plan"`, `"grad_memory_plan"`) the plan
         its Chunk follows for these arguments."""
-        who, tree = self._who, (args, kwargs)
-        axes = self._input_axes(args, kwargs)
-        leaves, treedef = jax.tree_util.tree_flatten(tree)
-        names = leaf_names(tree)
-        axes = [a if a is None else in_axis(who, names[i], x, a)
-                for i, (x, a) in enumerate(zip(leaves, axes))]
+        who = self._who
+        leaves, axes, treedef, names = self._resolve(args, kwargs)
         if all(a is None for a in axes):
             if plan is not None:
                 raise ValueError(f"`{who}.{plan}`: no argument is mapped; nothing to plan.")
@@ -147,21 +139,15 @@ class ChunkedVmap(eqx.Module):
             body = self._sorted(body, rows, fixed, n)[0]
         return plan_of(self._pipeline(body), plan, (rows, fixed), _AXES, self.opts)
 
-    def _input_axes(self, args: tuple, kwargs: dict) -> list:
+    def _resolve(self, args: tuple, kwargs: dict) -> tuple:
         who, spec = self._who, self.in_axes.tree
         if self.filtered:
             spec = by_name(who, self.fun, spec, len(args))
-            return flat_axes(
-                who, "in_axes", (spec, None), (args, kwargs), "the arguments", self.in_axes
-            )
-        if type(spec) is tuple and len(spec) != len(args):
-            raise ValueError(
-                f"`{who}(in_axes={spec!r})`: in_axes has {len(spec)} entries but the function "
-                f"was called with {len(args)} positional arguments."
-            )
-        return flat_axes(
-            who, "in_axes", (spec, 0), (args, kwargs), "the positional arguments", self.in_axes
-        )
+            return resolve(who, (spec, None), (args, kwargs), "the arguments", self.in_axes)
+        if type(spec) is tuple:
+            check_entries(who, spec, len(args))
+        what = "the positional arguments"
+        return resolve(who, (spec, 0), (args, kwargs), what, self.in_axes)
 
     def _length(self, rows: list, names: list, axes: list) -> int:
         sizes = {}
