@@ -86,3 +86,16 @@ def test_no_long_positional_lists_outside_public_signatures():
             if not public and _positional(node) > 7:
                 long.append(f"{name}:{node.lineno} {node.name}")
     assert not long, long
+
+
+@pytest.mark.parametrize("shard", [False, True])
+def test_keywords_are_bound_whole_into_every_chunk(shard):
+    g = lambda x, w, *, scale: jnp.tanh(x * w) * scale  # noqa: E731
+    scale = jnp.linspace(1.0, 2.0, 4)
+    xs = jnp.linspace(-1.0, 1.0, 48).reshape(12, 4)
+    ref = jax.vmap(lambda x, w: g(x, w, scale=scale), (0, None))(xs, w)
+    mapped = chunkx.batch_vmap(g, (0, None), batch_size=2, shard=shard)
+    assert jnp.allclose(mapped(xs, w, scale=scale), ref)
+    loss = lambda s: jnp.sum(mapped(xs, w, scale=s) ** 2)  # noqa: E731
+    ref_loss = lambda s: jnp.sum(jax.vmap(lambda x: g(x, w, scale=s))(xs) ** 2)  # noqa: E731
+    assert jnp.allclose(jax.jit(jax.grad(loss))(scale), jax.grad(ref_loss)(scale))
