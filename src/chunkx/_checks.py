@@ -110,13 +110,18 @@ def in_axes_tuple(who: str, in_axes: InAxes, nargs: int) -> tuple[AxisSpec, ...]
     check_in_axes(who, in_axes)
     if not isinstance(in_axes, tuple | list):
         return (in_axes,) * nargs
+    check_entries(who, in_axes, nargs)
+    return tuple(in_axes)
+
+
+def check_entries(who: str, in_axes: tuple | list, nargs: int) -> None:
+    """Raise unless a tuple `in_axes` has one entry per positional argument."""
     if len(in_axes) != nargs:
         raise ValueError(
             f"`{who}(in_axes={in_axes!r})`: in_axes has "
             f"{_count(len(in_axes), 'entry', 'entries')} but the function was called with "
             f"{_count(nargs, 'positional argument', 'positional arguments')}."
         )
-    return tuple(in_axes)
 
 
 def zero_in_axes(who: str, in_axes: InAxes, nargs: int) -> tuple[AxisSpec, ...]:

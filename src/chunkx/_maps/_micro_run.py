@@ -299,6 +299,6 @@ class Plan(eqx.Module):
 
 def _local(args: tuple, axes: tuple, who: str, ndev: int) -> tuple:
     """The structs of the rows one device's Chunk sees (the maps' own row layout)."""
-    from .adv import local_args
+    from .pipeline import local_args
 
     return local_args(args, axes, who, ndev)

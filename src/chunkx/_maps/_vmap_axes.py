@@ -96,6 +96,20 @@ def flat_axes(who: str, name: str, spec: Any, tree: Any, what: str, shown: Any =
     return out
 
 
+def resolve(who: str, spec: Any, tree: Any, what: str, shown: Any = None) -> tuple:
+    """`(leaves, axes, treedef, names)` of an `(args, kwargs)` pair mapped by `spec`.
+
+    The one reading of `in_axes` every map shares: `axes` holds one entry per leaf, `None`
+    or the non-negative axis its rows run along (`flat_axes`, then `in_axis`); `names` are
+    the leaves' names in messages (`leaf_names`).
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    names = leaf_names(tree)
+    axes = flat_axes(who, "in_axes", spec, tree, what, shown)
+    axes = [a if a is None else in_axis(who, nm, x, a) for nm, x, a in zip(names, leaves, axes)]
+    return leaves, axes, treedef, names
+
+
 def in_axis(who: str, where: str, leaf: Any, axis: int) -> int:
     """A mapped input leaf's axis as a non-negative int (negative axes count from the end)."""
     if not eqx.is_array(leaf):

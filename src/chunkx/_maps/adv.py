@@ -1,149 +1,32 @@
-"""`batch_vmap` and `batch_map`: adv-jax-math 1.3 semantics, composed from the combinators."""
+"""`batch_vmap` and `batch_map`: adv-jax-math 1.3 semantics, composed from the combinators
+on the shared call layout (`pipeline`)."""
 
 import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal
 
 import equinox as eqx
-import jax
-import numpy as np
 from jax.sharding import Mesh
 
-from .._checks import (
-    as_in_axes,
-    as_size,
-    check_budget,
-    check_choice,
-    check_in_axes,
-    check_mesh_1d,
-    check_positive,
-    in_axes_tuple,
-    resolve_batch_size,
-)
+from .._checks import as_in_axes, check_in_axes
 from .._combinators._rows import mapped_length
-from .._combinators._sharding import auto_twin, call_mesh, on_inputs_mesh, to_mesh
-from .._combinators.chunk import Chunk, Reduce
-from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
-from .._combinators.shard import Shard
+from .._combinators._sharding import auto_twin, on_inputs_mesh, to_mesh
+from .._combinators.reduce import AbstractReducer, Monoid, identity
 from .._combinators.vmap import Vmap
-from .._plan.measure import per_device_rows
 from .._plan.search import MemoryPlan
 from .._public import public
 from .._types import Budget, GradPolicy, InAxes, Size
-from ._axes import move_axis, normalize_axis
-
-
-def reducer_for(
-    who: str,
-    reduction: Callable | None,
-    chunk_reduction: Callable,
-    reducer: AbstractReducer | None = None,
-    grad: str = "auto",
-) -> tuple[AbstractReducer, Callable | None]:
-    """adv's `(reduction, chunk_reduction)` pair as a reducer plus an optional final map.
-
-    A chunkx reducer object (`reducer=`) is used as it is; it excludes the pair.
-    `grad="fused"` with a `reduction` asserts that the reduction is a sum.
-    """
-    if reducer is not None:
-        if reduction is not None or chunk_reduction is not identity:
-            raise ValueError(
-                f"`{who}(reducer={reducer!r})`: give either a reducer or the (reduction, "
-                f"chunk_reduction) pair, not both; got reduction={reduction!r} and "
-                f"chunk_reduction={chunk_reduction!r} as well."
-            )
-        return reducer, None
-    if reduction is None:
-        return Concat(), (None if chunk_reduction is identity else chunk_reduction)
-    if chunk_reduction is identity:
-        raise ValueError(
-            f"`{who}(reduction=...)`: a reduction needs a chunk_reduction that removes the mapped "
-            "axis (e.g. chunk_reduction=lambda out: jnp.sum(out, axis=0)); got the default "
-            "identity, which would fold unreduced chunks of different lengths."
-        )
-    return Monoid(reduction, chunk_reduction, True if grad == "fused" else None), None
-
-
-def check_options(who: str, batch_size: Any, kwargs: dict, memory_budget, shard, mesh) -> Any:
-    """The preamble of every adv-style map: the chunk size (and its alias), budget, mesh."""
-    batch_size = resolve_batch_size(who, batch_size, kwargs, memory_budget)
-    if shard:
-        check_mesh_1d(who, mesh)
-    return batch_size
-
-
-def compose(
-    inner, axes, batch_size, reducer, shard, mesh, checkpoint=True, progress=False, grad="auto",
-    grad_size=None, memory_budget=None, owner=None, remainder=None,
-):
-    """The adv pipeline: [Shard ∘] (Chunk | Reduce) ∘ inner, all with one reducer.
-
-    An "auto" size is the Chunk's to plan (`memory_budget`; `owner` names the map in its
-    messages)."""
-    if batch_size is None:
-        piece = Reduce(inner, reducer)
-    else:
-        planned = "auto" in (batch_size, grad_size)
-        piece = Chunk(
-            inner, batch_size, reducer=reducer, in_axes=axes, checkpoint=checkpoint,
-            progress=progress, grad=grad, grad_size=grad_size,
-            memory_budget=memory_budget if planned else None, owner=owner if planned else None,
-            remainder=remainder,
-        )
-    if shard:
-        piece = Shard(piece, mesh, in_axes=axes)
-    return piece
-
-
-def _ndev(shard: bool, mesh: Mesh | None, args: Any) -> int:
-    """Devices the rows are split over: those of the mesh `Shard` will run on."""
-    return call_mesh(mesh, args).size if shard else 1
-
-
-def local_args(args: tuple, axes: tuple, who: str, ndev: int) -> tuple:
-    """`jax.ShapeDtypeStruct`s of the rows one device's Chunk sees (`per_device_rows`)."""
-    n = mapped_length(args, axes, who)
-    k = per_device_rows(n, ndev)
-
-    def struct(x, mapped):
-        if not eqx.is_array(x):
-            return x
-        shape = np.shape(x)
-        return jax.ShapeDtypeStruct((k,) + shape[1:] if mapped else shape, x.dtype)
-
-    return tuple(
-        jax.tree_util.tree_map(lambda x, a=a: struct(x, a is not None), arg)
-        for arg, a in zip(args, axes)
-    )
-
-
-def the_chunk(pipeline: Any) -> Chunk:
-    """The Chunk of an adv pipeline (inside its Shard, if any)."""
-    return pipeline.fn if isinstance(pipeline, Shard) else pipeline
-
-
-def prepare_args(who: str, f: Callable, in_axes: Any, args: tuple, kwargs: dict):
-    """`(f, axes, args)` with every mapped axis moved to the front (keywords: unmapped)."""
-    axes = in_axes_tuple(who, in_axes, len(args))
-    if all(a is None for a in axes):
-        raise ValueError(
-            f"`{who}(in_axes={in_axes!r})`: at least one argument must be mapped; "
-            "every in_axes entry is None."
-        )
-    axes = tuple(
-        None if a is None else normalize_axis(who, "in_axes", i, arg, a)
-        for i, (arg, a) in enumerate(zip(args, axes))
-    )
-    args = tuple(a if ax is None else move_axis(a, ax, 0) for a, ax in zip(args, axes))
-    zero = tuple(None if a is None else 0 for a in axes)
-    mapped_length(args, zero, who)  # lengths and leaves checked here, named `who`
-    if not kwargs:
-        return f, zero, args
-    return _with_kwargs(f), zero + (None,), args + (kwargs,)
-
-
-def fn_name(f: Any) -> str:
-    return getattr(f, "__name__", type(f).__name__)
+from .pipeline import (
+    Options,
+    check_options,
+    check_strip,
+    compose,
+    fn_name,
+    plan_of,
+    prepare_args,
+    reducer_for,
+    run_one_input,
+)
 
 
 class BatchVmap(eqx.Module):
@@ -178,24 +61,20 @@ class BatchVmap(eqx.Module):
 
     f: Callable[..., Any]
     in_axes: InAxes = eqx.field(static=True, converter=as_in_axes)
-    batch_size: int | Literal["auto"] | None = eqx.field(static=True, converter=as_size)
     reducer: AbstractReducer
     post: Callable | None = eqx.field(static=True)
-    shard: bool = eqx.field(static=True)
-    mesh: Mesh | None = eqx.field(static=True)
-    checkpoint: bool = eqx.field(static=True)
-    memory_budget: int | None = eqx.field(static=True, default=None)
-    progress: bool = eqx.field(static=True, default=False)
-    grad: GradPolicy = eqx.field(static=True, default="auto")
-    grad_batch_size: int | Literal["auto"] | None = eqx.field(
-        static=True, default=None, converter=as_size
-    )
+    opts: Options
+
+    @property
+    def batch_size(self) -> int | Literal["auto"] | None:
+        return self.opts.size
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        twin = auto_twin((args, kwargs), self.mesh) if self.shard else None
+        twin = auto_twin((args, kwargs), self.opts.mesh) if self.opts.shard else None
         if twin is not None:  # an Explicit mesh, no context mesh: as adv, on an Auto mesh
             args, kwargs = to_mesh((args, kwargs), twin)
-            return dataclasses.replace(self, mesh=twin)._call(args, kwargs)
+            opts = dataclasses.replace(self.opts, mesh=twin)
+            return dataclasses.replace(self, opts=opts)._call(args, kwargs)
         with on_inputs_mesh((args, kwargs)):
             return self._call(args, kwargs)
 
@@ -219,16 +98,7 @@ class BatchVmap(eqx.Module):
         reverse pass fits the budget (differentiating the map raises it too). With
         `shard=True` the plan is one device's.
         """
-        if self.grad_batch_size != "auto":
-            raise ValueError(
-                f"`batch_vmap(grad_batch_size={self.grad_batch_size!r}).grad_memory_plan`: only "
-                "a map whose backward size is planned (batch_size='auto') has a gradient plan."
-            )
-        def plan(args, kwargs):  # traced: arrays and `jax.ShapeDtypeStruct`s alike
-            chunk, local = self._local(args, kwargs)
-            return chunk.grad_memory_plan(*local)
-
-        return eqx.filter_eval_shape(plan, args, kwargs)
+        return self._plan("grad_memory_plan", args, kwargs)
 
     def memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
         """The [`chunkx.MemoryPlan`][] that `batch_size="auto"` follows for these arguments.
@@ -237,41 +107,23 @@ class BatchVmap(eqx.Module):
         map afterwards compiles nothing more for planning. With `shard=True` the plan is one
         device's (its rows are `n // D`, or the leftover rows where those are more).
         """
-        if self.batch_size != "auto":
-            raise ValueError(
-                f"`batch_vmap(batch_size={self.batch_size!r}).memory_plan`: only a map built "
-                "with batch_size='auto' has a memory plan."
-            )
+        return self._plan("memory_plan", args, kwargs)
+
+    def _plan(self, method: str, args: tuple, kwargs: dict) -> MemoryPlan:
+        self.opts.check_planned(method)
+
         def plan(args, kwargs):  # traced: arrays and `jax.ShapeDtypeStruct`s alike
-            chunk, local = self._local(args, kwargs)
-            return chunk.memory_plan(*local)
+            f, zero, args = self._prepare(args, kwargs)
+            return plan_of(self._build(f, zero), method, args, zero, self.opts)
 
         return eqx.filter_eval_shape(plan, args, kwargs)
-
-    def _local(self, args: tuple, kwargs: dict) -> tuple:
-        """The pipeline's Chunk and the structs of the rows it plans for."""
-        f, zero, args = self._prepare(args, kwargs)
-        ndev = _ndev(self.shard, self.mesh, args)
-        return the_chunk(self._build(f, zero)), local_args(args, zero, "batch_vmap", ndev)
 
     def _prepare(self, args: tuple, kwargs: dict):
         return prepare_args("batch_vmap", self.f, self.in_axes, args, kwargs)
 
-    def _build(self, f, zero, owner=None):
-        owner = owner or ("batch_vmap", "batch_size", "memory_budget",
-                          f"batch_vmap({fn_name(self.f)})")
-        return compose(
-            Vmap(f, zero), zero, self.batch_size, self.reducer, self.shard, self.mesh,
-            self.checkpoint, self.progress, self.grad, self.grad_batch_size, self.memory_budget,
-            owner,
-        )
-
-
-class _with_kwargs(eqx.Module):
-    f: Callable[..., Any]
-
-    def __call__(self, *args):
-        return self.f(*args[:-1], **args[-1])
+    def _build(self, f, zero):
+        what = f"batch_vmap({fn_name(self.f)})"
+        return compose(Vmap(f, zero), zero, self.reducer, self.opts, what)
 
 
 @public
@@ -373,44 +225,15 @@ def batch_vmap(
     """
     who = "batch_vmap"
     check_in_axes(who, in_axes)
-    memory_budget = check_budget(who, "memory_budget", memory_budget)
-    batch_size = check_options(who, batch_size, kwargs, memory_budget, shard, mesh)
-    grad_batch_size = check_grad_options(who, batch_size, grad, grad_batch_size)
+    opts = check_options(
+        who, batch_size, kwargs=kwargs, memory_budget=memory_budget, grad=grad,
+        grad_size=grad_batch_size, shard=shard, mesh=mesh, checkpoint=checkpoint,
+        progress=progress,
+    )
     reducer, post = reducer_for(who, reduction, chunk_reduction, reducer, grad)
     if isinstance(in_axes, tuple | list):  # eqx.if_array(k): arrays along k, the rest whole
         in_axes = tuple(a.axis if isinstance(a, eqx.if_array) else a for a in in_axes)
-    return BatchVmap(
-        f, in_axes, batch_size, reducer, post, shard, mesh, checkpoint, memory_budget, progress,
-        grad, grad_batch_size,
-    )
-
-
-def check_grad_options(who: str, batch_size: Any, grad: str, grad_batch_size: Any) -> Any:
-    """The reverse-mode options: a policy, and a backward size ("auto" with an "auto" map)."""
-    check_choice(who, "grad", grad, ("auto", "fused", "recompute", "store"))
-    grad_batch_size = check_positive(who, "grad_batch_size", grad_batch_size)
-    if grad_batch_size is not None and batch_size is None:
-        raise ValueError(
-            f"`{who}(grad_batch_size={grad_batch_size!r})`: a backward chunk size needs a "
-            "forward one; got batch_size=None (no chunking)."
-        )
-    if grad_batch_size is None and batch_size == "auto" and grad != "store":
-        return "auto"  # both passes are planned
-    return grad_batch_size
-
-
-class _Strip(eqx.Module):
-    """Run a per-element `fun` on a one-row chunk (adv's `strip_dim0`)."""
-
-    fun: Callable[..., Any]
-
-    def __call__(self, x: Any) -> Any:
-        out = self.fun(jax.tree_util.tree_map(lambda y: y[0], x))
-        return jax.tree_util.tree_map(lambda y: y[None], out)
-
-
-def _first_row(rows: Any) -> Any:
-    return jax.tree_util.tree_map(lambda y: y[0], rows)
+    return BatchVmap(f, in_axes, reducer, post, opts)
 
 
 @public
@@ -475,55 +298,14 @@ def batch_map(
         ```
     """
     who = "batch_map"
-    memory_budget = check_budget(who, "memory_budget", memory_budget)
-    batch_size = check_options(who, batch_size, kwargs, memory_budget, shard, mesh)
-    check_strip(who, strip_dim0, batch_size)
-    grad_batch_size = check_grad_options(who, batch_size, grad, grad_batch_size)
-    n = _length(who, fun_input)
+    opts = check_options(
+        who, batch_size, kwargs=kwargs, memory_budget=memory_budget, grad=grad,
+        grad_size=grad_batch_size, shard=shard, mesh=mesh, checkpoint=checkpoint,
+        progress=progress,
+    )
+    check_strip(who, strip_dim0, opts.size)
+    mapped_length((fun_input,), (0,), who)
     return run_one_input(
-        who, fun, fun_input, n, batch_size, reduction, chunk_reduction, strip_dim0, shard, mesh,
-        checkpoint, progress, memory_budget, arg="fun_input", reducer=reducer,
-        grad=(grad, grad_batch_size),
+        fun, fun_input, opts, reduction, chunk_reduction, strip_dim0=strip_dim0,
+        arg="fun_input", reducer=reducer,
     )
-
-
-def check_strip(who: str, strip_dim0: bool, batch_size: Any) -> None:
-    if strip_dim0 and batch_size != 1:
-        raise ValueError(
-            f"`{who}(strip_dim0=True, batch_size={batch_size!r})`: strip_dim0 needs "
-            "batch_size=1 (the function then receives single rows without their leading axis)."
-        )
-
-
-def run_one_input(
-    who, fun, x, n, batch_size, reduction, chunk_reduction, strip_dim0, shard, mesh,
-    checkpoint, progress, memory_budget, arg, reducer=None, grad=("auto", None),
-):
-    """The tail shared by `batch_map` and `sparse_pullback`: one chunked input pytree `x`.
-
-    `strip_dim0` calls `fun` per row; with a `reduction` those rows are folded (seeded from
-    row 0, so 0 rows is an error). An "auto" size is planned by the pipeline's Chunk.
-    """
-    if strip_dim0:
-        fun = _Strip(fun)
-        if reduction is not None:
-            if n == 0:
-                raise ValueError(
-                    f"`{who}(strip_dim0=True, reduction=...)`: {arg} has 0 rows and the "
-                    "reduction has no identity element to return."
-                )
-            chunk_reduction = _first_row
-    reducer, post = reducer_for(who, reduction, chunk_reduction, reducer, grad[0])
-    policy, grad_size = grad
-    what = f"{who}({fn_name(fun)})"
-    pipeline = compose(
-        fun, (0,), batch_size, reducer, shard, mesh, checkpoint, progress, policy, grad_size,
-        memory_budget, (who, "batch_size", "memory_budget", what),
-    )
-    with on_inputs_mesh(x):
-        out = pipeline(x)
-        return out if post is None else post(out)
-
-
-def _length(who, tree):
-    return mapped_length((tree,), (0,), who)

@@ -1,6 +1,5 @@
 """`batch_jacfwd` and `batch_jacrev`: `jax.jacfwd`/`jax.jacrev` with chunked basis vectors."""
 
-import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -12,61 +11,28 @@ import numpy as np
 from .._checks import as_size, resolve_batch_size
 from .._public import public
 from .._types import Size
+from ._bind import Bound, argnums_tuple, check_argnums
 from .adv import batch_vmap
 
 Argnums = int | tuple[int, ...]
 
 
-def _index(who: str, argnums: Any) -> Argnums:
-    """An int, or a tuple of ints (JAX's rule for `argnums`)."""
-    try:
-        return operator.index(argnums)
-    except TypeError:
-        pass
-    try:
-        return tuple(map(operator.index, argnums))
-    except TypeError:
-        raise TypeError(
-            f"`{who}(argnums={argnums!r})`: argnums must be an int or a sequence of ints, "
-            f"got {argnums!r}."
-        ) from None
-
-
 def _partial(fun, argnums, args, kwargs):
-    """`fun` as a function of the differentiated arguments only; and those arguments."""
-    nums = (argnums,) if isinstance(argnums, int) else argnums
+    """`fun` as a function of the differentiated arguments only; those arguments; and the
+    `argnums` of that function (an int stays an int, as JAX's Jacobian structure follows it)."""
     n = len(args)
-    for i in nums:
-        if not -n <= i < n:
+    for i in argnums_tuple(argnums):
+        if not -n <= i < n:  # JAX's message
             raise ValueError(
                 "Positional argument indices, e.g. for `static_argnums`, must have value greater "
                 "than or equal to -len(args) and less than len(args), but got value "
                 f"{i} for len(args) == {n}."
             )
-    nums = tuple(i % n for i in nums)
-
-    def f_partial(*dyn):
-        full = list(args)
-        for i, x in zip(nums, dyn):
-            full[i] = x
-        return fun(*full, **kwargs)
-
-    return f_partial, tuple(args[i] for i in nums)
-
-
-def _basis(tree: Any) -> Any:
-    """The standard basis of a pytree: leaves of shape `(n, *leaf.shape)`, n = total size."""
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    sizes = [int(np.size(x)) for x in leaves]
-    eye = jnp.eye(sum(sizes), dtype=jnp.result_type(*leaves))
-    parts = jnp.split(eye, np.cumsum(sizes[:-1]).tolist(), axis=1) if leaves else []
-    return jax.tree_util.tree_unflatten(
-        treedef,
-        [
-            _cast(p.reshape((p.shape[0],) + np.shape(x)), jnp.result_type(x))
-            for p, x in zip(parts, leaves)
-        ],
-    )
+    nums = tuple(i % n for i in argnums_tuple(argnums))
+    rest = tuple(i for i in range(len(args)) if i not in nums)
+    f = Bound(fun, tuple(args[i] for i in rest), rest, kwargs, free_at=nums)
+    dyn_nums = 0 if isinstance(argnums, int) else tuple(range(len(nums)))
+    return f, tuple(args[i] for i in nums), dyn_nums
 
 
 def _cast(x: Any, dtype: Any, weak: bool = False) -> Any:
@@ -128,8 +94,7 @@ class BatchJacfwd(eqx.Module):
     linearize: bool = eqx.field(static=True, default=True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        f, dyn = _partial(self.fun, self.argnums, args, kwargs)
-        nums = 0 if isinstance(self.argnums, int) else tuple(range(len(dyn)))
+        f, dyn, nums = _partial(self.fun, self.argnums, args, kwargs)
         jac_fn = jax.jacfwd(f, nums, has_aux=self.has_aux, holomorphic=self.holomorphic)
         ref = jax.eval_shape(jac_fn, *dyn)  # JAX's dtype checks, structure and avals
         ref_jac, ref_aux = ref if self.has_aux else (ref, None)
@@ -207,21 +172,21 @@ class BatchJacrev(eqx.Module):
     batch_size: int | None = eqx.field(static=True, converter=as_size)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        f, dyn = _partial(self.fun, self.argnums, args, kwargs)
-        nums = 0 if isinstance(self.argnums, int) else tuple(range(len(dyn)))
+        f, dyn, nums = _partial(self.fun, self.argnums, args, kwargs)
         jac_fn = jax.jacrev(f, nums, self.has_aux, self.holomorphic, self.allow_int)
         ref = jax.eval_shape(jac_fn, *dyn)  # JAX's dtype checks, structure and avals
         ref_jac = ref[0] if self.has_aux else ref
         y, pullback, *aux = jax.vjp(f, *dyn, has_aux=self.has_aux)  # residuals: once
         rows_of = _offsets(y)
-        if sum(k for _, k in rows_of) == 0:
+        n = sum(k for _, k in rows_of)
+        if n == 0:
             blocks = [None] * len(jax.tree_util.tree_leaves(ref_jac))
         else:
 
-            def pull(cotangent):
-                return _no_float0(pullback(cotangent))
+            def pull(i):  # the basis cotangent built inside the chunk, as for batch_jacfwd
+                return _no_float0(pullback(_basis_vector(i, y)))
 
-            rows = batch_vmap(pull, batch_size=self.batch_size)(_basis(y))
+            rows = batch_vmap(pull, batch_size=self.batch_size)(jnp.arange(n))
             blocks = [None if r is None else r[s : s + k] for s, k in rows_of for r in rows]
         jac = _assemble(ref_jac, blocks)
         return (jac, *aux) if self.has_aux else jac
@@ -289,7 +254,7 @@ def batch_jacfwd(
         assert jnp.allclose(J, jax.jacfwd(jnp.sin)(x))
         ```
     """
-    argnums = _index("batch_jacfwd", argnums)
+    argnums = check_argnums("batch_jacfwd", "argnums", argnums)
     jax.jacfwd(fun, argnums, has_aux, holomorphic)  # JAX's checks of fun and argnums
     batch_size = resolve_batch_size("batch_jacfwd", batch_size, kwargs, auto=False)
     return BatchJacfwd(fun, argnums, has_aux, holomorphic, batch_size, linearize)
@@ -344,7 +309,7 @@ def batch_jacrev(
         assert jnp.allclose(J, jax.jacrev(f)(jnp.ones(50)))
         ```
     """
-    argnums = _index("batch_jacrev", argnums)
+    argnums = check_argnums("batch_jacrev", "argnums", argnums)
     jax.jacrev(fun, argnums, has_aux, holomorphic, allow_int)  # JAX's check of fun
     batch_size = resolve_batch_size("batch_jacrev", batch_size, kwargs, auto=False)
     return BatchJacrev(fun, argnums, has_aux, holomorphic, allow_int, batch_size)

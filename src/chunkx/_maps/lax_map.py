@@ -7,13 +7,12 @@ from typing import Any
 import equinox as eqx
 import jax
 
-from .._checks import check_budget
 from .._combinators._rows import mapped_length
-from .._combinators.chunk import Chunk
+from .._combinators.reduce import Concat
 from .._combinators.vmap import Vmap
 from .._public import public
 from .._types import Budget, Size
-from .adv import _Strip
+from .pipeline import Strip, check_options, compose
 
 WHO = "chunkx.map"
 
@@ -97,10 +96,6 @@ def map(
             f"{type(xs).__name__} with none."
         )
     n = mapped_length((xs,), (0,), WHO)  # one leading length, in this function's name
-    auto = size == "auto"
-    rows = _Strip(f) if batch_size is None and n else Vmap(f)  # None: `f` itself, unvmapped
-    return Chunk(
-        rows, size, grad_size="auto" if auto else None,
-        memory_budget=check_budget(WHO, "memory_budget", memory_budget),
-        owner=(WHO, "batch_size", "memory_budget", WHO) if auto else None,
-    )(xs)
+    opts = check_options(WHO, size, memory_budget=memory_budget)  # "auto": both passes planned
+    rows = Strip(f) if batch_size is None and n else Vmap(f)  # None: `f` itself, unvmapped
+    return compose(rows, (0,), Concat(), opts, WHO)(xs)

@@ -17,16 +17,7 @@ from .._combinators.vmap import Vmap
 from .._plan.search import MemoryPlan
 from .._public import public
 from .._types import Budget, InAxes
-from .adv import (
-    _ndev,
-    check_options,
-    compose,
-    fn_name,
-    local_args,
-    prepare_args,
-    reducer_for,
-    the_chunk,
-)
+from .pipeline import check_options, compose, fn_name, plan_of, prepare_args, reducer_for
 
 
 @public
@@ -70,19 +61,17 @@ def _plan(
     who: str, f, args, *, in_axes, budget_bytes, reduction, chunk_reduction, shard, mesh
 ) -> MemoryPlan:
     """`plan_memory`'s plan, its messages in the name of `who` (the function called)."""
-    budget_bytes = check_budget(who, "budget_bytes", budget_bytes, allow_none=False)
-    check_options(who, "auto", {}, budget_bytes, shard, mesh)
+    check_budget(who, "budget_bytes", budget_bytes, allow_none=False)
+    opts = check_options(  # the forward plan: the remainder as `batch_vmap(batch_size=B)` runs it
+        who, "auto", memory_budget=budget_bytes, plan_grad=False, shard=shard, mesh=mesh,
+        budget_name="budget_bytes",
+    )
     reducer, _ = reducer_for("batch_vmap", reduction, chunk_reduction)
-    owner = (who, "batch_size", "budget_bytes", f"batch_vmap({fn_name(f)})")
 
     def plan(args):  # traced: arrays and `jax.ShapeDtypeStruct`s alike
         g, zero, args = prepare_args("batch_vmap", f, in_axes, args, {})
-        pipeline = compose(
-            Vmap(g, zero), zero, "auto", reducer, shard, mesh, memory_budget=budget_bytes,
-            owner=owner,  # the remainder as `batch_vmap(batch_size=B)` runs it
-        )
-        local = local_args(args, zero, "batch_vmap", _ndev(shard, mesh, args))
-        return the_chunk(pipeline).memory_plan(*local)
+        pipeline = compose(Vmap(g, zero), zero, reducer, opts, f"batch_vmap({fn_name(f)})")
+        return plan_of(pipeline, "memory_plan", args, zero, opts)
 
     return eqx.filter_eval_shape(plan, args)
 

@@ -110,7 +110,7 @@ class ChunkMap(eqx.Module):
         return eqx.filter_eval_shape(plan, args)
 
     def _local(self, args: tuple, method: str) -> tuple:
-        from .adv import local_args, the_chunk
+        from .pipeline import local_args, the_chunk
 
         if self.chunk_size != "auto":
             raise ValueError(

@@ -10,13 +10,12 @@ import numpy as np
 from jax.sharding import Mesh
 from jaxtyping import PRNGKeyArray, PyTree, UInt32
 
-from .._checks import check_budget
 from .._combinators._rows import mapped_length
 from .._combinators.pullback import Pullback, check_contract
 from .._combinators.reduce import identity
 from .._public import public
 from .._types import Budget, Size
-from .adv import check_grad_options, check_options, check_strip, run_one_input
+from .pipeline import check_options, check_strip, run_one_input
 
 
 def _mismatch(fn: Callable, y: Any, key: Any) -> tuple[Any, Any, Any]:
@@ -185,14 +184,15 @@ def sparse_pullback(
         ```
     """
     who = "sparse_pullback"
-    memory_budget = check_budget(who, "memory_budget", memory_budget)
-    batch_size = check_options(who, batch_size, kwargs, memory_budget, shard, mesh)
-    check_strip(who, strip_dim0, batch_size)
-    if grad_batch_size is not None:
-        check_grad_options(who, batch_size, "recompute", grad_batch_size)
+    opts = check_options(
+        who, batch_size, kwargs=kwargs, memory_budget=memory_budget,
+        grad="auto" if grad_batch_size is None else "recompute", grad_size=grad_batch_size,
+        plan_grad=False, shard=shard, mesh=mesh, checkpoint=checkpoint, progress=progress,
+    )
+    check_strip(who, strip_dim0, opts.size)
     n = mapped_length((y,), (0,), who)
     if n:
-        rows = n if batch_size in (None, "auto") else min(n, batch_size)
+        rows = n if opts.size in (None, "auto") else min(n, opts.size)
         check_contract(
             who, _head(y, rows, strip_dim0), jax.eval_shape(fn, _head(y, rows, strip_dim0))
         )
@@ -201,10 +201,8 @@ def sparse_pullback(
         where = f"{who}(check_block_diagonal=True)"
         _raise_if_mixed(where, err, err, scale, 1e-4, 1e-6)
     out = run_one_input(
-        who, Pullback(fn, higher_order), y, n, batch_size, reduction, chunk_reduction,
-        strip_dim0, shard, mesh, checkpoint, progress, memory_budget,
+        Pullback(fn, higher_order), y, opts, reduction, chunk_reduction, strip_dim0=strip_dim0,
         arg="y",
-        grad=("auto", None) if grad_batch_size is None else ("recompute", grad_batch_size),
     )
     if check_block_diagonal and n:  # under jit: an equinox.error_if on the output
         out = _raise_if_mixed(where, out, err, scale, 1e-4, 1e-6)

@@ -11,15 +11,15 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jaxtyping import PyTree
 
-from .._checks import check_mesh_1d, check_positive, resolve_batch_size
+from .._checks import check_entries, check_positive
 from .._combinators._sharding import on_inputs_mesh
 from .._combinators.reduce import AbstractReducer, Concat
 from .._combinators.vmap import Vmap
 from .._plan.search import MemoryPlan
 from .._public import public
-from .._types import GradPolicy
-from ._vmap_axes import Spec, by_name, check_spec, flat_axes, in_axis, leaf_names, out_axis
-from .adv import _ndev, check_grad_options, compose, fn_name, local_args, the_chunk
+from .._types import Budget, GradPolicy
+from ._vmap_axes import Spec, by_name, check_spec, flat_axes, out_axis, resolve
+from .pipeline import Options, check_options, compose, fn_name, plan_of
 
 _AXES = (0, None)  # the pipeline's two arguments: mapped rows, fixed leaves
 
@@ -69,19 +69,13 @@ class ChunkedVmap(eqx.Module):
     in_axes: Spec = eqx.field(static=True)
     out_axes: Spec = eqx.field(static=True)
     filtered: bool = eqx.field(static=True)
-    batch_size: int | Literal["auto"] | None = eqx.field(static=True)
     reducer: AbstractReducer
-    axis_size: int | None = eqx.field(static=True, default=None)
-    shard: bool = eqx.field(static=True, default=False)
-    mesh: Mesh | None = eqx.field(static=True, default=None)
-    memory_budget: int | None = eqx.field(static=True, default=None)
-    grad: GradPolicy = eqx.field(static=True, default="auto")
-    grad_batch_size: int | Literal["auto"] | None = eqx.field(static=True, default=None)
-    progress: bool = eqx.field(static=True, default=False)
+    axis_size: int | None = eqx.field(static=True)
+    opts: Options
 
     @property
     def _who(self) -> str:
-        return "chunkx.filter_vmap" if self.filtered else "chunkx.vmap"
+        return self.opts.who
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.filtered and kwargs:
@@ -112,11 +106,7 @@ class ChunkedVmap(eqx.Module):
         return self._plan("grad_memory_plan", args, kwargs)
 
     def _plan(self, method: str, args: tuple, kwargs: dict) -> MemoryPlan:
-        if self.batch_size != "auto":
-            raise ValueError(
-                f"`{self._who}(batch_size={self.batch_size!r}).{method}`: only a map built with "
-                "batch_size='auto' has a memory plan."
-            )
+        self.opts.check_planned(method)
 
         def plan(args, kwargs):  # traced: arrays and `jax.ShapeDtypeStruct`s alike
             return self._call(args, kwargs, plan=method)
@@ -126,12 +116,8 @@ class ChunkedVmap(eqx.Module):
     def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
         """The map's value, or with `plan` (`"memory_plan"`, `"grad_memory_plan"`) the plan
         its Chunk follows for these arguments."""
-        who, tree = self._who, (args, kwargs)
-        axes = self._input_axes(args, kwargs)
-        leaves, treedef = jax.tree_util.tree_flatten(tree)
-        names = leaf_names(tree)
-        axes = [a if a is None else in_axis(who, names[i], x, a)
-                for i, (x, a) in enumerate(zip(leaves, axes))]
+        who = self._who
+        leaves, axes, treedef, names = self._resolve(args, kwargs)
         if all(a is None for a in axes):
             if plan is not None:
                 raise ValueError(f"`{who}.{plan}`: no argument is mapped; nothing to plan.")
@@ -151,25 +137,17 @@ class ChunkedVmap(eqx.Module):
         """The plan of the pipeline's Chunk on the rows one device sees."""
         if self.filtered or type(self.out_axes.tree) is not int:
             body = self._sorted(body, rows, fixed, n)[0]
-        ndev = _ndev(self.shard, self.mesh, (rows, fixed))
-        local = local_args((rows, fixed), _AXES, self._who, ndev)
-        return getattr(the_chunk(self._pipeline(body)), plan)(*local)
+        return plan_of(self._pipeline(body), plan, (rows, fixed), _AXES, self.opts)
 
-    def _input_axes(self, args: tuple, kwargs: dict) -> list:
+    def _resolve(self, args: tuple, kwargs: dict) -> tuple:
         who, spec = self._who, self.in_axes.tree
         if self.filtered:
             spec = by_name(who, self.fun, spec, len(args))
-            return flat_axes(
-                who, "in_axes", (spec, None), (args, kwargs), "the arguments", self.in_axes
-            )
-        if type(spec) is tuple and len(spec) != len(args):
-            raise ValueError(
-                f"`{who}(in_axes={spec!r})`: in_axes has {len(spec)} entries but the function "
-                f"was called with {len(args)} positional arguments."
-            )
-        return flat_axes(
-            who, "in_axes", (spec, 0), (args, kwargs), "the positional arguments", self.in_axes
-        )
+            return resolve(who, (spec, None), (args, kwargs), "the arguments", self.in_axes)
+        if type(spec) is tuple:
+            check_entries(who, spec, len(args))
+        what = "the positional arguments"
+        return resolve(who, (spec, 0), (args, kwargs), what, self.in_axes)
 
     def _length(self, rows: list, names: list, axes: list) -> int:
         sizes = {}
@@ -269,15 +247,13 @@ class ChunkedVmap(eqx.Module):
 
     def _pipeline(self, body: _Body) -> Callable:
         """[Shard ∘] (Chunk | Reduce) ∘ Vmap; an "auto" size is the Chunk's to plan."""
-        owner = (self._who, "batch_size", "memory_budget", f"{self._who}({fn_name(self.fun)})")
-        return compose(
-            Vmap(body, _AXES), _AXES, self.batch_size, self.reducer, self.shard, self.mesh,
-            True, self.progress, self.grad, self.grad_batch_size, self.memory_budget, owner,
-        )
+        what = f"{self._who}({fn_name(self.fun)})"
+        return compose(Vmap(body, _AXES), _AXES, self.reducer, self.opts, what)
 
 
-def _check(who, in_axes, out_axes, axis_name, reducer, filtered, top=True) -> None:
-    check_spec(who, "in_axes", in_axes, filtered, top)
+def _check(who, in_axes, out_axes, axis_name, reducer, filtered, **opts) -> Options:
+    """The map's axes checked, and its options into one `Options`."""
+    check_spec(who, "in_axes", in_axes, filtered, not filtered)
     check_spec(who, "out_axes", out_axes, filtered, False)
     if axis_name is not None:
         raise ValueError(
@@ -291,14 +267,8 @@ def _check(who, in_axes, out_axes, axis_name, reducer, filtered, top=True) -> No
             f"`{who}(out_axes={out_axes!r}, reducer={reducer!r})`: a reducer removes the mapped "
             f"axis, so out_axes has nothing to place; leave out_axes at its default {default!r}."
         )
-
-
-def _options(who, batch_size, memory_budget, grad, grad_batch_size, shard, mesh, axis_size):
-    batch_size = resolve_batch_size(who, batch_size, {}, memory_budget)
-    check_positive(who, "axis_size", axis_size)
-    if shard:
-        check_mesh_1d(who, mesh)
-    return batch_size, check_grad_options(who, batch_size, grad, grad_batch_size)
+    check_positive(who, "axis_size", opts.pop("axis_size"))
+    return check_options(who, opts.pop("batch_size"), **opts)
 
 
 @public(name="chunkx.vmap")
@@ -312,7 +282,7 @@ def vmap(
     *,
     batch_size: int | Literal["auto"] | None = None,
     reducer: AbstractReducer | None = None,
-    memory_budget: int | None = None,
+    memory_budget: Budget = None,
     grad: GradPolicy = "auto",
     grad_batch_size: int | None = None,
     shard: bool = False,
@@ -375,14 +345,14 @@ def vmap(
             f"`{who}(spmd_axis_name={spmd_axis_name!r})`: not supported; shard the mapped "
             "axis with shard=True (and mesh=) instead."
         )
-    _check(who, in_axes, out_axes, axis_name, reducer, False)
-    batch_size, grad_batch_size = _options(
-        who, batch_size, memory_budget, grad, grad_batch_size, shard, mesh, axis_size
+    opts = _check(
+        who, in_axes, out_axes, axis_name, reducer, False, axis_size=axis_size,
+        batch_size=batch_size, memory_budget=memory_budget, grad=grad,
+        grad_size=grad_batch_size, shard=shard, mesh=mesh, progress=progress,
     )
     in_axes = tuple(in_axes) if isinstance(in_axes, list) else in_axes
     return ChunkedVmap(
-        fun, Spec.of(in_axes), Spec.of(out_axes), False, batch_size, reducer or Concat(),
-        axis_size, shard, mesh, memory_budget, grad, grad_batch_size, progress,
+        fun, Spec.of(in_axes), Spec.of(out_axes), False, reducer or Concat(), axis_size, opts
     )
 
 
@@ -396,7 +366,7 @@ def filter_vmap(
     axis_size: int | None = None,
     batch_size: int | Literal["auto"] | None = None,
     reducer: AbstractReducer | None = None,
-    memory_budget: int | None = None,
+    memory_budget: Budget = None,
     grad: GradPolicy = "auto",
     grad_batch_size: int | None = None,
     shard: bool = False,
@@ -446,11 +416,8 @@ def filter_vmap(
     if fun is None:
         return functools.partial(filter_vmap, **opts)
     who = "chunkx.filter_vmap"
-    _check(who, in_axes, out_axes, axis_name, reducer, True, top=False)
-    batch_size, grad_batch_size = _options(
-        who, batch_size, memory_budget, grad, grad_batch_size, shard, mesh, axis_size
-    )
+    opts["grad_size"] = opts.pop("grad_batch_size")
+    opts = _check(who, filtered=True, **opts)
     return ChunkedVmap(
-        fun, Spec.of(in_axes), Spec.of(out_axes), True, batch_size, reducer or Concat(),
-        axis_size, shard, mesh, memory_budget, grad, grad_batch_size, progress,
+        fun, Spec.of(in_axes), Spec.of(out_axes), True, reducer or Concat(), axis_size, opts
     )

@@ -1,0 +1,275 @@
+"""The call layout every map shares: its options checked once into one `Options` Module, its
+arguments laid out once (mapped axes to the front), and one composition of the combinators,
+`[Shard ∘] (Chunk | Reduce) ∘ inner`, all with one reducer."""
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from .._checks import (
+    check_budget,
+    check_choice,
+    check_mesh_1d,
+    check_positive,
+    in_axes_tuple,
+    resolve_batch_size,
+)
+from .._combinators._rows import mapped_length
+from .._combinators._sharding import call_mesh, on_inputs_mesh
+from .._combinators.chunk import Chunk, Reduce
+from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
+from .._combinators.shard import Shard
+from .._plan.measure import per_device_rows
+from .._types import GradPolicy, Remainder
+from ._bind import Bound
+from ._vmap_axes import resolve
+
+Planned = int | Literal["auto"] | None
+
+
+class Options(eqx.Module):
+    """A map's options, checked once (by `check_options`) where the user gave them.
+
+    `who` is the public map; `names` are its size and budget arguments, as its plans and
+    messages name them. Every field after `size` is keyword-only.
+    """
+
+    who: str = eqx.field(static=True)
+    size: Planned = eqx.field(static=True)
+    grad: GradPolicy = eqx.field(static=True, kw_only=True, default="auto")
+    grad_size: Planned = eqx.field(static=True, kw_only=True, default=None)
+    memory_budget: int | None = eqx.field(static=True, kw_only=True, default=None)
+    shard: bool = eqx.field(static=True, kw_only=True, default=False)
+    mesh: Mesh | None = eqx.field(static=True, kw_only=True, default=None)
+    checkpoint: bool = eqx.field(static=True, kw_only=True, default=True)
+    progress: bool = eqx.field(static=True, kw_only=True, default=False)
+    remainder: Remainder | None = eqx.field(static=True, kw_only=True, default=None)
+    names: tuple[str, str] = eqx.field(
+        static=True, kw_only=True, default=("batch_size", "memory_budget")
+    )
+
+    def owner(self, what: str) -> tuple[str, str, str, str]:
+        """The Chunk's `owner`: the map, its size and budget arguments, and `what` it maps."""
+        return (self.who, *self.names, what)
+
+    def check_planned(self, method: str) -> None:
+        """Raise unless the size `method` (`"memory_plan"`, `"grad_memory_plan"`) reports is
+        planned ("auto")."""
+        if method == "memory_plan" and self.size != "auto":
+            raise ValueError(
+                f"`{self.who}(batch_size={self.size!r}).memory_plan`: only a map built with "
+                "batch_size='auto' has a memory plan."
+            )
+        if method == "grad_memory_plan" and self.grad_size != "auto":
+            raise ValueError(
+                f"`{self.who}(grad_batch_size={self.grad_size!r}).grad_memory_plan`: only a map "
+                "whose backward size is planned (batch_size='auto') has a gradient plan."
+            )
+
+    def devices(self, args: Any) -> int:
+        """Devices the rows are split over: those of the mesh `Shard` will run on."""
+        return call_mesh(self.mesh, args).size if self.shard else 1
+
+
+def check_options(
+    who: str,
+    batch_size: Any,
+    *,
+    kwargs: dict | None = None,
+    memory_budget: Any = None,
+    grad: str = "auto",
+    grad_size: Any = None,
+    plan_grad: bool = True,
+    budget_name: str = "memory_budget",
+    **rest: Any,
+) -> Options:
+    """The options of a map, each checked once, in `who`'s name.
+
+    The chunk size (and adv's `chunk_size=` alias in `kwargs`), the budget (`64e6` as
+    well as ints: `check_budget`), the mesh where `shard`, and the reverse-mode options
+    (`check_grad_options`; with `plan_grad=False` an "auto" map plans no backward size of
+    its own). `rest`: the other `Options` fields (`shard`, `mesh`, `checkpoint`, ...).
+    """
+    memory_budget = check_budget(who, budget_name, memory_budget)
+    size = resolve_batch_size(who, batch_size, kwargs or {}, memory_budget)
+    if rest.get("shard"):
+        check_mesh_1d(who, rest.get("mesh"))
+    planned = check_grad_options(who, size, grad, grad_size)
+    grad_size = planned if plan_grad or grad_size is not None else None
+    names = ("batch_size", budget_name)
+    return Options(
+        who, size, grad=grad, grad_size=grad_size, memory_budget=memory_budget, names=names, **rest
+    )
+
+
+def check_grad_options(who: str, batch_size: Any, grad: str, grad_batch_size: Any) -> Any:
+    """The reverse-mode options: a policy, and a backward size ("auto" with an "auto" map)."""
+    check_choice(who, "grad", grad, ("auto", "fused", "recompute", "store"))
+    grad_batch_size = check_positive(who, "grad_batch_size", grad_batch_size)
+    if grad_batch_size is not None and batch_size is None:
+        raise ValueError(
+            f"`{who}(grad_batch_size={grad_batch_size!r})`: a backward chunk size needs a "
+            "forward one; got batch_size=None (no chunking)."
+        )
+    if grad_batch_size is None and batch_size == "auto" and grad != "store":
+        return "auto"  # both passes are planned
+    return grad_batch_size
+
+
+def reducer_for(
+    who: str,
+    reduction: Callable | None,
+    chunk_reduction: Callable,
+    reducer: AbstractReducer | None = None,
+    grad: str = "auto",
+) -> tuple[AbstractReducer, Callable | None]:
+    """adv's `(reduction, chunk_reduction)` pair as a reducer plus an optional final map.
+
+    A chunkx reducer object (`reducer=`) is used as it is; it excludes the pair.
+    `grad="fused"` with a `reduction` asserts that the reduction is a sum.
+    """
+    if reducer is not None:
+        if reduction is not None or chunk_reduction is not identity:
+            raise ValueError(
+                f"`{who}(reducer={reducer!r})`: give either a reducer or the (reduction, "
+                f"chunk_reduction) pair, not both; got reduction={reduction!r} and "
+                f"chunk_reduction={chunk_reduction!r} as well."
+            )
+        return reducer, None
+    if reduction is None:
+        return Concat(), (None if chunk_reduction is identity else chunk_reduction)
+    if chunk_reduction is identity:
+        raise ValueError(
+            f"`{who}(reduction=...)`: a reduction needs a chunk_reduction that removes the mapped "
+            "axis (e.g. chunk_reduction=lambda out: jnp.sum(out, axis=0)); got the default "
+            "identity, which would fold unreduced chunks of different lengths."
+        )
+    return Monoid(reduction, chunk_reduction, True if grad == "fused" else None), None
+
+
+def compose(inner: Callable, axes: tuple, reducer: AbstractReducer, opts: Options, what: str):
+    """The pipeline: [Shard ∘] (Chunk | Reduce) ∘ inner, all with one reducer.
+
+    An "auto" size is the Chunk's to plan (`opts.memory_budget`; the Chunk's messages name
+    `opts.owner(what)`)."""
+    if opts.size is None:
+        piece = Reduce(inner, reducer)
+    else:
+        planned = "auto" in (opts.size, opts.grad_size)
+        piece = Chunk(
+            inner, opts.size, reducer=reducer, in_axes=axes, checkpoint=opts.checkpoint,
+            progress=opts.progress, grad=opts.grad, grad_size=opts.grad_size,
+            memory_budget=opts.memory_budget if planned else None,
+            owner=opts.owner(what) if planned else None, remainder=opts.remainder,
+        )
+    if opts.shard:
+        piece = Shard(piece, opts.mesh, in_axes=axes)
+    return piece
+
+
+def plan_of(pipeline: Any, method: str, args: tuple, axes: tuple, opts: Options) -> Any:
+    """`method` (`"memory_plan"`, `"grad_memory_plan"`) of the pipeline's Chunk (inside its
+    Shard, if any), on the rows one device's Chunk sees."""
+    local = local_args(args, axes, opts.who, opts.devices(args))
+    return getattr(the_chunk(pipeline), method)(*local)
+
+
+def local_args(args: tuple, axes: tuple, who: str, ndev: int) -> tuple:
+    """`jax.ShapeDtypeStruct`s of the rows one device's Chunk sees (`per_device_rows`)."""
+    n = mapped_length(args, axes, who)
+    k = per_device_rows(n, ndev)
+
+    def struct(x, mapped):
+        if not eqx.is_array(x):
+            return x
+        shape = np.shape(x)
+        return jax.ShapeDtypeStruct((k,) + shape[1:] if mapped else shape, x.dtype)
+
+    return tuple(
+        jax.tree_util.tree_map(lambda x, a=a: struct(x, a is not None), arg)
+        for arg, a in zip(args, axes)
+    )
+
+
+def the_chunk(pipeline: Any) -> Chunk:
+    """The Chunk of a pipeline (inside its Shard, if any)."""
+    return pipeline.fn if isinstance(pipeline, Shard) else pipeline
+
+
+def prepare_args(who: str, f: Callable, in_axes: Any, args: tuple, kwargs: dict):
+    """`(f, axes, args)` with every mapped axis moved to the front (keywords: bound whole).
+
+    adv's `in_axes` (one int/`None` per argument) read by the resolver `chunkx.vmap` uses:
+    an entry `k` maps every array leaf of its argument along `k` (negative: from the end of
+    that leaf's shape) and passes the other leaves whole, as `eqx.if_array(k)` does.
+    """
+    axes = in_axes_tuple(who, in_axes, len(args))
+    if all(a is None for a in axes):
+        raise ValueError(
+            f"`{who}(in_axes={in_axes!r})`: at least one argument must be mapped; "
+            "every in_axes entry is None."
+        )
+    spec = (tuple(None if a is None else eqx.if_array(a) for a in axes), None)
+    leaves, at, treedef, _ = resolve(who, spec, (args, {}), "the arguments", in_axes)
+    moved = [x if a is None else jnp.moveaxis(x, a, 0) for x, a in zip(leaves, at)]
+    args = jax.tree_util.tree_unflatten(treedef, moved)[0]
+    zero = tuple(None if a is None else 0 for a in axes)
+    mapped_length(args, zero, who)  # lengths and leaves checked here, named `who`
+    return (Bound(f, kwargs=kwargs) if kwargs else f), zero, args
+
+
+def fn_name(f: Any) -> str:
+    return getattr(f, "__name__", type(f).__name__)
+
+
+class Strip(eqx.Module):
+    """Run a per-element `fun` on a one-row chunk (adv's `strip_dim0`)."""
+
+    fun: Callable[..., Any]
+
+    def __call__(self, x: Any) -> Any:
+        out = self.fun(jax.tree_util.tree_map(lambda y: y[0], x))
+        return jax.tree_util.tree_map(lambda y: y[None], out)
+
+
+def _first_row(rows: Any) -> Any:
+    return jax.tree_util.tree_map(lambda y: y[0], rows)
+
+
+def check_strip(who: str, strip_dim0: bool, batch_size: Any) -> None:
+    if strip_dim0 and batch_size != 1:
+        raise ValueError(
+            f"`{who}(strip_dim0=True, batch_size={batch_size!r})`: strip_dim0 needs "
+            "batch_size=1 (the function then receives single rows without their leading axis)."
+        )
+
+
+def run_one_input(
+    fun: Callable, x: Any, opts: Options, reduction: Any, chunk_reduction: Callable, **how: Any
+) -> Any:
+    """The tail shared by `batch_map` and `sparse_pullback`: one chunked input pytree `x`.
+
+    `how`: `strip_dim0` calls `fun` per row; with a `reduction` those rows are folded (seeded
+    from row 0, so 0 rows of the input named `arg` is an error); `reducer` as in
+    `reducer_for`. An "auto" size is planned by the pipeline's Chunk.
+    """
+    who, what = opts.who, f"{opts.who}({fn_name(fun)})"
+    if how.get("strip_dim0"):
+        fun = Strip(fun)
+        if reduction is not None:
+            if mapped_length((x,), (0,), who) == 0:
+                raise ValueError(
+                    f"`{who}(strip_dim0=True, reduction=...)`: {how['arg']} has 0 rows and the "
+                    "reduction has no identity element to return."
+                )
+            chunk_reduction = _first_row
+    reducer, post = reducer_for(who, reduction, chunk_reduction, how.get("reducer"), opts.grad)
+    pipeline = compose(fun, (0,), reducer, opts, what)
+    with on_inputs_mesh(x):
+        out = pipeline(x)
+        return out if post is None else post(out)
