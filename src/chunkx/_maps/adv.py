@@ -31,6 +31,7 @@ from .._plan.search import MemoryPlan
 from .._public import public
 from .._types import Budget, GradPolicy, InAxes, Size
 from ._axes import move_axis, normalize_axis
+from ._bind import Bound
 
 
 def reducer_for(
@@ -139,7 +140,7 @@ def prepare_args(who: str, f: Callable, in_axes: Any, args: tuple, kwargs: dict)
     mapped_length(args, zero, who)  # lengths and leaves checked here, named `who`
     if not kwargs:
         return f, zero, args
-    return _with_kwargs(f), zero + (None,), args + (kwargs,)
+    return Bound(f, kwargs=kwargs), zero, args
 
 
 def fn_name(f: Any) -> str:
@@ -265,13 +266,6 @@ class BatchVmap(eqx.Module):
             self.checkpoint, self.progress, self.grad, self.grad_batch_size, self.memory_budget,
             owner,
         )
-
-
-class _with_kwargs(eqx.Module):
-    f: Callable[..., Any]
-
-    def __call__(self, *args):
-        return self.f(*args[:-1], **args[-1])
 
 
 @public

@@ -1,6 +1,5 @@
 """`batch_jacfwd` and `batch_jacrev`: `jax.jacfwd`/`jax.jacrev` with chunked basis vectors."""
 
-import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -12,46 +11,26 @@ import numpy as np
 from .._checks import as_size, resolve_batch_size
 from .._public import public
 from .._types import Size
+from ._bind import Bound, argnums_tuple, check_argnums
 from .adv import batch_vmap
 
 Argnums = int | tuple[int, ...]
 
 
-def _index(who: str, argnums: Any) -> Argnums:
-    """An int, or a tuple of ints (JAX's rule for `argnums`)."""
-    try:
-        return operator.index(argnums)
-    except TypeError:
-        pass
-    try:
-        return tuple(map(operator.index, argnums))
-    except TypeError:
-        raise TypeError(
-            f"`{who}(argnums={argnums!r})`: argnums must be an int or a sequence of ints, "
-            f"got {argnums!r}."
-        ) from None
-
-
 def _partial(fun, argnums, args, kwargs):
     """`fun` as a function of the differentiated arguments only; and those arguments."""
-    nums = (argnums,) if isinstance(argnums, int) else argnums
     n = len(args)
-    for i in nums:
-        if not -n <= i < n:
+    for i in argnums_tuple(argnums):
+        if not -n <= i < n:  # JAX's message
             raise ValueError(
                 "Positional argument indices, e.g. for `static_argnums`, must have value greater "
                 "than or equal to -len(args) and less than len(args), but got value "
                 f"{i} for len(args) == {n}."
             )
-    nums = tuple(i % n for i in nums)
-
-    def f_partial(*dyn):
-        full = list(args)
-        for i, x in zip(nums, dyn):
-            full[i] = x
-        return fun(*full, **kwargs)
-
-    return f_partial, tuple(args[i] for i in nums)
+    nums = tuple(i % n for i in argnums_tuple(argnums))
+    rest = tuple(i for i in range(len(args)) if i not in nums)
+    fixed = tuple(args[i] for i in rest)
+    return Bound(fun, fixed, rest, kwargs, free_at=nums), tuple(args[i] for i in nums)
 
 
 def _basis(tree: Any) -> Any:
@@ -289,7 +268,7 @@ def batch_jacfwd(
         assert jnp.allclose(J, jax.jacfwd(jnp.sin)(x))
         ```
     """
-    argnums = _index("batch_jacfwd", argnums)
+    argnums = check_argnums("batch_jacfwd", "argnums", argnums)
     jax.jacfwd(fun, argnums, has_aux, holomorphic)  # JAX's checks of fun and argnums
     batch_size = resolve_batch_size("batch_jacfwd", batch_size, kwargs, auto=False)
     return BatchJacfwd(fun, argnums, has_aux, holomorphic, batch_size, linearize)
@@ -344,7 +323,7 @@ def batch_jacrev(
         assert jnp.allclose(J, jax.jacrev(f)(jnp.ones(50)))
         ```
     """
-    argnums = _index("batch_jacrev", argnums)
+    argnums = check_argnums("batch_jacrev", "argnums", argnums)
     jax.jacrev(fun, argnums, has_aux, holomorphic, allow_int)  # JAX's check of fun
     batch_size = resolve_batch_size("batch_jacrev", batch_size, kwargs, auto=False)
     return BatchJacrev(fun, argnums, has_aux, holomorphic, allow_int, batch_size)

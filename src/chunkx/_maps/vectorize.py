@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from .._checks import as_size, resolve_batch_size
 from .._public import public
 from .._types import Size
+from ._bind import Bound
 from .adv import batch_vmap
 
 _WHO = "batch_vectorize"
@@ -82,30 +83,14 @@ class _CheckOutputs(eqx.Module):
         return out
 
 
-class _Bind(eqx.Module):
-    """`fn` with some positional and keyword arguments fixed (the excluded or `None` ones)."""
-
-    fn: Callable[..., Any]
-    fixed: tuple  # ((position, value), ...) in increasing position
-    fixed_kwargs: dict
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        full = list(args)
-        for i, value in self.fixed:
-            full.insert(i, value)
-        return self.fn(*full, **kwargs, **self.fixed_kwargs)
-
-
 def _split_excluded(fn, excluded, args, kwargs):
     if not excluded:
         return fn, list(args), kwargs
-    fixed = tuple(
-        (i, args[i]) for i in sorted(e for e in excluded if isinstance(e, int)) if i < len(args)
-    )
+    at = tuple(i for i in sorted(e for e in excluded if isinstance(e, int)) if i < len(args))
     fixed_kwargs = {k: v for k, v in kwargs.items() if k in excluded}
     rest = [a for i, a in enumerate(args) if i not in excluded]
     rest_kwargs = {k: v for k, v in kwargs.items() if k not in excluded}
-    return _Bind(fn, fixed, fixed_kwargs), rest, rest_kwargs
+    return Bound(fn, tuple(args[i] for i in at), at, fixed_kwargs), rest, rest_kwargs
 
 
 class BatchVectorize(eqx.Module):
