@@ -26,6 +26,7 @@ from .._combinators.shard import Shard
 from .._plan.measure import divisor_below
 from .._plan.search import MemoryPlan
 from .._types import Budget, RowMask
+from ._axes import move_axis
 from ._micro import Leaves, UserAccumulate, finalize, plan_leaves, replicated
 from .adv import local_args
 
@@ -42,7 +43,7 @@ def split_call(slots: tuple[Slot, ...], args: tuple, kwargs: dict):
     batch = []
     for kind, key, axis in slots:
         tree = args[key] if kind == "arg" else kwargs[key]
-        batch.append(_map_arrays(lambda x, a=axis: jnp.moveaxis(x, a, 0), tree))
+        batch.append(move_axis(tree, axis, 0))
     names = {key for kind, key, _ in slots if kind == "kw"}
     places = {key for kind, key, _ in slots if kind == "arg"}
     rest_args = tuple(None if i in places else a for i, a in enumerate(args))
@@ -88,10 +89,7 @@ class RowFn(eqx.Module):
 
     def _compute(self, batch: tuple, rest: Any) -> Any:
         if not self.per_example:
-            moved = tuple(
-                _map_arrays(lambda x, a=axis: jnp.moveaxis(x, 0, a), b)
-                for (_, _, axis), b in zip(self.slots, batch)
-            )
+            moved = tuple(move_axis(b, 0, axis) for (_, _, axis), b in zip(self.slots, batch))
             return self._call(moved, rest)
         dyn, static = eqx.partition(batch, eqx.is_array)
         vmap = self.vmap_fn or jax.vmap

@@ -16,6 +16,7 @@ from .._combinators.shard import Shard
 from .._combinators.vmap import Vmap
 from .._public import public
 from .._types import InAxes, Size
+from ._bind import Bound, argnums_tuple, check_argnums
 from .quantax import Checked
 
 Argnums = int | tuple  # entries checked by `_argnums` (beartype samples one of tuple[X, ...])
@@ -25,15 +26,7 @@ Argnums = int | tuple  # entries checked by `_argnums` (beartype samples one of 
 
 
 def _argnums(who: str, name: str, value: Argnums, nargs: int | None) -> tuple[int, ...]:
-    nums = (value,) if isinstance(value, int) else tuple(value)
-    for i in nums:
-        if not isinstance(i, int) or isinstance(i, bool) or i < 0 or (
-            nargs is not None and i >= nargs
-        ):
-            expected = ("be non-negative argument indices" if nargs is None else
-                        f"index the {nargs} primals (0 <= i < {nargs})")
-            raise ValueError(f"`{who}({name}={value!r})`: {name} must {expected}, got {i!r}.")
-    return nums
+    return argnums_tuple(check_argnums(who, name, value, nargs, negative=False))
 
 
 def _chunk_in_axes(who: str, in_axes: Any) -> tuple[int | None, ...] | int | None:
@@ -224,19 +217,6 @@ def _pull(pull, ys, ct, real_in: bool):
     return jax.tree_util.tree_map(lambda r, i: r if _float0(r) else r + 1j * i, g, gi)
 
 
-class _Closed(eqx.Module):
-    """`fun` with the arguments in `fixed` (positions `at`) bound: `fun(*all)`."""
-
-    fun: Callable[..., Any]
-    fixed: tuple
-    at: tuple[int, ...] = eqx.field(static=True)
-
-    def __call__(self, *free):
-        it_fixed, it_free = iter(self.fixed), iter(free)
-        n = len(self.fixed) + len(free)
-        return self.fun(*(next(it_fixed) if i in self.at else next(it_free) for i in range(n)))
-
-
 class _ChunkVjp(eqx.Module):
     """One chunk's forward pass and pullback: `(rows, sums)` for the reducers to join.
 
@@ -259,7 +239,7 @@ class _ChunkVjp(eqx.Module):
         nd = self.nondiff_argnums
         fixed = tuple(p for i, p in enumerate(primals) if i in nd)
         free = tuple(p for i, p in enumerate(primals) if i not in nd)
-        out = jax.vjp(_Closed(self.fun, fixed, nd), *free, has_aux=self.has_aux)
+        out = jax.vjp(Bound(self.fun, fixed, nd), *free, has_aux=self.has_aux)
         ys, pull = out[0], out[1]
         g = _pull(pull, ys, ct, not _is_complex(free))
         if self.conjugate:

@@ -14,14 +14,11 @@ from jax.sharding import Mesh
 
 from .._public import public
 from .._types import Budget
+from ._bind import argnums_tuple, check_argnums
 from ._micro import AccumulationType
 from ._micro_run import Plan
 
 MicrobatchSize = int | Literal["auto"] | None
-
-
-def _ints(x: int | Sequence[int]) -> tuple[int, ...]:
-    return (x,) if isinstance(x, int) else tuple(x)
 
 
 class Microbatched(eqx.Module):
@@ -148,8 +145,9 @@ def microbatch(
     """
     if microbatch_size is None:
         return fun
-    argnums, names = _ints(argnums), (argnames,) if isinstance(argnames, str) else tuple(argnames)
-    axes = _ints(in_axes)
+    argnums = argnums_tuple(check_argnums("microbatch", "argnums", argnums))
+    names = (argnames,) if isinstance(argnames, str) else tuple(argnames)
+    axes = argnums_tuple(check_argnums("microbatch", "in_axes", in_axes))
     axes = axes * (len(argnums) + len(names)) if isinstance(in_axes, int) else axes
     if len(axes) != len(argnums) + len(names):
         raise ValueError(

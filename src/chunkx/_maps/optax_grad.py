@@ -13,9 +13,10 @@ from jax.sharding import Mesh
 from .._checks import check_positive
 from .._public import public
 from .._types import Budget
+from ._bind import argnums_tuple, check_argnums
 from ._micro import AccumulationType
 from ._micro_run import Plan
-from .optax import Microbatched, MicrobatchSize, _ints
+from .optax import Microbatched, MicrobatchSize
 
 #: The auxiliary result of `micro_grad`: per-example values, metrics and `fun`'s aux.
 IndividualOutputs = collections.namedtuple("IndividualOutputs", ["values", "metrics", "aux"])
@@ -114,13 +115,14 @@ def micro_grad(
         assert jnp.allclose(aux.metrics, jnp.array([0.0, 2.0, 4.0, 6.0]))
         ```
     """
-    batch = _ints(batch_argnums)
-    argnums = argnums if isinstance(argnums, int) else tuple(argnums)
+    who = "micro_grad"
+    batch = argnums_tuple(check_argnums(who, "batch_argnums", batch_argnums, negative=False))
+    argnums = check_argnums(who, "argnums", argnums)
     grad_fn = _GradFn(
         fun, has_aux, argnums, transform_fn, metrics_fn, batch if keep_batch_dim else ()
     )
     plan = Plan(
-        "micro_grad", (accumulator, AccumulationType.CONCAT), True, microbatch_size,
+        who, (accumulator, AccumulationType.CONCAT), True, microbatch_size,
         num_real_microbatches, grad_size=grad_microbatch_size, memory_budget=memory_budget,
         shard=shard, mesh=mesh, compensated=compensated,
     )

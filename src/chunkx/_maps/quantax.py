@@ -26,6 +26,7 @@ from .._plan.measure import padded_rows_per_device
 from .._public import public
 from .._types import Budget, InAxes, Size
 from ._axes import MovedAxes, map_outputs, move_axis, normalize_axis
+from .adv import local_args, the_chunk
 
 
 class ChunkMap(eqx.Module):
@@ -76,11 +77,7 @@ class ChunkMap(eqx.Module):
     def memory_plan(self, *args: Any):
         """The [`chunkx.MemoryPlan`][] that `chunk_size="auto"` follows for these arguments
         (one device's with `shard_batch=True`); nothing is run, and the plan is cached."""
-        def plan(args):
-            chunk, local = self._local(args, "memory_plan")
-            return chunk.memory_plan(*local)
-
-        return eqx.filter_eval_shape(plan, args)
+        return self._memory("memory_plan", args)
 
     def grad_memory_plan(self, *args: Any):
         """The [`chunkx.MemoryPlan`][] of the reverse pass of `chunk_size="auto"` with
@@ -91,25 +88,23 @@ class ChunkMap(eqx.Module):
                 "map whose backward size is planned (chunk_size='auto', use_scan=True, "
                 "chunk_size_bwd=None) has a gradient plan."
             )
+        return self._memory("grad_memory_plan", args)
 
-        def plan(args):
-            chunk, local = self._local(args, "grad_memory_plan")
-            return chunk.grad_memory_plan(*local)
-
-        return eqx.filter_eval_shape(plan, args)
-
-    def _local(self, args: tuple, method: str) -> tuple:
-        from .adv import local_args, the_chunk
-
+    def _memory(self, method: str, args: tuple):
+        """The plan `method` of the Chunk that one device runs, traced abstractly."""
         if self.chunk_size != "auto":
             raise ValueError(
                 f"`chunk_map(chunk_size={self.chunk_size!r}).{method}`: only a map built with "
                 "chunk_size='auto' has a memory plan."
             )
-        axes, moved, zero = _layout(self.in_axes, args)
-        ndev = call_mesh(self.mesh, args).size if self.shard_batch else 1
-        pipeline = self._planned(MovedAxes(self.f, axes, self.out_axes), zero)
-        return the_chunk(pipeline), local_args(moved, zero, "chunk_map", ndev)
+
+        def plan(args):
+            axes, moved, zero = _layout(self.in_axes, args)
+            ndev = call_mesh(self.mesh, args).size if self.shard_batch else 1
+            chunk = the_chunk(self._planned(MovedAxes(self.f, axes, self.out_axes), zero))
+            return getattr(chunk, method)(*local_args(moved, zero, "chunk_map", ndev))
+
+        return eqx.filter_eval_shape(plan, args)
 
     def _planned(self, inner, zero):
         """`chunk_size="auto"`: [Shard ∘] Chunk(size="auto"); the Chunk plans (the scan loop;
@@ -123,7 +118,7 @@ class ChunkMap(eqx.Module):
             grad_size=bwd, memory_budget=self.memory_budget,
             owner=("chunk_map", "chunk_size", "memory_budget", f"chunk_map({name})"),
         )
-        return Shard(chunk, self.mesh, in_axes=zero) if self.shard_batch else chunk
+        return Shard(chunk, self.mesh) if self.shard_batch else chunk
 
     def _pipeline(self, inner, zero, n, ndev):
         """[Shard ∘] [Pad ∘] [Groups ∘] Chunk ∘ f, in quantax's per-device row layout.
