@@ -15,15 +15,20 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .._checks import check_budget, check_positive
 from .._combinators._rows import mapped_length
 from .._combinators._sharding import call_mesh
 from .._combinators.chunk import Chunk
+from .._combinators.groups import _swap_blocks
 from .._combinators.pad import Pad
 from .._combinators.reduce import Concat
 from .._combinators.shard import Shard
 from .._plan.measure import divisor_below
-from .._types import RowMask
+from .._plan.search import MemoryPlan
+from .._types import Budget, RowMask
+from ._axes import move_axis
 from ._micro import Leaves, UserAccumulate, finalize, plan_leaves, replicated
+from .pipeline import local_args
 
 #: One mapped argument: `("arg", position, axis)` or `("kw", name, axis)`.
 Slot = tuple[str, Any, int]
@@ -38,7 +43,7 @@ def split_call(slots: tuple[Slot, ...], args: tuple, kwargs: dict):
     batch = []
     for kind, key, axis in slots:
         tree = args[key] if kind == "arg" else kwargs[key]
-        batch.append(_map_arrays(lambda x, a=axis: jnp.moveaxis(x, a, 0), tree))
+        batch.append(move_axis(tree, axis, 0))
     names = {key for kind, key, _ in slots if kind == "kw"}
     places = {key for kind, key, _ in slots if kind == "arg"}
     rest_args = tuple(None if i in places else a for i, a in enumerate(args))
@@ -84,10 +89,7 @@ class RowFn(eqx.Module):
 
     def _compute(self, batch: tuple, rest: Any) -> Any:
         if not self.per_example:
-            moved = tuple(
-                _map_arrays(lambda x, a=axis: jnp.moveaxis(x, 0, a), b)
-                for (_, _, axis), b in zip(self.slots, batch)
-            )
+            moved = tuple(move_axis(b, 0, axis) for (_, _, axis), b in zip(self.slots, batch))
             return self._call(moved, rest)
         dyn, static = eqx.partition(batch, eqx.is_array)
         vmap = self.vmap_fn or jax.vmap
@@ -124,8 +126,8 @@ class Interleave(eqx.Module):
         s = n if self.size is None else self.size
         k = n // s
 
-        def perm(x):
-            return x.reshape((s, k) + x.shape[1:]).swapaxes(0, 1).reshape(x.shape)
+        def perm(x):  # chunk j of the loop: rows j::k
+            return _swap_blocks(x, s, k)
 
         head = ()
         if self.masked:
@@ -138,19 +140,18 @@ class Interleave(eqx.Module):
         if k == 1:  # the chunk loop ran one piece and returned its partial
             out = self.reducer.single(out)
 
-        def unperm(y):
-            return y.reshape((k, s) + y.shape[1:]).swapaxes(0, 1).reshape(y.shape)
-
         parts = self.reducer.treedef.flatten_up_to(out)
         parts = [
-            jax.tree_util.tree_map(unperm, p) if isinstance(r, Concat) else p
+            jax.tree_util.tree_map(lambda y: _swap_blocks(y, k, s), p) if isinstance(r, Concat)
+            else p
             for r, p in zip(self.reducer.reducers, parts)
         ]
         return self.reducer.treedef.unflatten(parts)
 
 
 class Plan(eqx.Module):
-    """What a microbatched call runs (all settings are checked by the public builders)."""
+    """The options of a microbatched map, checked once in the name of the map `who`, and the
+    pipeline a call runs: `Pad(Shard(Interleave(Chunk(RowFn))))` over chunkx's combinators."""
 
     who: str = eqx.field(static=True)
     accumulator: Any
@@ -159,10 +160,36 @@ class Plan(eqx.Module):
     num_real: Any = None
     vmap_fn: Callable[..., Any] | None = None
     grad_size: int | str | None = eqx.field(static=True, default=None)
-    memory_budget: int | None = eqx.field(static=True, default=None)
+    memory_budget: Budget = eqx.field(static=True, default=None)
     shard: bool = eqx.field(static=True, default=False)
     mesh: Any = eqx.field(static=True, default=None)
     compensated: bool = eqx.field(static=True, default=True)
+
+    def __post_init__(self):
+        who, size = self.who, self.microbatch_size
+        if size != "auto":
+            self.microbatch_size = check_positive(who, "microbatch_size", size)
+        elif self.num_real is not None:
+            raise ValueError(
+                f'`{who}(microbatch_size="auto", num_real_microbatches=...)`: with an automatic '
+                "size the number of microbatches is not known in advance; give an int size."
+            )
+        if self.grad_size != "auto":
+            self.grad_size = check_positive(who, "grad_microbatch_size", self.grad_size)
+        elif size is None:
+            raise ValueError(
+                f'`{who}(grad_microbatch_size="auto")`: a planned backward size needs a forward '
+                'one; give microbatch_size (an int or "auto").'
+            )
+        self.memory_budget = check_budget(who, "memory_budget", self.memory_budget)
+        if self.memory_budget is not None and "auto" not in (size, self.grad_size):
+            raise ValueError(
+                f"`{who}(memory_budget={self.memory_budget})`: memory_budget sizes "
+                f'microbatch_size="auto" or grad_microbatch_size="auto", got '
+                f"microbatch_size={size!r}."
+            )
+        if size == "auto" and self.grad_size is None:  # the reverse pass gets its own plan
+            self.grad_size = "auto"
 
     def __call__(self, fun: Callable, slots: tuple[Slot, ...], args: tuple, kwargs: dict):
         batch, rest = split_call(slots, args, kwargs)
@@ -170,11 +197,9 @@ class Plan(eqx.Module):
         if n == 0:
             raise ValueError(f"`{self.who}`: the batch is empty (0 rows); there is no microbatch.")
         mb = n if self.microbatch_size is None else self.microbatch_size
-        leaves, kinds = plan_leaves(
-            self.who, self.accumulator, self.per_example, self.num_real, self.compensated
-        )
+        leaves, kinds = self._leaves()
         if mb == "auto" and not self.per_example:  # `fun` sees whole microbatches
-            mb = self._whole_microbatches(fun, slots, leaves, batch, rest, n)
+            mb = self._whole(fun, slots, leaves, batch + (rest,)).chunk_size
         d = call_mesh(self.mesh, args).size if self.shard else 1
         k = None if mb == "auto" else -(-n // mb)
         self._check(leaves, n, mb, d)
@@ -200,19 +225,29 @@ class Plan(eqx.Module):
         carry = core(*batch, rest)
         return finalize(self.who, kinds, leaves, carry, *self._counts(n, k, r))
 
+    def _leaves(self) -> tuple:
+        return plan_leaves(
+            self.who, self.accumulator, self.per_example, self.num_real, self.compensated
+        )
+
     def _chunk(self, row_fn, leaves, in_axes, size, grad_size, remainder) -> Chunk:
         """The chunk loop; an "auto" size is planned by `Chunk` within `memory_budget`."""
-        if "auto" not in (size, grad_size):
-            return Chunk(
-                row_fn, size, reducer=leaves, in_axes=in_axes, grad_size=grad_size,
-                remainder=remainder,
-            )
+        auto = "auto" in (size, grad_size)
         arg = "microbatch_size" if size == "auto" else "grad_microbatch_size"
         return Chunk(
-            row_fn, size, reducer=leaves, in_axes=in_axes, remainder=remainder,
-            grad_size=grad_size, memory_budget=self.memory_budget,
-            owner=(self.who, arg, "memory_budget", self.who),
+            row_fn, size, reducer=leaves, in_axes=in_axes, grad_size=grad_size,
+            remainder=remainder, memory_budget=self.memory_budget if auto else None,
+            owner=(self.who, arg, "memory_budget", self.who) if auto else None,
         )
+
+    def _whole(self, fun, slots, leaves, rows: tuple) -> MemoryPlan:
+        """`microbatch_size="auto"` where `fun` sees whole microbatches: the plan of a Chunk of
+        microbatches, its size the largest divisor of the rows within the planned size."""
+        axes = (0,) * (len(rows) - 1) + (None,)
+        probe = self._chunk(RowFn(fun, slots, False, False), leaves, axes, "auto", None, "call")
+        plan = probe.memory_plan(*rows)
+        n = mapped_length(rows, axes, self.who)
+        return dataclasses.replace(plan, chunk_size=divisor_below(n, plan.chunk_size))
 
     def memory_plan(self, method: str, fun: Callable, slots: tuple, args: tuple, kwargs: dict):
         """The `MemoryPlan` (`method`: `"memory_plan"` or `"grad_memory_plan"`) that a call on
@@ -229,35 +264,14 @@ class Plan(eqx.Module):
                 "built with grad_microbatch_size='auto' has a gradient plan."
             )
         batch, rest = split_call(slots, args, kwargs)
-        n = mapped_length(batch, (0,) * len(batch), who)
-        leaves, _ = plan_leaves(
-            who, self.accumulator, self.per_example, self.num_real, self.compensated
-        )
+        leaves, _ = self._leaves()
         if not self.per_example:  # whole microbatches: the divisor the call runs
-            plan = self._microbatch_plan(fun, slots, leaves, batch, rest)
-            return dataclasses.replace(plan, chunk_size=divisor_below(n, plan.chunk_size))
+            return self._whole(fun, slots, leaves, batch + (rest,))
         axes = (0,) * len(batch) + (None,)
-        chunk = self._chunk(RowFn(fun, slots, True, False, self.vmap_fn), leaves, axes, "auto",
-                            self.grad_size, "shift")
+        row_fn = RowFn(fun, slots, True, False, self.vmap_fn)
+        chunk = self._chunk(row_fn, leaves, axes, "auto", self.grad_size, "shift")
         d = call_mesh(self.mesh, args).size if self.shard else 1
-        return getattr(chunk, method)(*_local(batch + (rest,), axes, who, d))
-
-    def _microbatch_plan(self, fun, slots, leaves, batch, rest):
-        """The plan of a Chunk of whole microbatches (what `microbatch` sizes itself by)."""
-        axes = (0,) * len(batch) + (None,)
-        probe = Chunk(
-            RowFn(fun, slots, False, False), "auto", reducer=leaves, in_axes=axes,
-            remainder="call", memory_budget=self.memory_budget,
-            owner=(self.who, "microbatch_size", "memory_budget", self.who),
-        )
-        return probe.memory_plan(*batch, rest)
-
-    def _whole_microbatches(self, fun, slots, leaves, batch, rest, n: int) -> int:
-        """`microbatch_size="auto"` where `fun` sees whole microbatches: the largest divisor
-        of the `n` rows within the size a Chunk of microbatches plans for the budget (the
-        size is planned as a Chunk of microbatches is)."""
-        plan = self._microbatch_plan(fun, slots, leaves, batch, rest)
-        return divisor_below(n, plan.chunk_size)
+        return getattr(chunk, method)(*local_args(batch + (rest,), axes, who, d))
 
     def _counts(self, n: int, k: int | None, r: Any):
         """What MEAN and RUNNING_MEAN divide by: rows (or microbatches) in all, and those run."""
@@ -296,9 +310,3 @@ class Plan(eqx.Module):
                     f"microbatch and cannot take {what}; use the AccumulationType members."
                 )
 
-
-def _local(args: tuple, axes: tuple, who: str, ndev: int) -> tuple:
-    """The structs of the rows one device's Chunk sees (the maps' own row layout)."""
-    from .pipeline import local_args
-
-    return local_args(args, axes, who, ndev)

@@ -9,14 +9,15 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import PyTree
 
-from .._checks import as_size, check_positive, in_axes_tuple
-from .._combinators._rows import mapped_length
+from .._checks import as_size, check_positive
 from .._combinators.chunk import Chunk
-from .._combinators.reduce import AbstractReducer, Concat, Sum
+from .._combinators.reduce import Concat, Sum
 from .._combinators.shard import Shard
 from .._combinators.vmap import Vmap
 from .._public import public
 from .._types import InAxes, Size
+from ._bind import Bound, argnums_tuple, check_argnums
+from .quantax import Checked
 
 Argnums = int | tuple  # entries checked by `_argnums` (beartype samples one of tuple[X, ...])
 
@@ -25,15 +26,7 @@ Argnums = int | tuple  # entries checked by `_argnums` (beartype samples one of 
 
 
 def _argnums(who: str, name: str, value: Argnums, nargs: int | None) -> tuple[int, ...]:
-    nums = (value,) if isinstance(value, int) else tuple(value)
-    for i in nums:
-        if not isinstance(i, int) or isinstance(i, bool) or i < 0 or (
-            nargs is not None and i >= nargs
-        ):
-            expected = ("be non-negative argument indices" if nargs is None else
-                        f"index the {nargs} primals (0 <= i < {nargs})")
-            raise ValueError(f"`{who}({name}={value!r})`: {name} must {expected}, got {i!r}.")
-    return nums
+    return argnums_tuple(check_argnums(who, name, value, nargs, negative=False))
 
 
 def _chunk_in_axes(who: str, in_axes: Any) -> tuple[int | None, ...] | int | None:
@@ -53,40 +46,15 @@ def _sharded(axis_0_is_sharded: bool | None) -> bool:
     return axis_0_is_sharded
 
 
-def _context_mesh():
-    """A mesh like the one set with `jax.set_mesh` (netket sets one when imported), or `None`.
-
-    Rebuilt from its abstract form (axis names, sizes, types): the concrete mesh cannot be
-    read under `jax.jit`, and `shard_map` requires the context's axes.
-    """
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        return None
-    return jax.make_mesh(mesh.axis_sizes, mesh.axis_names, axis_types=mesh.axis_types)
-
-
 def _pipeline(fn, size, reducer, in_axes, shard):
     """[Shard ∘] Chunk ∘ fn: every chunk in one scan, the last one shifted back over rows
-    already done (one compiled program for any number of rows)."""
+    already done (one compiled program for any number of rows). The Shard runs on the mesh
+    it finds when called: the one set with `jax.set_mesh` (netket sets one), else all devices."""
     piece = Chunk(fn, size, reducer=reducer, in_axes=in_axes)
-    if not shard:
-        return piece
-    return Shard(piece, _context_mesh(), reducer=reducer, in_axes=in_axes)
+    return Shard(piece) if shard else piece
 
 
 # -- vmap_chunked / apply_chunked ---------------------------------------------------------------
-
-
-class _Named(eqx.Module):
-    """`fn(*args)`, with `in_axes` and the rows checked first in the name the user called."""
-
-    fn: Callable[..., Any]
-    in_axes: Any = eqx.field(static=True)
-    who: str = eqx.field(static=True)
-
-    def __call__(self, *args: Any) -> Any:
-        mapped_length(args, in_axes_tuple(self.who, self.in_axes, len(args)), self.who)
-        return self.fn(*args)
 
 
 def _apply(who, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums, lift):
@@ -97,7 +65,7 @@ def _apply(who, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums, lift):
     fn = Vmap(f, in_axes) if lift else f
     if chunk_size is None:
         return fn
-    return _Named(_pipeline(fn, chunk_size, Concat(), in_axes, _sharded(axis_0_is_sharded)),
+    return Checked(_pipeline(fn, chunk_size, Concat(), in_axes, _sharded(axis_0_is_sharded)),
                   in_axes, who)
 
 
@@ -133,9 +101,9 @@ def apply_chunked(
     - `in_axes`: `0`, `None`, or one `0`/`None` per positional argument.
     - `chunk_size`: rows per chunk (per device when sharded); `None`: `f` itself.
     - `axis_0_is_sharded`: chunk each device's rows inside a [`chunkx.Shard`][] over the
-      mesh set with `jax.set_mesh` when the map is built (netket sets one), else over all
-      devices. `None` (netket's default, `netket_sharding=True`): when there is more than one
-      device.
+      mesh set with `jax.set_mesh` when the map is called (netket sets one), else over the
+      mesh the inputs are laid out on, else over all devices. `None` (netket's default,
+      `netket_sharding=True`): when there is more than one device.
     - `pvary_argnums`: accepted for netket compatibility; no effect (chunkx's `shard_map` runs
       with `check_vma=False`, so no implicit `psum` is inserted).
 
@@ -249,19 +217,6 @@ def _pull(pull, ys, ct, real_in: bool):
     return jax.tree_util.tree_map(lambda r, i: r if _float0(r) else r + 1j * i, g, gi)
 
 
-class _Closed(eqx.Module):
-    """`fun` with the arguments in `fixed` (positions `at`) bound: `fun(*all)`."""
-
-    fun: Callable[..., Any]
-    fixed: tuple
-    at: tuple[int, ...] = eqx.field(static=True)
-
-    def __call__(self, *free):
-        it_fixed, it_free = iter(self.fixed), iter(free)
-        n = len(self.fixed) + len(free)
-        return self.fun(*(next(it_fixed) if i in self.at else next(it_free) for i in range(n)))
-
-
 class _ChunkVjp(eqx.Module):
     """One chunk's forward pass and pullback: `(rows, sums)` for the reducers to join.
 
@@ -284,7 +239,7 @@ class _ChunkVjp(eqx.Module):
         nd = self.nondiff_argnums
         fixed = tuple(p for i, p in enumerate(primals) if i in nd)
         free = tuple(p for i, p in enumerate(primals) if i not in nd)
-        out = jax.vjp(_Closed(self.fun, fixed, nd), *free, has_aux=self.has_aux)
+        out = jax.vjp(Bound(self.fun, fixed, nd), *free, has_aux=self.has_aux)
         ys, pull = out[0], out[1]
         g = _pull(pull, ys, ct, not _is_complex(free))
         if self.conjugate:
@@ -375,7 +330,8 @@ class ChunkedVjp(eqx.Module):
         axes = (0, 0) + tuple(0 if i in self.chunk_argnums else None for i in range(len(args) - 2))
         rows, sums = self._backward(split, direct, args, axes, bwd, n)
         if split:
-            y, _, aux = self._run(_Forward(self.fun, self.has_aux), fwd, Concat(), args, axes)
+            forward = _pipeline(_Forward(self.fun, self.has_aux), fwd, Concat(), axes, self.shard)
+            y, _, aux = forward(*args)
             rows = (y, rows[1], aux)
         return self._assemble(rows, sums)
 
@@ -387,17 +343,16 @@ class ChunkedVjp(eqx.Module):
         has_rows = keep_y or keep_aux or any(i in self.chunk_argnums for i in diff)
         # rows and sums from one pass: rows are scattered into n-row zeros and summed
         scatter = n if has_rows and has_sums and not direct else None
-        piece = _ChunkVjp(self.fun, self.chunk_argnums, self.nondiff_argnums, self.conjugate,
-                          self.has_aux, keep_y, keep_aux, scatter)
+        piece = _ChunkVjp(
+            self.fun, self.chunk_argnums, self.nondiff_argnums, self.conjugate, self.has_aux,
+            keep_y=keep_y, keep_aux=keep_aux, scatter=scatter,
+        )
         if direct:
             return piece(*args)
         reducer = Sum(presummed=True) if has_sums else Concat()
         if scatter is not None:
             args = (args[0], jnp.arange(n, dtype=jnp.int32)) + args[2:]
-        return self._run(piece, size, reducer, args, axes)
-
-    def _run(self, fn, size, reducer: AbstractReducer, args, axes):
-        return _pipeline(fn, size, reducer, axes, self.shard)(*args)
+        return _pipeline(piece, size, reducer, axes, self.shard)(*args)
 
     def _assemble(self, rows, sums):
         y, chunked, aux = rows
@@ -482,9 +437,9 @@ def vjp_chunked(
       [`chunkx.Chunk`][] of `chunk_size` rows (one more forward pass, in large chunks).
     - `axis_0_is_sharded` (chunkx's extension; netket reads its `netket_sharding` flag):
       split the chunked rows over the devices with a [`chunkx.Shard`][] (the mesh set with
-      `jax.set_mesh` when the pullback is called, else all devices), chunking each device's
-      rows, and `psum` the cotangents of the unchunked primals. `None`: when there is more
-      than one device.
+      `jax.set_mesh` when the pullback is called, else the inputs' mesh, else all devices),
+      chunking each device's rows, and `psum` the cotangents of the unchunked primals.
+      `None`: when there is more than one device.
 
     **Returns:**
 
@@ -513,5 +468,9 @@ def vjp_chunked(
         if not shard:  # netket: a chunk as large as the batch means no chunking
             chunk_size = None if chunk_size is not None and chunk_size >= n else chunk_size
     fun_arrays, fun_static = eqx.partition(fun, eqx.is_array)
-    return ChunkedVjp(fun_arrays, fun_static, tuple(primals), chunk_argnums, nondiff_argnums,
-                      chunk_size, chunk_size_bwd, return_forward, conjugate, has_aux, shard)
+    return ChunkedVjp(
+        fun_arrays=fun_arrays, fun_static=fun_static, primals=tuple(primals),
+        chunk_argnums=chunk_argnums, nondiff_argnums=nondiff_argnums, chunk_size=chunk_size,
+        chunk_size_bwd=chunk_size_bwd, return_forward=return_forward, conjugate=conjugate,
+        has_aux=has_aux, shard=shard,
+    )

@@ -12,70 +12,71 @@ import equinox as eqx
 import jax
 from jax.sharding import Mesh
 
-from .._checks import check_budget, check_positive
 from .._public import public
 from .._types import Budget
+from ._bind import argnums_tuple, check_argnums
 from ._micro import AccumulationType
 from ._micro_run import Plan
 
 MicrobatchSize = int | Literal["auto"] | None
 
 
-def _ints(x: int | Sequence[int]) -> tuple[int, ...]:
-    return (x,) if isinstance(x, int) else tuple(x)
-
-
-def _plan(who, accumulator, per_example, microbatch_size, num_real, **opts) -> Plan:
-    """Check the options every builder shares and assemble the `Plan`."""
-    if microbatch_size != "auto":
-        check_positive(who, "microbatch_size", microbatch_size)
-    elif num_real is not None:
-        raise ValueError(
-            f'`{who}(microbatch_size="auto", num_real_microbatches=...)`: with an automatic '
-            "size the number of microbatches is not known in advance; give an int size."
-        )
-    grad = opts.get("grad_size")
-    if grad != "auto":
-        check_positive(who, "grad_microbatch_size", grad)
-    elif microbatch_size is None:
-        raise ValueError(
-            f'`{who}(grad_microbatch_size="auto")`: a planned backward size needs a forward '
-            'one; give microbatch_size (an int or "auto").'
-        )
-    if opts.get("memory_budget") is not None and "auto" not in (microbatch_size, grad):
-        raise ValueError(
-            f"`{who}(memory_budget={opts['memory_budget']})`: memory_budget sizes "
-            f'microbatch_size="auto" or grad_microbatch_size="auto", got '
-            f"microbatch_size={microbatch_size!r}."
-        )
-    if microbatch_size == "auto" and grad is None:  # the reverse pass gets its own plan
-        opts["grad_size"] = "auto"
-    return Plan(who, accumulator, per_example, microbatch_size, num_real, **opts)
-
-
 class Microbatched(eqx.Module):
-    """`fun` over microbatches of the arguments `argnums`/`argnames` (see `microbatch`)."""
+    """`fun` over microbatches of its batch arguments, run as `plan` says (the Module that
+    `microbatch`, `micro_vmap` and `micro_grad` return).
+
+    The batch arguments: the positional ones `argnums` and keywords `argnames` at `in_axes`
+    (one entry each); with `argnums=None` every positional argument at `in_axes` (an int,
+    `None`, or one entry each); with `argnames=None` every keyword along axis 0.
+    """
 
     fun: Callable[..., Any]
     plan: Plan
-    argnums: tuple[int, ...] = eqx.field(static=True)
-    argnames: tuple[str, ...] = eqx.field(static=True)
-    in_axes: tuple[int, ...] = eqx.field(static=True)
+    in_axes: int | None | tuple[int | None, ...] = eqx.field(static=True)
+    argnums: tuple[int, ...] | None = eqx.field(static=True, default=None)
+    argnames: tuple[str, ...] | None = eqx.field(static=True, default=None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        keys = [("arg", i) for i in self.argnums] + [("kw", k) for k in self.argnames]
-        slots = tuple((kind, key, a) for (kind, key), a in zip(keys, self.in_axes))
-        return self.plan(self.fun, slots, args, kwargs)
+        return self.plan(self.fun, self._slots(args, kwargs), args, kwargs)
 
     def memory_plan(self, *args: Any, **kwargs: Any) -> Any:
         """The [`chunkx.MemoryPlan`][] that `microbatch_size="auto"` follows for these
-        arguments: its `chunk_size` is the microbatch size the call runs (the largest divisor
-        of the batch within the planned size). Nothing is run; the plan is cached."""
-        keys = [("arg", i) for i in self.argnums] + [("kw", k) for k in self.argnames]
-        slots = tuple((kind, key, a) for (kind, key), a in zip(keys, self.in_axes))
-        return eqx.filter_eval_shape(
-            lambda a, k: self.plan.memory_plan("memory_plan", self.fun, slots, a, k),
-            args, kwargs)
+        arguments (one device's rows with `shard=True`; for `microbatch`, its `chunk_size` is
+        the microbatch size the call runs: the largest divisor of the batch within the planned
+        size). Nothing is run; the plan is cached."""
+        return self._planned("memory_plan", args, kwargs)
+
+    def grad_memory_plan(self, *args: Any, **kwargs: Any) -> Any:
+        """The [`chunkx.MemoryPlan`][] of the reverse pass of `grad_microbatch_size="auto"`
+        (the per-example maps; for `micro_grad`, differentiating through it)."""
+        return self._planned("grad_memory_plan", args, kwargs)
+
+    def _planned(self, method: str, args: tuple, kwargs: dict) -> Any:
+        def plan(a, k):
+            return self.plan.memory_plan(method, self.fun, self._slots(a, k), a, k)
+
+        return eqx.filter_eval_shape(plan, args, kwargs)
+
+    def _slots(self, args: tuple, kwargs: dict) -> tuple:
+        who, axes = self.plan.who, self.in_axes
+        nums = range(len(args)) if self.argnums is None else self.argnums
+        if axes is None or isinstance(axes, int):
+            axes = (axes,) * len(args)
+        if self.argnums is None and len(axes) != len(args):
+            raise ValueError(
+                f"`{who}(in_axes={self.in_axes!r})`: in_axes has {len(axes)} entries "
+                f"but the function was called with {len(args)} positional arguments."
+            )
+        if max(nums, default=-1) >= len(args):
+            name = "batch_argnums" if self.plan.per_example else "argnums"
+            raise ValueError(
+                f"`{who}({name}={self.argnums})`: the function was called "
+                f"with {len(args)} positional arguments."
+            )
+        slots = tuple(("arg", i, a) for i, a in zip(nums, axes) if a is not None)
+        if self.argnames is None:  # keywords map along axis 0
+            return slots + tuple(("kw", k, 0) for k in kwargs)
+        return slots + tuple(("kw", k, a) for k, a in zip(self.argnames, axes[len(nums):]))
 
 
 @public
@@ -144,58 +145,20 @@ def microbatch(
     """
     if microbatch_size is None:
         return fun
-    argnums, names = _ints(argnums), (argnames,) if isinstance(argnames, str) else tuple(argnames)
-    axes = _ints(in_axes)
+    argnums = argnums_tuple(check_argnums("microbatch", "argnums", argnums))
+    names = (argnames,) if isinstance(argnames, str) else tuple(argnames)
+    axes = argnums_tuple(check_argnums("microbatch", "in_axes", in_axes))
     axes = axes * (len(argnums) + len(names)) if isinstance(in_axes, int) else axes
     if len(axes) != len(argnums) + len(names):
         raise ValueError(
             f"`microbatch(in_axes={in_axes!r})`: in_axes needs one entry per batch argument "
             f"(argnums {argnums} and argnames {names}), got {len(axes)}."
         )
-    plan = _plan(
+    plan = Plan(
         "microbatch", accumulator, False, microbatch_size, num_real_microbatches,
-        memory_budget=check_budget("microbatch", "memory_budget", memory_budget),
-        compensated=compensated,
+        memory_budget=memory_budget, compensated=compensated,
     )
-    return Microbatched(fun, plan, argnums, names, axes)
-
-
-class MicroVmap(eqx.Module):
-    """`fun` vmapped over microbatches of its arguments (see `micro_vmap`)."""
-
-    fun: Callable[..., Any]
-    plan: Plan
-    in_axes: int | None | tuple[int | None, ...] = eqx.field(static=True)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.plan(self.fun, self._slots(args, kwargs), args, kwargs)
-
-    def memory_plan(self, *args: Any, **kwargs: Any) -> Any:
-        """The [`chunkx.MemoryPlan`][] that `microbatch_size="auto"` follows for these
-        arguments (one device's rows with `shard=True`). Nothing is run; the plan is cached."""
-        return self._planned("memory_plan", args, kwargs)
-
-    def grad_memory_plan(self, *args: Any, **kwargs: Any) -> Any:
-        """The [`chunkx.MemoryPlan`][] of the reverse pass of `grad_microbatch_size="auto"`."""
-        return self._planned("grad_memory_plan", args, kwargs)
-
-    def _planned(self, method: str, args: tuple, kwargs: dict) -> Any:
-        def plan(a, k):
-            return self.plan.memory_plan(method, self.fun, self._slots(a, k), a, k)
-
-        return eqx.filter_eval_shape(plan, args, kwargs)
-
-    def _slots(self, args: tuple, kwargs: dict) -> tuple:
-        axes = self.in_axes
-        if axes is None or isinstance(axes, int):
-            axes = (axes,) * len(args)
-        if len(axes) != len(args):
-            raise ValueError(
-                f"`{self.plan.who}(in_axes={self.in_axes!r})`: in_axes has {len(axes)} entries "
-                f"but the function was called with {len(args)} positional arguments."
-            )
-        slots = tuple(("arg", i, a) for i, a in enumerate(axes) if a is not None)
-        return slots + tuple(("kw", k, 0) for k in kwargs)  # keywords map along axis 0
+    return Microbatched(fun, plan, axes, argnums, names)
 
 
 @public
@@ -209,11 +172,11 @@ def micro_vmap(
     accumulator: Any = AccumulationType.CONCAT,
     num_real_microbatches: int | jax.Array | None = None,
     grad_microbatch_size: MicrobatchSize = None,
-    memory_budget: int | None = None,
+    memory_budget: Budget = None,
     shard: bool = False,
     mesh: Mesh | None = None,
     compensated: bool = True,
-) -> MicroVmap:
+) -> Microbatched:
     """`jax.vmap(fun, in_axes)` over microbatches, the rows joined by `accumulator` (optax).
 
     As a plain loop over optax's microbatches (microbatch `k` holds rows `k, k + K, ...`):
@@ -244,8 +207,9 @@ def micro_vmap(
     - `grad_microbatch_size`: rows per microbatch of the reverse pass, or `"auto"` (planned
       within `memory_budget` when the map is differentiated); `None`: the forward size, or
       with `microbatch_size="auto"` its own plan.
-    - `memory_budget`: bytes of XLA temp memory per device for the `"auto"` sizes (`None`:
-      half the device's memory where the backend reports it).
+    - `memory_budget`: bytes of XLA temp memory per device for the `"auto"` sizes (an int or
+      an integral float such as `64e6`; `None`: half the device's memory where the backend
+      reports it).
     - `shard`, `mesh`: split the rows over the devices of `mesh` (default: see
       [`chunkx.Shard`][]); `microbatch_size` must be a multiple of the device count.
     - `compensated`: SUM, MEAN and RUNNING_MEAN add the microbatches' sums with
@@ -267,9 +231,9 @@ def micro_vmap(
             "(accumulations join along it); out_axes must be 0."
         )
     axes = in_axes if in_axes is None or isinstance(in_axes, int) else tuple(in_axes)
-    plan = _plan(
+    plan = Plan(
         "micro_vmap", accumulator, True, microbatch_size, num_real_microbatches,
         vmap_fn=vmap_fn, grad_size=grad_microbatch_size, memory_budget=memory_budget,
         shard=shard, mesh=mesh, compensated=compensated,
     )
-    return MicroVmap(fun, plan, axes)
+    return Microbatched(fun, plan, axes)

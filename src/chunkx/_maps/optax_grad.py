@@ -12,9 +12,11 @@ from jax.sharding import Mesh
 
 from .._checks import check_positive
 from .._public import public
+from .._types import Budget
+from ._bind import argnums_tuple, check_argnums
 from ._micro import AccumulationType
 from ._micro_run import Plan
-from .optax import MicrobatchSize, MicroVmap, _ints, _plan
+from .optax import Microbatched, MicrobatchSize
 
 #: The auxiliary result of `micro_grad`: per-example values, metrics and `fun`'s aux.
 IndividualOutputs = collections.namedtuple("IndividualOutputs", ["values", "metrics", "aux"])
@@ -44,36 +46,6 @@ class _GradFn(eqx.Module):
         return self.transform_fn(grad), IndividualOutputs(value, self.metrics_fn(grad), aux)
 
 
-class MicroGrad(eqx.Module):
-    """Per-example gradients over microbatches (see `micro_grad`)."""
-
-    grad_fn: _GradFn
-    plan: Plan
-    batch_argnums: tuple[int, ...] = eqx.field(static=True)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._vmapped(args)(*args, **kwargs)
-
-    def memory_plan(self, *args: Any, **kwargs: Any) -> Any:
-        """The [`chunkx.MemoryPlan`][] that `microbatch_size="auto"` follows for these
-        arguments (the per-example gradients' loop). Nothing is run; the plan is cached."""
-        return self._vmapped(args).memory_plan(*args, **kwargs)
-
-    def grad_memory_plan(self, *args: Any, **kwargs: Any) -> Any:
-        """The [`chunkx.MemoryPlan`][] of `grad_microbatch_size="auto"`: the reverse pass of
-        the per-example gradients' loop (differentiating through `micro_grad`)."""
-        return self._vmapped(args).grad_memory_plan(*args, **kwargs)
-
-    def _vmapped(self, args: tuple) -> MicroVmap:
-        if max(self.batch_argnums) >= len(args):
-            raise ValueError(
-                f"`micro_grad(batch_argnums={self.batch_argnums})`: the function was called "
-                f"with {len(args)} positional arguments."
-            )
-        axes = tuple(0 if i in self.batch_argnums else None for i in range(len(args)))
-        return MicroVmap(self.grad_fn, self.plan, axes)
-
-
 def _no_metrics(grad: Any) -> None:
     return None
 
@@ -96,11 +68,11 @@ def micro_grad(
     metrics_fn: Callable[[Any], Any] = _no_metrics,
     num_real_microbatches: int | jax.Array | None = None,
     grad_microbatch_size: MicrobatchSize = None,
-    memory_budget: int | None = None,
+    memory_budget: Budget = None,
     shard: bool = False,
     mesh: Mesh | None = None,
     compensated: bool = True,
-) -> MicroGrad:
+) -> Microbatched:
     """Per-example gradients, transformed and accumulated over microbatches (optax).
 
     As a plain loop over the examples `i` (rows of the `batch_argnums` arguments):
@@ -143,17 +115,18 @@ def micro_grad(
         assert jnp.allclose(aux.metrics, jnp.array([0.0, 2.0, 4.0, 6.0]))
         ```
     """
-    batch = _ints(batch_argnums)
-    argnums = argnums if isinstance(argnums, int) else tuple(argnums)
+    who = "micro_grad"
+    batch = argnums_tuple(check_argnums(who, "batch_argnums", batch_argnums, negative=False))
+    argnums = check_argnums(who, "argnums", argnums)
     grad_fn = _GradFn(
         fun, has_aux, argnums, transform_fn, metrics_fn, batch if keep_batch_dim else ()
     )
-    plan = _plan(
-        "micro_grad", (accumulator, AccumulationType.CONCAT), True, microbatch_size,
+    plan = Plan(
+        who, (accumulator, AccumulationType.CONCAT), True, microbatch_size,
         num_real_microbatches, grad_size=grad_microbatch_size, memory_budget=memory_budget,
         shard=shard, mesh=mesh, compensated=compensated,
     )
-    return MicroGrad(grad_fn, plan, batch)
+    return Microbatched(grad_fn, plan, (0,) * len(batch), batch)
 
 
 @public

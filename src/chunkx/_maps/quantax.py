@@ -26,6 +26,7 @@ from .._plan.measure import padded_rows_per_device
 from .._public import public
 from .._types import Budget, InAxes, Size
 from ._axes import MovedAxes, map_outputs, move_axis, normalize_axis
+from .pipeline import local_args, the_chunk
 
 
 class ChunkMap(eqx.Module):
@@ -60,38 +61,23 @@ class ChunkMap(eqx.Module):
             return self._call(args)
 
     def _call(self, args: tuple) -> Any:
-        who = "chunk_map"
-        axes = _arg_axes(who, self.in_axes, args)
+        axes, moved, zero = _layout(self.in_axes, args)
         mapped = tuple(i for i, a in enumerate(axes) if a is not None)
         if not mapped or not any(array_leaves(args[i]) for i in mapped):
             return self.f(*args)
         ndev = call_mesh(self.mesh, args).size  # the mesh Shard runs on, or lays rows out for
-        moved = tuple(a if ax is None else move_axis(a, ax, 0) for a, ax in zip(args, axes))
-        zero = tuple(None if a is None else 0 for a in axes)
-        n = mapped_length(moved, zero, who)
+        n = mapped_length(moved, zero, "chunk_map")
         inner = MovedAxes(self.f, axes, self.out_axes)
-        c = self.chunk_size
-        if c == "auto":
+        if self.chunk_size == "auto":
             out = self._planned(inner, zero)(*moved)
         else:
-            per_device = padded_rows_per_device(n, ndev)
-            fits = c is None or per_device == c or (per_device < c and not self.atleast_1chunk)
-            if c is None or (fits and self.chunk_size_bwd is None):
-                size = None  # quantax's fast path: f sees the whole (local) batch
-            else:  # a backward size: the Chunk runs the batch whole, its reverse pass in chunks
-                size = min(c, per_device) if fits else c
-            loop = "scan" if self.use_scan else "python"
-            out = self._pipeline(inner, size, zero, n, ndev, loop)(*moved)
+            out = self._pipeline(inner, zero, n, ndev)(*moved)
         return map_outputs(out, self.out_axes, lambda o, ax: move_axis(o, 0, ax))
 
     def memory_plan(self, *args: Any):
         """The [`chunkx.MemoryPlan`][] that `chunk_size="auto"` follows for these arguments
         (one device's with `shard_batch=True`); nothing is run, and the plan is cached."""
-        def plan(args):
-            chunk, local = self._local(args, "memory_plan")
-            return chunk.memory_plan(*local)
-
-        return eqx.filter_eval_shape(plan, args)
+        return self._memory("memory_plan", args)
 
     def grad_memory_plan(self, *args: Any):
         """The [`chunkx.MemoryPlan`][] of the reverse pass of `chunk_size="auto"` with
@@ -102,27 +88,23 @@ class ChunkMap(eqx.Module):
                 "map whose backward size is planned (chunk_size='auto', use_scan=True, "
                 "chunk_size_bwd=None) has a gradient plan."
             )
+        return self._memory("grad_memory_plan", args)
 
-        def plan(args):
-            chunk, local = self._local(args, "grad_memory_plan")
-            return chunk.grad_memory_plan(*local)
-
-        return eqx.filter_eval_shape(plan, args)
-
-    def _local(self, args: tuple, method: str) -> tuple:
-        from .pipeline import local_args, the_chunk
-
+    def _memory(self, method: str, args: tuple):
+        """The plan `method` of the Chunk that one device runs, traced abstractly."""
         if self.chunk_size != "auto":
             raise ValueError(
                 f"`chunk_map(chunk_size={self.chunk_size!r}).{method}`: only a map built with "
                 "chunk_size='auto' has a memory plan."
             )
-        axes = _arg_axes("chunk_map", self.in_axes, args)
-        moved = tuple(a if ax is None else move_axis(a, ax, 0) for a, ax in zip(args, axes))
-        zero = tuple(None if a is None else 0 for a in axes)
-        ndev = call_mesh(self.mesh, args).size if self.shard_batch else 1
-        pipeline = self._planned(MovedAxes(self.f, axes, self.out_axes), zero)
-        return the_chunk(pipeline), local_args(moved, zero, "chunk_map", ndev)
+
+        def plan(args):
+            axes, moved, zero = _layout(self.in_axes, args)
+            ndev = call_mesh(self.mesh, args).size if self.shard_batch else 1
+            chunk = the_chunk(self._planned(MovedAxes(self.f, axes, self.out_axes), zero))
+            return getattr(chunk, method)(*local_args(moved, zero, "chunk_map", ndev))
+
+        return eqx.filter_eval_shape(plan, args)
 
     def _planned(self, inner, zero):
         """`chunk_size="auto"`: [Shard ∘] Chunk(size="auto"); the Chunk plans (the scan loop;
@@ -136,51 +118,54 @@ class ChunkMap(eqx.Module):
             grad_size=bwd, memory_budget=self.memory_budget,
             owner=("chunk_map", "chunk_size", "memory_budget", f"chunk_map({name})"),
         )
-        return Shard(chunk, self.mesh, in_axes=zero) if self.shard_batch else chunk
+        return Shard(chunk, self.mesh) if self.shard_batch else chunk
 
-    def _pipeline(self, inner, size, zero, n, ndev, loop, bwd=None):
+    def _pipeline(self, inner, zero, n, ndev):
         """[Shard ∘] [Pad ∘] [Groups ∘] Chunk ∘ f, in quantax's per-device row layout.
 
         quantax needs `n % D == 0`; chunkx pads the device blocks (copies of a real row) or,
         with `shard_batch`, evaluates the leftover rows as one more piece (see `Shard`).
-        `atleast_1chunk` pads a batch smaller than one chunk up to a chunk per device.
+        `atleast_1chunk` pads a batch smaller than one chunk up to a chunk per device. Where
+        every device's rows fit one chunk, the Chunk runs them in one call (quantax's fast
+        path: `f` sees the whole batch), its reverse pass in chunks of `chunk_size_bwd`.
         """
+        size = self.chunk_size
         if size is None:
             return Shard(inner, self.mesh, in_axes=zero) if self.shard_batch else inner
-        small = padded_rows_per_device(n, ndev) < size
+        per_device = padded_rows_per_device(n, ndev)
+        pad = self.atleast_1chunk and per_device < size  # up to one chunk per device
         if self.shard_batch:
-            local = self._chunk(inner, size, zero, loop, bwd=bwd)
-            local = Pad(local, size, in_axes=zero) if small else local
-            return Shard(local, self.mesh, in_axes=zero)
-        if ndev == 1:
-            piece = self._chunk(inner, size, zero, loop, bwd=bwd)
-            multiple = size if small else 1
+            local = self._chunk(inner, size, zero)
+            return Shard(Pad(local, size) if pad else local, self.mesh)
+        if ndev == 1 or (per_device <= size and not pad):  # one chunk: no blocks to lay out
+            piece, multiple = self._chunk(inner, ndev * size, zero), size if pad else 1
         else:  # every block padded to whole chunks: f always sees D * c rows
-            piece = Groups(self._chunk(inner, size, zero, loop, ndev, bwd), ndev, size, zero)
+            piece = Groups(self._chunk(inner, size, zero, ndev), ndev, size)
             multiple = ndev * size
-        return Pad(piece, multiple, in_axes=zero) if n % multiple else piece
+        return Pad(piece, multiple) if n % multiple else piece
 
-    def _chunk(self, inner, size, zero, loop, blocks=1, bwd=None):
+    def _chunk(self, inner, size, zero, blocks=1):
         """Chunks of `size` rows of each of `blocks` device blocks (`Groups` lays them out);
-        the reverse pass in chunks of `bwd` rows per block (default `chunk_size_bwd`)."""
-        if size is None:
-            return inner
-        if loop == "python":
+        the reverse pass in chunks of `chunk_size_bwd` rows per block."""
+        if not self.use_scan:
             return Unrolled(inner, blocks * size, in_axes=zero, progress=self.progress)
-        bwd = self.chunk_size_bwd if bwd is None else bwd
-        bwd = None if bwd is None else blocks * bwd
+        bwd = None if self.chunk_size_bwd is None else blocks * self.chunk_size_bwd
         return Chunk(
             inner, blocks * size, in_axes=zero, remainder="shift", progress=self.progress,
             grad_size=bwd,
         )
 
 
-def _arg_axes(who, in_axes, args):
+def _layout(in_axes, args, who: str = "chunk_map") -> tuple:
+    """`(axes, moved, zero)`: the arguments' mapped axes (non-negative), the arguments with
+    them moved to the front, and the axes of the moved arguments (0 or None)."""
     axes = in_axes_tuple(who, in_axes, len(args))
-    return tuple(
+    axes = tuple(
         None if a is None else normalize_axis(who, "in_axes", i, arg, a)
         for i, (arg, a) in enumerate(zip(args, axes))
     )
+    moved = tuple(a if ax is None else move_axis(a, ax, 0) for a, ax in zip(args, axes))
+    return axes, moved, tuple(None if a is None else 0 for a in axes)
 
 
 class _CheckedOutAxes(eqx.Module):
@@ -333,7 +318,7 @@ def jit_chunk_vmap(
     in_axes = as_in_axes(in_axes)  # a list works like a tuple
     vmapped = eqx.filter_vmap(f, in_axes=_if_array(in_axes), out_axes=out_axes)
     mapped = chunk_map(vmapped, in_axes, out_axes, chunk_size, True, shard_batch, False, mesh)
-    return eqx.filter_jit(_Checked(mapped, in_axes, "jit_chunk_vmap"))
+    return eqx.filter_jit(Checked(mapped, in_axes, "jit_chunk_vmap"))
 
 
 def _if_array(in_axes: Any) -> Any:
@@ -343,15 +328,15 @@ def _if_array(in_axes: Any) -> Any:
     return None if in_axes is None else eqx.if_array(in_axes)
 
 
-class _Checked(eqx.Module):
-    """Check the mapped arguments (lengths, array leaves) in the public map's name first."""
+class Checked(eqx.Module):
+    """`fn(*args)`, the mapped arguments (axes, lengths, array leaves) checked against
+    `in_axes` first, in the name of the public map `who`."""
 
     fn: Callable[..., Any]
     in_axes: InAxes = eqx.field(static=True)
     who: str = eqx.field(static=True)
 
     def __call__(self, *args: Any) -> Any:
-        axes = _arg_axes(self.who, self.in_axes, args)
-        moved = tuple(a if ax is None else move_axis(a, ax, 0) for a, ax in zip(args, axes))
-        mapped_length(moved, tuple(None if a is None else 0 for a in axes), self.who)
+        _, moved, zero = _layout(self.in_axes, args, self.who)
+        mapped_length(moved, zero, self.who)
         return self.fn(*args)

@@ -1,0 +1,59 @@
+"""One budget type: every map that takes `memory_budget` takes it as `batch_vmap` does (an int
+or an integral float such as `64e6`, checked with `check_budget`); a float budget plans and
+runs as the same int budget does (the compiled program and the results are the reference)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax.microbatching as om
+import pytest
+
+import chunkx
+from helpers import assert_tree_close
+
+X = jnp.linspace(-1.0, 1.0, 200 * 8).reshape(200, 8)
+W = jnp.ones((8, 8)) / 8
+
+
+def per(x, w):
+    h = jnp.tanh(jnp.outer(x, x) @ w)
+    return jnp.sum(jnp.sort(h.ravel()) * h.ravel())
+
+
+def loss(w, x):
+    return per(x, w)
+
+
+@pytest.mark.parametrize("budget", [64e6, np.float64(2.0**16), 2.0**16])
+def test_micro_vmap_float_budget_is_the_int_budget(budget):
+    as_float = chunkx.micro_vmap(per, (0, None), microbatch_size="auto", memory_budget=budget)
+    as_int = chunkx.micro_vmap(per, (0, None), microbatch_size="auto",
+                               memory_budget=int(budget))
+    assert as_float.plan.memory_budget == int(budget)
+    assert as_float.memory_plan(X, W) == as_int.memory_plan(X, W)
+    assert chunkx.compiled_temp_bytes(as_float, X, W) == chunkx.compiled_temp_bytes(as_int, X, W)
+    assert_tree_close(as_float(X, W), om.micro_vmap(per, (0, None))(X, W))
+
+
+@pytest.mark.parametrize("budget", [64e6, 2.0**17])
+def test_micro_grad_float_budget_is_the_int_budget(budget):
+    as_float = chunkx.micro_grad(loss, microbatch_size="auto", memory_budget=budget)
+    as_int = chunkx.micro_grad(loss, microbatch_size="auto", memory_budget=int(budget))
+    assert as_float.memory_plan(W, X) == as_int.memory_plan(W, X)
+    got, want = as_float(W, X), as_int(W, X)
+    assert_tree_close(got, want)
+    assert_tree_close(got[0], jax.grad(lambda w: jnp.sum(jax.vmap(per, (0, None))(X, w)))(W))
+
+
+def test_the_budget_is_checked_as_batch_vmap_checks_it():
+    for build in (
+        lambda b: chunkx.micro_vmap(per, microbatch_size="auto", memory_budget=b),
+        lambda b: chunkx.micro_grad(loss, microbatch_size="auto", memory_budget=b),
+        lambda b: chunkx.batch_vmap(per, batch_size="auto", memory_budget=b),
+    ):
+        with pytest.raises(ValueError, match=r"memory_budget must be a positive number of bytes"):
+            build(1.5)
+        with pytest.raises(ValueError, match=r"memory_budget must be a positive number of bytes"):
+            build(0)
+    with pytest.raises(ValueError, match=r"`micro_vmap\(memory_budget='64e6'\)`"):
+        chunkx.micro_vmap(per, microbatch_size="auto", memory_budget="64e6")
