@@ -11,23 +11,12 @@ from jaxtyping import Array, ArrayLike, Float
 from chunkx._checks import as_size
 
 from ._format import TuckerTensorTrain, as_core_pair, prod
-from ._forward import t3_probe_derivatives
+from ._forward import corewise_jets
 from ._inputs import Inputs, corewise_inputs
 from ._pipeline import chunk_rows, normal_pipeline
-from ._sampling import t3_apply_derivatives, t3_entries_derivatives
-from ._sampling_transpose import (
-    t3_apply_corewise_derivatives_transpose,
-    t3_entries_corewise_derivatives_transpose,
-)
 from ._stacks import KINDS, flat_lead
-from ._transpose import t3_probe_corewise_derivatives_transpose
+from ._transpose import Call, corewise_transpose
 from ._validate import as_arrays, check_chunk_size, check_cores, check_order
-
-_FORWARD = {"probe": t3_probe_derivatives, "apply": t3_apply_derivatives,
-            "entries": t3_entries_derivatives}
-_TRANSPOSE = {"probe": t3_probe_corewise_derivatives_transpose,
-              "apply": t3_apply_corewise_derivatives_transpose,
-              "entries": t3_entries_corewise_derivatives_transpose}
 
 
 def _check_kind(kind):
@@ -141,13 +130,14 @@ class GaussNewton(eqx.Module):
 
     def forward(self):
         """The sampled jets at `x` (the kind's `t3_*_derivatives`)."""
-        return _FORWARD[self.kind](self.samples, self.pp, self.x, self.order)
+        return corewise_jets(self._inputs())
 
     def gradient(self, residual) -> TuckerTensorTrain:
         """`J^T diag(weights) residual` (residual jets laid out like `forward()`)."""
         res = _weighted(residual, self.weights, self._inputs().W)
-        return _TRANSPOSE[self.kind](res, self.samples, self.pp, self.x, self.order, True,
-                                     self.chunk_size, mesh=self.mesh)
+        call = Call(res, self.samples, self.pp, self.x, self.order, True, self.chunk_size,
+                    self.mesh)
+        return corewise_transpose(f"t3_{self.kind}_corewise_derivatives_transpose", self.kind, call)
 
     def __call__(self, v: TuckerTensorTrain) -> TuckerTensorTrain:
         """`J^T diag(weights) J v + damping * v` for a direction `v` shaped like `x`."""

@@ -1,7 +1,8 @@
 """Public transposes of the probe jets: tangent (`tv_*`) and corewise (`t3_*`).
 
-The shared assembly (`corewise_transpose`, `tangent_transpose`) also serves the apply and
-entries kinds (`_sampling`): rows in, one `Chunk`/reducer/`Shard` pipeline, stacks restored.
+The shared bodies (`corewise_transpose`, `tangent_transpose`) serve every kind (the apply and
+entries transposes are in `_sampling_transpose`): arguments checked once (`_inputs`), rows in,
+one `Chunk`/reducer/`Shard` pipeline, stacks restored.
 """
 
 from collections.abc import Sequence
