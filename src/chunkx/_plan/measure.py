@@ -54,14 +54,20 @@ def compiled_temp_bytes(
         assert temp >= 512 * 512 * 4                                # at least x @ x.T
         ```
     """
+    run, dyn = _abstract(fn, args)
+    return temp_bytes_of(jax.jit(run).lower(dyn).compile(), who)
+
+
+def _abstract(fn: Callable[..., Any], args: tuple) -> tuple[Callable[[Any], Any], Any]:
+    """`(run, dyn)`: `run(dyn)` is `fn(*args)` (its array outputs) with the array leaves of
+    `fn` and `args` as `dyn`, `jax.ShapeDtypeStruct`s (the other leaves are constants)."""
     dyn, static = eqx.partition((fn, args), _is_leaf_array)
-    dyn = jax.tree_util.tree_map(_struct, dyn)
 
     def run(d):
         f, a = eqx.combine(d, static)
         return eqx.filter(f(*a), eqx.is_array)
 
-    return temp_bytes_of(jax.jit(run).lower(dyn).compile(), who)
+    return run, jax.tree_util.tree_map(_struct, dyn)
 
 
 #: Fraction of `device.memory_stats()["bytes_limit"]` that `batch_size="auto"` uses as its
@@ -123,13 +129,7 @@ def fingerprint(fn: Callable[..., Any], *args: Any, extra: Any = ()) -> str:
 
     from .. import __version__
 
-    dyn, static = eqx.partition((fn, args), _is_leaf_array)
-    dyn = jax.tree_util.tree_map(_struct, dyn)
-
-    def run(d):
-        f, a = eqx.combine(d, static)
-        return eqx.filter(f(*a), eqx.is_array)
-
+    run, dyn = _abstract(fn, args)
     text = _ADDRESS.sub("0x", str(jax.make_jaxpr(run)(dyn)))
     device = jax.devices()[0]
     env = (device.platform, device.device_kind, jax.device_count(), jax.__version__,

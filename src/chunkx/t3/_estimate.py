@@ -12,7 +12,7 @@ costs more than equal chunks would.
 import functools
 import numbers
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +32,34 @@ from ._transpose import tv_probe_derivatives_transpose
 MIN_ROWS = 256
 
 
-def _check(fn, mode_shapes, tucker_ranks, tt_ranks, order, n_probes, n_tangent, n_shards):
+class _Problem(NamedTuple):
+    """An estimator's problem, checked once (hashable: the key of the measurement caches): the
+    mode sizes, Tucker and TT ranks, the order, the probes of the local shard, the tangent stack
+    size, the frame stack and the dtype's name."""
+
+    N: tuple[int, ...]
+    n: tuple[int, ...]
+    r: tuple[int, ...]
+    order: int
+    w_local: int
+    n_tangent: int
+    stack: tuple[int, ...]
+    dtype: str
+
+    def structs(self) -> tuple:
+        """Arguments of the summed tangent transpose, as `ShapeDtypeStruct`s."""
+        S, dtype, d = jax.ShapeDtypeStruct, jnp.dtype(self.dtype), len(self.N)
+        N, n, r, C = self.N, self.n, self.r, self.stack
+        B = (self.n_tangent,) if self.n_tangent > 1 else ()
+        tt = tuple(S(C + (r[i], n[i], r[i + 1]), dtype) for i in range(d))
+        frame = (tuple(S(C + (n[i], N[i]), dtype) for i in range(d)), tt, tt, tt)
+        zt = tuple(S((self.order + 1, self.w_local) + B + C + (N[i],), dtype) for i in range(d))
+        x = tuple(S((self.w_local, N[i]), dtype) for i in range(d))
+        return zt, x, x, frame
+
+
+def _problem(fn, mode_shapes, tucker_ranks, tt_ranks, order, n_probes, *, n_tangent, stack_shape,
+             n_shards, dtype) -> _Problem:
     d = len(mode_shapes)
     if d == 0 or len(tucker_ranks) != d or len(tt_ranks) != d + 1:
         raise ValueError(
@@ -43,46 +70,35 @@ def _check(fn, mode_shapes, tucker_ranks, tt_ranks, order, n_probes, n_tangent, 
         raise ValueError(f"`{fn}(order={order!r})`: order must be an int >= 0, got {order!r}.")
     for name, v in (("n_probes", n_probes), ("n_tangent", n_tangent), ("n_shards", n_shards)):
         check_positive(fn, name, v, allow_none=False)
-
-
-def _structs(N, n, r, order, w, n_tangent, stack, dtype):
-    """Arguments of the summed tangent transpose for `w` probes, as `ShapeDtypeStruct`s."""
-    S = jax.ShapeDtypeStruct
-    d, B, C = len(N), ((n_tangent,) if n_tangent > 1 else ()), tuple(stack)
-    tt = tuple(S(C + (r[i], n[i], r[i + 1]), dtype) for i in range(d))
-    frame = (tuple(S(C + (n[i], N[i]), dtype) for i in range(d)), tt, tt, tt)
-    zt = tuple(S((order + 1, w) + B + C + (N[i],), dtype) for i in range(d))
-    x = tuple(S((w, N[i]), dtype) for i in range(d))
-    return zt, x, x, frame
-
-
-def _resident_bytes(args) -> int:
-    return sum(prod(a.shape) * a.dtype.itemsize for a in jax.tree_util.tree_leaves(args))
+    N, n, r, C = (tuple(int(v) for v in s) for s in (mode_shapes, tucker_ranks, tt_ranks,
+                                                      stack_shape))
+    w_local = max(1, padded_rows_per_device(int(n_probes), int(n_shards)))
+    dtype = jnp.dtype(jnp.float32 if dtype is None else dtype)
+    return _Problem(N, n, r, int(order), w_local, int(n_tangent), C, dtype.name)
 
 
 @functools.lru_cache(maxsize=512)
-def _temp(who, N, n, r, order, w_local, n_tangent, stack, dtype_name, size) -> int:
+def _temp(who: str, p: _Problem, size: int) -> int:
     """XLA temp bytes of the public summed tangent transpose (compiled for `ShapeDtypeStruct`s)."""
-    args = _structs(N, n, r, order, w_local, n_tangent, stack, jnp.dtype(dtype_name))
 
     def transpose(zt, ww, pp, frame):
-        return tv_probe_derivatives_transpose(zt, ww, pp, frame, order, True, size)
+        return tv_probe_derivatives_transpose(zt, ww, pp, frame, p.order, True, size)
 
-    return compiled_temp_bytes(transpose, *args, who=who)
+    return compiled_temp_bytes(transpose, *p.structs(), who=who)
 
 
 @functools.lru_cache(maxsize=64)
-def _plan(who, N, n, r, order, w_local, n_tangent, stack, dtype_name, budget) -> MemoryPlan:
-    """`fit_memory` over the public summed tangent transpose with `w_local` probes."""
+def _plan(who: str, p: _Problem, budget: int | None) -> MemoryPlan:
+    """`fit_memory` over the public summed tangent transpose with `p.w_local` probes."""
+    w_local = p.w_local
     if budget is None:  # balanced: the chunked scratch about equals the resident inputs
-        args = _structs(N, n, r, order, w_local, n_tangent, stack, jnp.dtype(dtype_name))
-        budget = 2 * _resident_bytes(args)
+        leaves = jax.tree_util.tree_leaves(p.structs())
+        budget = 2 * sum(prod(a.shape) * a.dtype.itemsize for a in leaves)
 
     def measure(size: int) -> int:
         # the summed transpose evens its chunk out itself: sizes with the same number of chunks
         # compile the same program, measured once
-        even = equal_chunks(w_local, size)
-        return _temp(who, N, n, r, order, w_local, n_tangent, stack, dtype_name, even)
+        return _temp(who, p, equal_chunks(w_local, size))
 
     name = "target_bytes" if who == "max_chunk_size_within" else "budget"
     plan = fit_memory(measure, w_local, int(budget), who=who,
@@ -95,21 +111,11 @@ def _plan(who, N, n, r, order, w_local, n_tangent, stack, dtype_name, budget) ->
 
 
 @functools.lru_cache(maxsize=64)
-def _per_row(who, N, n, r, order, n_tangent, stack, dtype_name) -> float:
+def _per_row(who: str, p: _Problem) -> float:
     """Bytes per probe of one chunk of the summed tangent transpose: the slope of its XLA temp in
     the chunk size (512 probes in chunks of 128 and of 256; the resident jets stay the same)."""
-    lo, hi = (_temp(who, N, n, r, order, 512, n_tangent, stack, dtype_name, c) for c in (128, 256))
+    lo, hi = (_temp(who, p._replace(w_local=512), c) for c in (128, 256))
     return max((hi - lo) / 128.0, 1.0)
-
-
-def _prepare(fn, mode_shapes, tucker_ranks, tt_ranks, order, n_probes, n_tangent, stack_shape,
-             n_shards, dtype):
-    _check(fn, mode_shapes, tucker_ranks, tt_ranks, order, n_probes, n_tangent, n_shards)
-    N, n, r = (tuple(int(v) for v in s) for s in (mode_shapes, tucker_ranks, tt_ranks))
-    stack = tuple(int(c) for c in stack_shape)
-    w_local = max(1, padded_rows_per_device(int(n_probes), int(n_shards)))
-    dtype = jnp.dtype(jnp.float32 if dtype is None else dtype)
-    return (N, n, r, int(order), w_local, int(n_tangent), stack, dtype.name)
 
 
 @public
@@ -160,13 +166,13 @@ def estimate_chunk_size(
         assert t3.estimate_chunk_size((10, 11, 12), (5, 6, 4), (1, 2, 3, 1), 2, 50) == 50
         ```
     """
-    key = _prepare("estimate_chunk_size", mode_shapes, tucker_ranks, tt_ranks, order, n_probes,
-                   n_tangent, stack_shape, n_shards, dtype)
-    w_local = key[4]
+    p = _problem("estimate_chunk_size", mode_shapes, tucker_ranks, tt_ranks, order, n_probes,
+                 n_tangent=n_tangent, stack_shape=stack_shape, n_shards=n_shards, dtype=dtype)
+    w_local = p.w_local
     low = -(-MIN_ROWS // int(n_shards))  # per shard: every device's share of one chunk step
     if w_local <= low:
         return w_local
-    size = _plan("estimate_chunk_size", *key, None).chunk_size
+    size = _plan("estimate_chunk_size", p, None).chunk_size
     if size >= low:
         return int(size)  # already even (`_plan`)
     return int(-(-w_local // max(1, w_local // low)))  # equal chunks of >= low
@@ -235,11 +241,9 @@ def max_chunk_size_within(
             f"`{fn}(target_bytes={target_bytes!r})`: must be at least 1 byte, got {target_bytes!r}."
         )
     check_choice(fn, "scope", scope, ("assembly", "program"))
-    key = _prepare(fn, mode_shapes, tucker_ranks, tt_ranks, order, n_probes, n_tangent,
-                   stack_shape, n_shards, dtype)
+    p = _problem(fn, mode_shapes, tucker_ranks, tt_ranks, order, n_probes, n_tangent=n_tangent,
+                 stack_shape=stack_shape, n_shards=n_shards, dtype=dtype)
     if scope == "program":
-        return int(_plan(fn, *key, int(target_bytes)).chunk_size)
-    w_local = key[4]
-    per_row = _per_row(fn, *key[:4], *key[5:])
-    cs = max(1, min(w_local, int(float(target_bytes) // per_row)))
-    return equal_chunks(w_local, cs)
+        return int(_plan(fn, p, int(target_bytes)).chunk_size)
+    cs = max(1, min(p.w_local, int(float(target_bytes) // _per_row(fn, p))))
+    return equal_chunks(p.w_local, cs)

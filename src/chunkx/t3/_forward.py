@@ -1,30 +1,15 @@
 """Forward probe-derivative jets: `t3_probe_derivatives`, `tv_probe_derivatives`."""
 
 from collections.abc import Sequence
+from typing import Any
 
 from jaxtyping import Array, ArrayLike, Float
 
 from .._public import public
-from ._format import CorePair, TuckerTensorTrain, as_core_pair
-from ._stacks import (
-    corewise_rows_fn,
-    flat_lead,
-    flat_stacks,
-    probes_rows,
-    rows_to_jets,
-    tangent_rows_fn,
-)
-from ._validate import (
-    as_arrays,
-    as_frame,
-    as_variation,
-    check_cores,
-    check_frame,
-    check_modes,
-    check_order,
-    check_probes,
-    check_variation,
-)
+from ._format import CorePair, TuckerTensorTrain
+from ._inputs import Inputs, corewise_inputs, tangent_inputs
+from ._stacks import corewise_rows_fn, flat_lead, flat_stacks, rows_to_jets, tangent_rows_fn
+from ._validate import as_parts, check_variation
 
 Probes = Sequence[Float[ArrayLike, "*W _N"]]
 # pp's shape is checked against ww by hand, for a message that names both.
@@ -33,6 +18,31 @@ Directions = Sequence[Float[ArrayLike, "..."]]
 Frame = Sequence[Sequence[Float[ArrayLike, "..."]]]
 Variation = Sequence[Sequence[Float[ArrayLike, "..."]]]
 Jets = tuple[Float[Array, "_T ..."], ...]
+
+
+def _jets(s: Inputs, rows: tuple, stacks: tuple) -> Any:
+    """Rows `(Wf, [Bf,] Cf, T[, N_i])` -> jets `(T,) + W + stacks [+ (N_i,)]`: `d` of them for
+    the probe kind, one array for apply and entries."""
+    n = rows[0].ndim - 2 - (s.kind == "probe")  # the flat stacks: `Cf` or `(Bf, Cf)`
+    rows = tuple(r.reshape(r.shape[:1] + stacks + r.shape[1 + n :]) for r in rows)
+    jets = rows_to_jets(rows, s.W, scalar=s.kind != "probe")
+    return jets if s.kind == "probe" else jets[0]
+
+
+def corewise_jets(s: Inputs) -> Any:
+    """The forward jets of a T3 (`s.cores = (tucker, tt)`)."""
+    fwd = corewise_rows_fn(s.order, s.C != (), s.kind)
+    return _jets(s, fwd(*s.rows, *(flat_lead(part, s.C) for part in s.cores)), s.C)
+
+
+def tangent_jets_of(fn: str, s: Inputs, variation: Any) -> Any:
+    """The forward jets of the tangent vector `variation` in the frame `s.cores`."""
+    variation = as_parts(variation, 2)
+    B = check_variation(fn, variation, s.cores, s.C)
+    dU, dG = (flat_stacks(v, B, s.C) for v in variation)
+    frame_f = tuple(flat_lead(part, s.C) for part in s.cores)
+    rows = tangent_rows_fn(s.order, B != (), s.C != (), s.kind)(*s.rows, dU, dG, frame_f)
+    return _jets(s, rows, B + s.C)
 
 
 @public
@@ -76,17 +86,7 @@ def t3_probe_derivatives(
         assert [a.shape for a in z] == [(3, 7, 4), (3, 7, 5)]
         ```
     """
-    fn = "t3_probe_derivatives"
-    order = check_order(fn, order)
-    tucker, tt = as_core_pair(fn, "x", x)
-    ww, pp = as_arrays(ww), as_arrays(pp)
-    d, C = check_cores(fn, "x", tucker, tt)
-    W = check_probes(fn, ww, pp, d)
-    check_modes(fn, "Tucker", ww, tucker, len(C))
-    rows = corewise_rows_fn(order, C != ())(
-        probes_rows(ww, W), probes_rows(pp, W), flat_lead(tucker, C), flat_lead(tt, C)
-    )
-    return rows_to_jets(tuple(r.reshape(r.shape[:1] + C + r.shape[2:]) for r in rows), W)
+    return corewise_jets(corewise_inputs("t3_probe_derivatives", "x", "probe", ww, pp, x, order))
 
 
 @public
@@ -124,17 +124,4 @@ def tv_probe_derivatives(
         ```
     """
     fn = "tv_probe_derivatives"
-    order = check_order(fn, order)
-    frame, ww, pp = as_frame(frame), as_arrays(ww), as_arrays(pp)
-    variation = as_variation(variation)
-    d, C = check_frame(fn, frame)
-    W = check_probes(fn, ww, pp, d)
-    check_modes(fn, "frame Tucker", ww, frame[0], len(C))
-    B = check_variation(fn, variation, frame, C)
-    BC = B + C
-    dU, dG = (flat_stacks(v, B, C) for v in variation)
-    frame_f = tuple(flat_lead(part, C) for part in frame)
-    fwd = tangent_rows_fn(order, B != (), C != ())
-    rows = fwd(probes_rows(ww, W), probes_rows(pp, W), dU, dG, frame_f)
-    return rows_to_jets(tuple(r.reshape(r.shape[:1] + BC + r.shape[3:]) for r in rows), W)
-
+    return tangent_jets_of(fn, tangent_inputs(fn, "probe", ww, pp, frame, order), variation)

@@ -11,22 +11,12 @@ from jaxtyping import Array, ArrayLike, Float
 from chunkx._checks import as_size
 
 from ._format import TuckerTensorTrain, as_core_pair, prod
-from ._forward import t3_probe_derivatives
+from ._forward import corewise_jets
+from ._inputs import Inputs, corewise_inputs
 from ._pipeline import chunk_rows, normal_pipeline
-from ._sampling import _samples, t3_apply_derivatives, t3_entries_derivatives
-from ._sampling_transpose import (
-    t3_apply_corewise_derivatives_transpose,
-    t3_entries_corewise_derivatives_transpose,
-)
 from ._stacks import KINDS, flat_lead
-from ._transpose import t3_probe_corewise_derivatives_transpose
+from ._transpose import Call, corewise_transpose
 from ._validate import as_arrays, check_chunk_size, check_cores, check_order
-
-_FORWARD = {"probe": t3_probe_derivatives, "apply": t3_apply_derivatives,
-            "entries": t3_entries_derivatives}
-_TRANSPOSE = {"probe": t3_probe_corewise_derivatives_transpose,
-              "apply": t3_apply_corewise_derivatives_transpose,
-              "entries": t3_entries_corewise_derivatives_transpose}
 
 
 def _check_kind(kind):
@@ -124,7 +114,7 @@ class GaussNewton(eqx.Module):
         self.x = x if isinstance(x, TuckerTensorTrain) else TuckerTensorTrain(*x)
         self.samples = (jnp.asarray(samples) if kind == "entries" else as_arrays(samples))
         self.pp = as_arrays(pp)
-        (W, _, _), _ = self._rows()
+        W = self._inputs().W
         dtype = self.x.tt_cores[0].dtype
         self.weights = (jnp.ones(W, dtype) if weights is None else jnp.asarray(weights, dtype))
         if self.weights.shape != W:
@@ -134,22 +124,20 @@ class GaussNewton(eqx.Module):
             )
         self.damping = jnp.asarray(damping, dtype)
 
-    def _rows(self):
-        tucker, tt = self.x.data
-        _, C = check_cores("GaussNewton", "x", tucker, tt)
-        N = tuple(int(U.shape[len(C) + 1]) for U in tucker)
-        return _samples("GaussNewton", self.kind, self.samples, self.pp, N), C
+    def _inputs(self) -> Inputs:
+        return corewise_inputs("GaussNewton", "x", self.kind, self.samples, self.pp, self.x,
+                               self.order)
 
     def forward(self):
         """The sampled jets at `x` (the kind's `t3_*_derivatives`)."""
-        return _FORWARD[self.kind](self.samples, self.pp, self.x, self.order)
+        return corewise_jets(self._inputs())
 
     def gradient(self, residual) -> TuckerTensorTrain:
         """`J^T diag(weights) residual` (residual jets laid out like `forward()`)."""
-        (W, _, _), _ = self._rows()
-        res = _weighted(residual, self.weights, W)
-        return _TRANSPOSE[self.kind](res, self.samples, self.pp, self.x, self.order, True,
-                                     self.chunk_size, mesh=self.mesh)
+        res = _weighted(residual, self.weights, self._inputs().W)
+        call = Call(res, self.samples, self.pp, self.x, self.order, True, self.chunk_size,
+                    self.mesh)
+        return corewise_transpose(f"t3_{self.kind}_corewise_derivatives_transpose", self.kind, call)
 
     def __call__(self, v: TuckerTensorTrain) -> TuckerTensorTrain:
         """`J^T diag(weights) J v + damping * v` for a direction `v` shaped like `x`."""
@@ -161,12 +149,12 @@ class GaussNewton(eqx.Module):
                 "`GaussNewton.__call__(v)`: v must have the core shapes of x "
                 f"{[a.shape for a in tucker + tt]}, got {[a.shape for a in vU + vG]}."
             )
-        (W, a_rows, p_rows), C = self._rows()
-        cs = chunk_rows(prod(W), self.chunk_size, self.mesh, True)
+        s = self._inputs()
+        C = s.C
+        cs = chunk_rows(prod(s.W), self.chunk_size, self.mesh, True)
         pipe = normal_pipeline(self.order, cs, C != (), self.mesh, self.kind)
         fixed = (flat_lead(tucker, C), flat_lead(tt, C), (flat_lead(vU, C), flat_lead(vG, C)))
-        wt = self.weights.reshape(prod(W))
-        gU, gG = pipe(wt, a_rows, p_rows, *fixed)
+        gU, gG = pipe(self.weights.reshape(prod(s.W)), *s.rows, *fixed)
         out = TuckerTensorTrain([g.reshape(a.shape) for g, a in zip(gU, tucker)],
                                 [g.reshape(a.shape) for g, a in zip(gG, tt)])
         return jax.tree_util.tree_map(lambda o, a: o + self.damping * a, out,

@@ -47,11 +47,7 @@ def _push(X, mats):
 
 def _pushr(Y, mats):
     """Right-to-left jet push through `A(v)`: `M0 Y^(t) + t M1 Y^(t-1)`."""
-    M0, M1 = mats
-    out = Y @ jnp.swapaxes(M0, -1, -2)
-    if M1 is not None:
-        out = out + _tshift(Y) @ jnp.swapaxes(M1, -1, -2)
-    return out
+    return _push(Y, tuple(None if M is None else jnp.swapaxes(M, -1, -2) for M in mats))
 
 
 def _comb(X, A, Y, trs):
@@ -70,9 +66,17 @@ def _mats(G, xi0, xi1):
 
 def _inputs(tucker, x, p, order):
     """Affine input jets `(U_i x_i, U_i p_i)` (the second is None for order 0)."""
-    xi0 = [xv @ U.T for U, xv in zip(tucker, x)]
-    xi1 = [None] * len(x) if order == 0 else [pv @ U.T for U, pv in zip(tucker, p)]
-    return xi0, xi1
+    return [xv @ U.T for U, xv in zip(tucker, x)], _directions(tucker, p, order)
+
+
+def _directions(tucker, p, order):
+    return [None] * len(p) if order == 0 else [pv @ U.T for U, pv in zip(tucker, p)]
+
+
+def _variation_mats(dG, Dn, xi0, xi1, dxi0, dxi1):
+    """`M(dG, xi) + M(O, dxi)`: the two variation sources of a tangent vector share a push."""
+    (a0, a1), (b0, b1) = _mats(dG, xi0, xi1), _mats(Dn, dxi0, dxi1)
+    return a0 + b0, None if a1 is None else a1 + b1
 
 
 def _sweeps(left, right, xi0, xi1, order):
@@ -108,12 +112,7 @@ def tangent_jets(dtucker, dtt, frame, x, p, order):
     xi0, xi1 = _inputs(U, x, p, order)
     L, R, MP, MQ = _sweeps(P, Q, xi0, xi1, order)
     dxi0, dxi1 = _inputs(dtucker, x, p, order)
-    # M(dG, xi) + M(O, dxi): the two variation sources share a push.
-    MV = []
-    for i in range(d):
-        a0, a1 = _mats(dtt[i], xi0[i], xi1[i])
-        b0, b1 = _mats(Dn[i], dxi0[i], dxi1[i])
-        MV.append((a0 + b0, None if a1 is None else a1 + b1))
+    MV = [_variation_mats(*a) for a in zip(dtt, Dn, xi0, xi1, dxi0, dxi1)]
     batch = xi0[0].shape[:-1]
     S = [jnp.zeros(batch + (order + 1, Q[0].shape[0]), dtype)]
     for i in range(d - 1):
@@ -136,8 +135,7 @@ def tangent_jets(dtucker, dtt, frame, x, p, order):
 def entry_inputs(tucker, index, p, order):
     """Entry input jets: Tucker fibers `U_i[:, index_i]` gathered (no one-hot), and `U_i p_i`."""
     xi0 = [jnp.moveaxis(jnp.take(U, idx, axis=1), 0, -1) for U, idx in zip(tucker, index)]
-    xi1 = [None] * len(index) if order == 0 else [pv @ U.T for U, pv in zip(tucker, p)]
-    return xi0, xi1
+    return xi0, _directions(tucker, p, order)
 
 
 def sample_jets(tt, xi0, xi1, order):
@@ -160,9 +158,7 @@ def tangent_sample_jets(dtt, frame, xis, dxis, order):
     L = _unit_jet(batch, P[0].shape[0], order, dtype)
     S = jnp.zeros(batch + (order + 1, Q[0].shape[0]), dtype)
     for i in range(len(P)):
-        a0, a1 = _mats(dtt[i], xi0[i], xi1[i])
-        b0, b1 = _mats(Dn[i], dxi0[i], dxi1[i])
-        MV = (a0 + b0, None if a1 is None else a1 + b1)
+        MV = _variation_mats(dtt[i], Dn[i], xi0[i], xi1[i], dxi0[i], dxi1[i])
         S = _push(S, _mats(Q[i], xi0[i], xi1[i])) + _push(L, MV)
         L = _push(L, _mats(P[i], xi0[i], xi1[i]))
     return S.sum(-1)

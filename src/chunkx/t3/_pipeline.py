@@ -23,19 +23,26 @@ def _rows1(a):
     return jax.tree_util.tree_map(lambda v: v[None], a)
 
 
-def _assemble(chunk_fn, per_probe_fn, n_fixed, sum_over_probes, chunk_size, mesh, n_mapped=3):
+def _assemble(chunk_fn, n_fixed, sum_over_probes, chunk_size, mesh):
     """`Chunk` over the probe axis (then `Shard`), summing or concatenating.
+
+    `chunk_fn(*rows, *fixed)` is a chunk's summed result, for three mapped row arguments; kept
+    rows run it on one row at a time (a row of one), vmapped over the chunk.
 
     Summed rows: `Pad(fill="zero")` in front pads the probes to whole chunks on every device.
     A zero residual row (or zero weight) contributes exactly zero to a summed gradient (the
     map is linear in it), so no mask is needed and one chunk body is compiled (no remainder
     program, no off-mesh tail). `chunk_size` comes evened out from `chunk_rows`.
     """
-    in_axes = (0,) * n_mapped + (None,) * n_fixed
+    in_axes = (0,) * 3 + (None,) * n_fixed
     if sum_over_probes:
         inner, reducer = chunk_fn, Sum(presummed=True)
     else:
-        inner, reducer = Vmap(per_probe_fn, in_axes=in_axes), Concat()
+
+        def per_probe(*args):
+            return chunk_fn(*(_rows1(a) for a in args[:3]), *args[3:])
+
+        inner, reducer = Vmap(per_probe, in_axes=in_axes), Concat()
     # Kept rows: Chunk shifts the last chunk back onto real rows (remainder='shift'),
     # so one chunk body is compiled.
     remainder = "call" if sum_over_probes else "shift"
@@ -69,10 +76,7 @@ def corewise_pipeline(
         out, vjp = jax.vjp(lambda U, G: fwd(x, p, U, G), U, G)
         return _pull(vjp, out, zt)
 
-    def per_probe(zt, x, p, U, G):
-        return chunk_sum(_rows1(zt), _rows1(x), _rows1(p), U, G)
-
-    return _assemble(chunk_sum, per_probe, 2, sum_over_probes, chunk_size, mesh)
+    return _assemble(chunk_sum, 2, sum_over_probes, chunk_size, mesh)
 
 
 def tangent_pipeline(
@@ -96,10 +100,7 @@ def tangent_pipeline(
         out, vjp = jax.vjp(lambda dU, dG: fwd(x, p, dU, dG, frame), dU0, dG0)
         return _pull(vjp, out, zt)
 
-    def per_probe(zt, x, p, frame, var_zero):
-        return chunk_sum(_rows1(zt), _rows1(x), _rows1(p), frame, var_zero)
-
-    return _assemble(chunk_sum, per_probe, 2, sum_over_probes, chunk_size, mesh)
+    return _assemble(chunk_sum, 2, sum_over_probes, chunk_size, mesh)
 
 
 def normal_pipeline(order, chunk_size, c_stacked, mesh=None, kind="probe"):
@@ -117,7 +118,7 @@ def normal_pipeline(order, chunk_size, c_stacked, mesh=None, kind="probe"):
         _, vjp = jax.vjp(f, U, G)
         return vjp(scaled)
 
-    return _assemble(chunk_sum, None, 3, True, chunk_size, mesh)
+    return _assemble(chunk_sum, 3, True, chunk_size, mesh)
 
 
 def chunk_rows(n, chunk_size, mesh, sum_over_probes):

@@ -8,74 +8,13 @@ gather Tucker fibers (no one-hot vectors).
 from jaxtyping import Array, ArrayLike, Float, Int
 
 from .._public import public
-from ._format import CorePair, TuckerTensorTrain, as_core_pair, prod
-from ._forward import Directions, Frame, Probes, Variation
-from ._stacks import (
-    corewise_rows_fn,
-    flat_lead,
-    flat_stacks,
-    probes_rows,
-    rows_to_scalar_jets,
-    tangent_rows_fn,
-)
-from ._validate import (
-    as_arrays,
-    as_frame,
-    as_variation,
-    check_cores,
-    check_frame,
-    check_index,
-    check_modes,
-    check_order,
-    check_probes,
-    check_variation,
-)
+from ._format import CorePair, TuckerTensorTrain
+from ._forward import Directions, Frame, Probes, Variation, corewise_jets, tangent_jets_of
+from ._inputs import corewise_inputs, tangent_inputs
 
 Index = Int[ArrayLike, "_d *W"]
 SampleJets = Float[Array, "_T ..."]
 SampleResiduals = Float[ArrayLike, "_T ..."]
-
-
-def _samples(fn, kind, a, pp, N):
-    """Validate probes (`apply`) or indices (`entries`); returns `(W, a_rows, p_rows)`."""
-    pp = as_arrays(pp)
-    if kind == "entries":
-        index = as_arrays([a])[0]
-        W = check_index(fn, index, pp, N)
-        return W, tuple(i.reshape(prod(W)) for i in index), probes_rows(pp, W)
-    ww = as_arrays(a)
-    W = check_probes(fn, ww, pp, len(N))
-    return W, probes_rows(ww, W), probes_rows(pp, W)
-
-
-def _modes(tucker, nc):
-    return tuple(int(U.shape[nc + 1]) for U in tucker)
-
-
-def _t3_forward(fn, kind, a, pp, x, order):
-    order = check_order(fn, order)
-    tucker, tt = as_core_pair(fn, "x", x)
-    d, C = check_cores(fn, "x", tucker, tt)
-    W, a_rows, p_rows = _samples(fn, kind, a, pp, _modes(tucker, len(C)))
-    if kind == "apply":
-        check_modes(fn, "Tucker", a, tucker, len(C))
-    (rows,) = corewise_rows_fn(order, C != (), kind)(
-        a_rows, p_rows, flat_lead(tucker, C), flat_lead(tt, C))
-    return rows_to_scalar_jets(rows.reshape(rows.shape[:1] + C + rows.shape[2:]), W)
-
-
-def _tv_forward(fn, kind, a, pp, variation, frame, order):
-    order = check_order(fn, order)
-    frame, variation = as_frame(frame), as_variation(variation)
-    d, C = check_frame(fn, frame)
-    W, a_rows, p_rows = _samples(fn, kind, a, pp, _modes(frame[0], len(C)))
-    if kind == "apply":
-        check_modes(fn, "frame Tucker", a, frame[0], len(C))
-    B = check_variation(fn, variation, frame, C)
-    dU, dG = (flat_stacks(v, B, C) for v in variation)
-    frame_f = tuple(flat_lead(part, C) for part in frame)
-    (rows,) = tangent_rows_fn(order, B != (), C != (), kind)(a_rows, p_rows, dU, dG, frame_f)
-    return rows_to_scalar_jets(rows.reshape(rows.shape[:1] + B + C + rows.shape[3:]), W)
 
 
 @public
@@ -114,7 +53,7 @@ def t3_apply_derivatives(
         assert y.shape == (3, 7)
         ```
     """
-    return _t3_forward("t3_apply_derivatives", "apply", ww, pp, x, order)
+    return corewise_jets(corewise_inputs("t3_apply_derivatives", "x", "apply", ww, pp, x, order))
 
 
 @public
@@ -154,7 +93,8 @@ def t3_entries_derivatives(
         assert np.allclose(y[0], x.to_dense()[index[0], index[1]], rtol=1e-5)
         ```
     """
-    return _t3_forward("t3_entries_derivatives", "entries", index, pp, x, order)
+    s = corewise_inputs("t3_entries_derivatives", "x", "entries", index, pp, x, order)
+    return corewise_jets(s)
 
 
 @public
@@ -189,7 +129,8 @@ def tv_apply_derivatives(
         assert y.shape == (2, 7)
         ```
     """
-    return _tv_forward("tv_apply_derivatives", "apply", ww, pp, variation, frame, order)
+    fn = "tv_apply_derivatives"
+    return tangent_jets_of(fn, tangent_inputs(fn, "apply", ww, pp, frame, order), variation)
 
 
 @public
@@ -223,6 +164,7 @@ def tv_entries_derivatives(
         assert y.shape == (1, 2)
         ```
     """
-    return _tv_forward("tv_entries_derivatives", "entries", index, pp, variation, frame, order)
+    fn = "tv_entries_derivatives"
+    return tangent_jets_of(fn, tangent_inputs(fn, "entries", index, pp, frame, order), variation)
 
 

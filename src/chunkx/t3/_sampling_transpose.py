@@ -10,55 +10,10 @@ from jax.sharding import Mesh
 from chunkx._types import Size
 
 from .._public import public
-from ._format import CorePair, TuckerTensorTrain, as_core_pair, prod
+from ._format import CorePair, TuckerTensorTrain
 from ._forward import Directions, Frame, Probes
-from ._sampling import Index, SampleResiduals, _modes, _samples
-from ._stacks import scalar_jets_to_rows
-from ._transpose import Grads, Pair, corewise_transpose, tangent_transpose
-from ._validate import (
-    as_arrays,
-    as_frame,
-    check_chunk_size,
-    check_cores,
-    check_frame,
-    check_modes,
-    check_order,
-    check_sample_jets,
-)
-
-
-def _t3_transpose(fn, kind, c, a, pp, core_pair, order, options):
-    order = check_order(fn, order)
-    options = (options[0], check_chunk_size(fn, options[1]), options[2])
-    tucker, tt = as_core_pair(fn, "core_pair", core_pair)
-    d, C = check_cores(fn, "core_pair", tucker, tt)
-    W, a_rows, p_rows = _samples(fn, kind, a, pp, _modes(tucker, len(C)))
-    if kind == "apply":
-        check_modes(fn, "Tucker", a, tucker, len(C))
-    c = as_arrays([c])[0]
-    B = check_sample_jets(fn, c, order, W, C)
-    if B != ():
-        raise ValueError(
-            f"`{fn}(c)`: expected shape (order+1,) + W + C with W={W}, C={C}; got "
-            f"{tuple(c.shape)} (extra axes {B})."
-        )
-    zt = (scalar_jets_to_rows(c, W).reshape((prod(W), prod(C), order + 1)),)
-    return corewise_transpose(kind, zt, (a_rows, p_rows), (tucker, tt), W, C, order, options,
-                              core_pair)
-
-
-def _tv_transpose(fn, kind, c, a, pp, frame, order, options):
-    order = check_order(fn, order)
-    options = (options[0], check_chunk_size(fn, options[1]), options[2])
-    frame = as_frame(frame)
-    d, C = check_frame(fn, frame)
-    W, a_rows, p_rows = _samples(fn, kind, a, pp, _modes(frame[0], len(C)))
-    if kind == "apply":
-        check_modes(fn, "frame Tucker", a, frame[0], len(C))
-    c = as_arrays([c])[0]
-    B = check_sample_jets(fn, c, order, W, C)
-    zt = (scalar_jets_to_rows(c, W).reshape((prod(W), prod(B), prod(C), order + 1)),)
-    return tangent_transpose(kind, zt, (a_rows, p_rows), frame, B, C, W, order, options)
+from ._sampling import Index, SampleResiduals
+from ._transpose import Call, Grads, Pair, corewise_transpose, tangent_transpose
 
 
 @public
@@ -107,8 +62,8 @@ def t3_apply_corewise_derivatives_transpose(
         assert isinstance(g, t3.TuckerTensorTrain)
         ```
     """
-    return _t3_transpose("t3_apply_corewise_derivatives_transpose", "apply", c, ww, pp,
-                         core_pair, order, (sum_over_probes, chunk_size, mesh))
+    call = Call(c, ww, pp, core_pair, order, sum_over_probes, chunk_size, mesh)
+    return corewise_transpose("t3_apply_corewise_derivatives_transpose", "apply", call)
 
 
 @public
@@ -152,8 +107,8 @@ def t3_entries_corewise_derivatives_transpose(
         assert g.tucker_cores[0].shape == (2, 4)
         ```
     """
-    return _t3_transpose("t3_entries_corewise_derivatives_transpose", "entries", c, index, pp,
-                         core_pair, order, (sum_over_probes, chunk_size, mesh))
+    call = Call(c, index, pp, core_pair, order, sum_over_probes, chunk_size, mesh)
+    return corewise_transpose("t3_entries_corewise_derivatives_transpose", "entries", call)
 
 
 @public
@@ -196,8 +151,8 @@ def tv_apply_derivatives_transpose(
         assert dG[0].shape == G[0].shape
         ```
     """
-    return _tv_transpose("tv_apply_derivatives_transpose", "apply", c, ww, pp, frame, order,
-                         (sum_over_probes, chunk_size, mesh))
+    call = Call(c, ww, pp, frame, order, sum_over_probes, chunk_size, mesh)
+    return tangent_transpose("tv_apply_derivatives_transpose", "apply", call)
 
 
 @public
@@ -238,5 +193,5 @@ def tv_entries_derivatives_transpose(
         assert dU[0].shape == (2,) + U[0].shape  # kept: W in front
         ```
     """
-    return _tv_transpose("tv_entries_derivatives_transpose", "entries", c, index, pp, frame,
-                         order, (sum_over_probes, chunk_size, mesh))
+    call = Call(c, index, pp, frame, order, sum_over_probes, chunk_size, mesh)
+    return tangent_transpose("tv_entries_derivatives_transpose", "entries", call)

@@ -32,25 +32,21 @@ def flat_stacks(arrays, B, C):
     return tuple(a.reshape((prod(B), prod(C)) + tuple(a.shape[n:])) for a in arrays)
 
 
-def probes_rows(ww, W):
-    return flat_lead(ww, W)
-
-
-def jets_to_rows(ztildes, W):
-    """`(T,) + W + rest` -> `(Wf,) + rest + (T,)`-free row layout `(Wf,) + rest[:-1] + (T, N)`."""
+def jets_to_rows(jets, W, scalar=False):
+    """`(T,) + W + rest` -> `(Wf,) + rest[:-1] + (T, N)` (`scalar`: `(Wf,) + rest + (T,)`)."""
     out = []
-    for z in ztildes:
-        z = jnp.moveaxis(z, 0, -2)  # W + rest[:-1] + (T, N)
+    for z in jets:
+        z = jnp.moveaxis(z, 0, -1 if scalar else -2)
         out.append(z.reshape((prod(W),) + tuple(z.shape[len(W) :])))
     return tuple(out)
 
 
-def rows_to_jets(rows, W):
+def rows_to_jets(rows, W, scalar=False):
     """Inverse of `jets_to_rows`: `(Wf,) + mid + (T, N)` -> `(T,) + W + mid + (N,)`."""
     out = []
     for z in rows:
         z = z.reshape(tuple(W) + tuple(z.shape[1:]))
-        out.append(jnp.moveaxis(z, -2, 0))
+        out.append(jnp.moveaxis(z, -1 if scalar else -2, 0))
     return tuple(out)
 
 
@@ -65,18 +61,6 @@ def _lift(fn, axes, stacked):
         return tuple(z[:, None] for z in out)
 
     return squeezed
-
-
-def rows_to_scalar_jets(rows, W):
-    """`(Wf,) + mid + (T,)` -> `(T,) + W + mid` (apply/entries jets)."""
-    z = rows.reshape(tuple(W) + tuple(rows.shape[1:]))
-    return jnp.moveaxis(z, -1, 0)
-
-
-def scalar_jets_to_rows(c, W):
-    """`(T,) + W + mid` -> `(Wf,) + mid + (T,)`."""
-    z = jnp.moveaxis(c, 0, -1)
-    return z.reshape((prod(W),) + tuple(z.shape[len(W):]))
 
 
 def _forward(kind, order):

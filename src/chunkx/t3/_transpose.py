@@ -1,10 +1,12 @@
 """Public transposes of the probe jets: tangent (`tv_*`) and corewise (`t3_*`).
 
-The shared assembly (`corewise_transpose`, `tangent_transpose`) also serves the apply and
-entries kinds (`_sampling`): rows in, one `Chunk`/reducer/`Shard` pipeline, stacks restored.
+The shared bodies (`corewise_transpose`, `tangent_transpose`) serve every kind (the apply and
+entries transposes are in `_sampling_transpose`): arguments checked once (`_inputs`), rows in,
+one `Chunk`/reducer/`Shard` pipeline, stacks restored.
 """
 
 from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 from jax.sharding import Mesh
@@ -13,25 +15,30 @@ from jaxtyping import Array, ArrayLike, Float
 from chunkx._types import Size
 
 from .._public import public
-from ._format import CorePair, TuckerTensorTrain, as_core_pair, prod
+from ._format import CorePair, TuckerTensorTrain, prod
 from ._forward import Directions, Frame, Probes
+from ._inputs import corewise_inputs, residual_rows, tangent_inputs
 from ._pipeline import chunk_rows, corewise_pipeline, tangent_pipeline
-from ._stacks import flat_lead, jets_to_rows, probes_rows
-from ._validate import (
-    as_arrays,
-    as_frame,
-    check_chunk_size,
-    check_cores,
-    check_frame,
-    check_modes,
-    check_order,
-    check_probes,
-    check_ztildes,
-)
+from ._stacks import flat_lead
+from ._validate import check_chunk_size
 
 Residuals = Sequence[Float[ArrayLike, "_T ..."]]
 Pair = tuple[tuple[Float[Array, "..."], ...], tuple[Float[Array, "..."], ...]]
 Grads = Pair | TuckerTensorTrain
+
+
+class Call(NamedTuple):
+    """A transpose's arguments as given: the residual jets, the samples (probes or indices),
+    the directions, the cores (a T3, a core pair or a frame), the order, and its options."""
+
+    residuals: Any
+    samples: Any
+    pp: Any
+    cores: Any
+    order: Any
+    sum_over_probes: bool
+    chunk_size: Size
+    mesh: Mesh | None
 
 
 def _unflatten(grads, lead, stacks, sum_over_probes):
@@ -44,37 +51,34 @@ def _unflatten(grads, lead, stacks, sum_over_probes):
     return tuple(out)
 
 
-def corewise_transpose(kind, zt, rows, cores, W, C, order, options, like):
-    """Run the corewise pipeline on rows `(zt, a, p)` (zt already `(Wf, Cf, ...)`).
-
-    `options = (sum_over_probes, chunk_size, mesh)`; returns a `TuckerTensorTrain` if `like` is one.
-    """
-    sop, chunk_size, mesh = options
-    cs = chunk_rows(prod(W), chunk_size, mesh, sop)
-    pipe = corewise_pipeline(order, sop, cs, C != (), mesh, kind)
-    fixed = (flat_lead(cores[0], C), flat_lead(cores[1], C))
-    grads = pipe(zt, *rows, *fixed)
-    gU, gG = _unflatten(grads, W, (C, (prod(C),)), sop)
-    return TuckerTensorTrain(gU, gG) if isinstance(like, TuckerTensorTrain) else (gU, gG)
+def corewise_transpose(fn: str, kind: str, call: Call) -> Grads:
+    """The corewise transpose of the `kind` jets: a `TuckerTensorTrain` if `call.cores` is one."""
+    sop, mesh, chunk_size = call.sum_over_probes, call.mesh, check_chunk_size(fn, call.chunk_size)
+    s = corewise_inputs(fn, "core_pair", kind, call.samples, call.pp, call.cores, call.order)
+    _, zt = residual_rows(fn, s, call.residuals, tangent=False)
+    cs = chunk_rows(prod(s.W), chunk_size, mesh, sop)
+    pipe = corewise_pipeline(s.order, sop, cs, s.C != (), mesh, kind)
+    grads = pipe(zt, *s.rows, *(flat_lead(part, s.C) for part in s.cores))
+    gU, gG = _unflatten(grads, s.W, (s.C, (prod(s.C),)), sop)
+    return TuckerTensorTrain(gU, gG) if isinstance(call.cores, TuckerTensorTrain) else (gU, gG)
 
 
-def tangent_transpose(kind, zt, rows, frame, B, C, W, order, options):
-    """Run the tangent pipeline on rows `(zt, a, p)` (zt already `(Wf, Bf, Cf, ...)`)."""
-    sop, chunk_size, mesh = options
-    U, Dn, P, Q = frame
-    nc, d, dtype = len(C), len(U), Dn[0].dtype
-    lead = (prod(B), prod(C))
+def tangent_transpose(fn: str, kind: str, call: Call) -> Pair:
+    """The transpose of the `kind` tangent jets w.r.t. the variation, in the frame `call.cores`."""
+    sop, mesh, chunk_size = call.sum_over_probes, call.mesh, check_chunk_size(fn, call.chunk_size)
+    s = tangent_inputs(fn, kind, call.samples, call.pp, call.cores, call.order)
+    B, zt = residual_rows(fn, s, call.residuals, tangent=True)
+    (U, Dn, P, Q), C = s.cores, s.C
+    nc, lead, dtype = len(C), (prod(B), prod(C)), Dn[0].dtype
     var_zero = (
-        tuple(jnp.zeros(lead + Dn[i].shape[nc + 1 : nc + 2] + U[i].shape[nc + 1 :], dtype)
-              for i in range(d)),
-        tuple(jnp.zeros(lead + P[i].shape[nc : nc + 2] + Q[i].shape[-1:], dtype)
-              for i in range(d)),
+        tuple(jnp.zeros(lead + o.shape[nc + 1 : nc + 2] + u.shape[nc + 1 :], dtype)
+              for o, u in zip(Dn, U)),
+        tuple(jnp.zeros(lead + p.shape[nc : nc + 2] + q.shape[-1:], dtype) for p, q in zip(P, Q)),
     )
-    cs = chunk_rows(prod(W), chunk_size, mesh, sop)
-    pipe = tangent_pipeline(order, sop, cs, B != (), C != (), mesh, kind)
-    frame_f = tuple(flat_lead(part, C) for part in frame)
-    grads = pipe(zt, *rows, frame_f, var_zero)
-    return _unflatten(grads, W, (B + C, lead), sop)
+    cs = chunk_rows(prod(s.W), chunk_size, mesh, sop)
+    pipe = tangent_pipeline(s.order, sop, cs, B != (), C != (), mesh, kind)
+    grads = pipe(zt, *s.rows, tuple(flat_lead(part, C) for part in s.cores), var_zero)
+    return _unflatten(grads, s.W, (B + C, lead), sop)
 
 
 @public
@@ -135,24 +139,8 @@ def t3_probe_corewise_derivatives_transpose(
         assert isinstance(g, t3.TuckerTensorTrain) and g.shape == (4, 5)
         ```
     """
-    fn = "t3_probe_corewise_derivatives_transpose"
-    order = check_order(fn, order)
-    chunk_size = check_chunk_size(fn, chunk_size)
-    tucker, tt = as_core_pair(fn, "core_pair", core_pair)
-    ztildes, ww, pp = as_arrays(ztildes), as_arrays(ww), as_arrays(pp)
-    d, C = check_cores(fn, "core_pair", tucker, tt)
-    W = check_probes(fn, ww, pp, d)
-    check_modes(fn, "Tucker", ww, tucker, len(C))
-    B = check_ztildes(fn, ztildes, order, W, C, ww, d)
-    if B != ():
-        raise ValueError(
-            f"`{fn}(ztildes)`: expected shapes (order+1,) + W + C + (N_i,) with W={W}, C={C}; "
-            f"got {tuple(ztildes[0].shape)} (extra axes {B})."
-        )
-    zt = tuple(z.reshape((z.shape[0], prod(C)) + z.shape[-2:]) for z in jets_to_rows(ztildes, W))
-    rows = (probes_rows(ww, W), probes_rows(pp, W))
-    options = (sum_over_probes, chunk_size, mesh)
-    return corewise_transpose("probe", zt, rows, (tucker, tt), W, C, order, options, core_pair)
+    call = Call(ztildes, ww, pp, core_pair, order, sum_over_probes, chunk_size, mesh)
+    return corewise_transpose("t3_probe_corewise_derivatives_transpose", "probe", call)
 
 
 @public
@@ -205,17 +193,5 @@ def tv_probe_derivatives_transpose(
         assert dU[1].shape == (3, 5)
         ```
     """
-    fn = "tv_probe_derivatives_transpose"
-    order = check_order(fn, order)
-    chunk_size = check_chunk_size(fn, chunk_size)
-    frame = as_frame(frame)
-    ztildes, ww, pp = as_arrays(ztildes), as_arrays(ww), as_arrays(pp)
-    d, C = check_frame(fn, frame)
-    W = check_probes(fn, ww, pp, d)
-    check_modes(fn, "frame Tucker", ww, frame[0], len(C))
-    B = check_ztildes(fn, ztildes, order, W, C, ww, d)
-    zt = tuple(z.reshape((z.shape[0], prod(B), prod(C)) + z.shape[-2:])
-               for z in jets_to_rows(ztildes, W))
-    rows = (probes_rows(ww, W), probes_rows(pp, W))
-    options = (sum_over_probes, chunk_size, mesh)
-    return tangent_transpose("probe", zt, rows, frame, B, C, W, order, options)
+    call = Call(ztildes, ww, pp, frame, order, sum_over_probes, chunk_size, mesh)
+    return tangent_transpose("tv_probe_derivatives_transpose", "probe", call)

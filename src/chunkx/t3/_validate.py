@@ -150,9 +150,9 @@ def check_variation(fn: str, variation, frame, C):
     return B
 
 
-def check_ztildes(fn: str, ztildes, order: int, W, C, ww, d: int):
-    """Residual jets `(order+1,) + W + B + C + (N_i,)`; returns B."""
-    _check_len(fn, "ztildes", ztildes, d)
+def check_ztildes(fn: str, ztildes, order: int, W, C, modes):
+    """Residual jets `(order+1,) + W + B + C + (N_i,)` (`modes`: the `N_i`); returns B."""
+    _check_len(fn, "ztildes", ztildes, len(modes))
     B = None
     for i, z in enumerate(ztildes):
         s = _shape(z)
@@ -162,7 +162,7 @@ def check_ztildes(fn: str, ztildes, order: int, W, C, ww, d: int):
                 f"got shape {s}."
             )
         nb = len(s) - 2 - len(W) - len(C)
-        N = _shape(ww[i])[-1]
+        N = modes[i]
         ok = nb >= 0 and s[1 : 1 + len(W)] == W and s[len(s) - 1 - len(C) :] == C + (N,)
         if ok and B is None:
             B = s[1 + len(W) : 1 + len(W) + nb]
@@ -212,15 +212,9 @@ def check_sample_jets(fn: str, c, order: int, W, C):
     return s[1 + len(W) : 1 + len(W) + nb]
 
 
-def as_frame(frame):
-    """`(U, O, P, Q)` with every core a jax array (left as is if it is not a 4-sequence)."""
-    if isinstance(frame, Sequence) and len(frame) == 4:
-        return tuple(as_arrays(part) if isinstance(part, Sequence) else part for part in frame)
-    return frame
-
-
-def as_variation(variation):
-    """`(dU, dG)` with every core a jax array (left as is if it is not a pair of sequences)."""
-    if isinstance(variation, Sequence) and len(variation) == 2:
-        return tuple(as_arrays(v) if isinstance(v, Sequence) else v for v in variation)
-    return variation
+def as_parts(parts, k: int):
+    """`k` sequences of cores (a frame `(U, O, P, Q)`: 4, a variation `(dU, dG)`: 2) with every
+    core a jax array (left as is if it is not a `k`-sequence)."""
+    if isinstance(parts, Sequence) and len(parts) == k:
+        return tuple(as_arrays(part) if isinstance(part, Sequence) else part for part in parts)
+    return parts
