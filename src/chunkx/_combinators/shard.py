@@ -40,12 +40,12 @@ class Shard(eqx.Module):
 
     and the parts are joined by the reducer: [`chunkx.Concat`][] keeps the output sharded along
     the mapped axis, [`chunkx.Sum`][] uses `psum`, a [`chunkx.Monoid`][] folds in mesh order.
-    Rows that do not divide by `D` stay in the one `shard_map` program wherever the reducer
-    allows it (the same reducers whose chunk loops shift their last chunk): the mapped
-    arguments are padded to `D * L` rows with copies of the last real row, which the reducer
+    Rows that do not divide by `D` stay in the one `shard_map` program (on an Auto mesh)
+    wherever the reducer allows it (the same reducers whose chunk loops shift their last
+    chunk): the mapped arguments are padded to `D * L` rows with copies of the last real row, which the reducer
     masks out of a sum or cuts off a concatenation, so that row is evaluated up to `D - 1`
     more times. Otherwise (a Monoid that cannot mask, `Sum(presummed=True)`, an `fn` that
-    takes no `valid=` mask) the leftover
+    takes no `valid=` mask, an Explicit mesh) the leftover
     `n % D` rows are one more piece, evaluated replicated outside the `shard_map`.
     `fn` returns the reducer's partial result (rows for `Concat`, a reduced value otherwise), so
     nest a [`chunkx.Chunk`][] inside for per-device chunking: `Shard` then takes the chunk's
@@ -105,7 +105,8 @@ class Shard(eqx.Module):
             args = tuple(a if whole and ax is not None else jax.tree_util.tree_map(
                 lambda x: place(x, mesh, P()) if eqx.is_array(x) and mesh_of(x) is None else x,
                 a) for a, ax in zip(args, axes))
-        if mesh.size < n != n_even and reducer.can_shift() and takes_valid(self.fn):
+        pads = reducer.can_shift() and takes_valid(self.fn) and not is_explicit(mesh)
+        if mesh.size < n != n_even and pads:  # one program: the leftover rows padded
             return self._padded(mesh, reducer, args, valid, axes, n)
         head, tail = split_rows(args, axes, valid, n_even)
         parts = []

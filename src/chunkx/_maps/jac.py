@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checks import as_size, resolve_batch_size
-from .._combinators._once import traced_once
 from .._public import public
 from .._types import Size
 from .adv import batch_vmap
@@ -130,7 +129,6 @@ class BatchJacfwd(eqx.Module):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         f, dyn = _partial(self.fun, self.argnums, args, kwargs)
-        f = traced_once(f)  # one trace for JAX's checks and the linearization (or the VJP)
         nums = 0 if isinstance(self.argnums, int) else tuple(range(len(dyn)))
         jac_fn = jax.jacfwd(f, nums, has_aux=self.has_aux, holomorphic=self.holomorphic)
         ref = jax.eval_shape(jac_fn, *dyn)  # JAX's dtype checks, structure and avals
@@ -210,7 +208,6 @@ class BatchJacrev(eqx.Module):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         f, dyn = _partial(self.fun, self.argnums, args, kwargs)
-        f = traced_once(f)  # one trace for JAX's checks and the linearization (or the VJP)
         nums = 0 if isinstance(self.argnums, int) else tuple(range(len(dyn)))
         jac_fn = jax.jacrev(f, nums, self.has_aux, self.holomorphic, self.allow_int)
         ref = jax.eval_shape(jac_fn, *dyn)  # JAX's dtype checks, structure and avals
