@@ -42,7 +42,8 @@ class Shard(eqx.Module):
     the mapped axis, [`chunkx.Sum`][] uses `psum`, a [`chunkx.Monoid`][] folds in mesh order.
     Rows that do not divide by `D` stay in the one `shard_map` program (on an Auto mesh)
     wherever the reducer allows it (the same reducers whose chunk loops shift their last
-    chunk): the mapped arguments are padded to `D * L` rows with copies of the last real row, which the reducer
+    chunk): the mapped arguments are padded to `D * L` rows with copies of the last real
+    row, which the reducer
     masks out of a sum or cuts off a concatenation, so that row is evaluated up to `D - 1`
     more times. Otherwise (a Monoid that cannot mask, `Sum(presummed=True)`, an `fn` that
     takes no `valid=` mask, an Explicit mesh) the leftover
