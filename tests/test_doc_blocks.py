@@ -44,7 +44,7 @@ def test_blocks_parses_fences_and_sketches():
 
 
 WITH_CODE = [p for p in PAGES if any(not s for _, _, s in blocks(p.read_text()))]
-SLOW = {"docs/t3.md"}  # compiles the T3 transposes and a Gauss-Newton step (about 30 s)
+SLOW = {"docs/t3.md"}  # compiles a T3 transpose on 4 devices and a Gauss-Newton step
 
 
 @pytest.mark.parametrize("page", [
