@@ -10,7 +10,6 @@ from .._plan.auto import auto_call, default_grad_wrt, forward_plan, planned_tree
 from .._plan.search import MemoryPlan
 from .._types import GradPolicy, InAxes, Remainder, RowMask
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
-from ._once import traced_once
 from ._rows import join_args, mapped_length, split_args
 from ._sharding import on_inputs_mesh
 from .fused import fused_call, grad_policy, regrad_call
@@ -256,13 +255,12 @@ class Chunk(eqx.Module):
         if s is None or n <= min(s, self.grad_size or s):
             return evaluate(self.fn, self.reducer, args, valid, "Chunk")
         mapped, fixed, static = split_args(args, axes)
-        chunk = eqx.tree_at(lambda c: c.fn, self, traced_once(self.fn))  # f traced once
-        policy = grad_policy(chunk, mapped, fixed, static, valid, n)
+        policy = grad_policy(self, mapped, fixed, static, valid, n)
         if policy == "fused":
-            return fused_call(chunk, mapped, fixed, static, valid, n)
+            return fused_call(self, mapped, fixed, static, valid, n)
         if self.grad_size is not None:
-            return regrad_call(chunk, mapped, fixed, static, valid, n)
-        return chunk._plain(mapped, fixed, static, valid, n, s, policy == "recompute")
+            return regrad_call(self, mapped, fixed, static, valid, n)
+        return self._plain(mapped, fixed, static, valid, n, s, policy == "recompute")
 
     def _plain(self, mapped, fixed, static, valid, n, size, checkpoint):
         """The chunk loop itself, at chunk size `size` (`n > size`)."""

@@ -1,12 +1,10 @@
 """`Shard`: split the mapped axis over the devices of a mesh with `jax.shard_map`."""
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -15,39 +13,23 @@ from .._types import InAxes, RowMask
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._rows import call_with_valid, map_mapped, mapped_length
 from ._sharding import call_mesh, is_explicit, mesh_of, on_mesh, place
-from .pad import pad_rows, round_up, row_mask, split_rows
+from .pad import split_rows
 from .reduce import AbstractReducer, held_reducer, reducer_of
-
-
-def takes_valid(fn: Callable) -> bool:
-    """Whether `fn` accepts a `valid=` row mask (as Chunk, Reduce, Pad and Shard do)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == "valid" or p.kind is p.VAR_KEYWORD for p in params)
 
 
 class Shard(eqx.Module):
     """Split the mapped axis over the devices of a mesh and run `fn` on each device's rows.
 
-    As a loop over the `D` devices of the mesh:
+    As a loop over the `D` devices of the mesh (rows that do not divide by `D` are one more
+    piece, evaluated replicated outside the `shard_map`):
 
     ```python
-    L = -(-n // D)   # rows that do not divide by D: padded, see below
-    parts = [fn(*rows(d * L, (d + 1) * L)) for d in range(D)]
+    L = n // D
+    parts = [fn(*rows(d * L, (d + 1) * L)) for d in range(D)] + [fn(*rows(D * L, n))]
     ```
 
     and the parts are joined by the reducer: [`chunkx.Concat`][] keeps the output sharded along
     the mapped axis, [`chunkx.Sum`][] uses `psum`, a [`chunkx.Monoid`][] folds in mesh order.
-    Rows that do not divide by `D` stay in the one `shard_map` program (on an Auto mesh)
-    wherever the reducer allows it (the same reducers whose chunk loops shift their last
-    chunk): the mapped arguments are padded to `D * L` rows with copies of the last real
-    row, which the reducer
-    masks out of a sum or cuts off a concatenation, so that row is evaluated up to `D - 1`
-    more times. Otherwise (a Monoid that cannot mask, `Sum(presummed=True)`, an `fn` that
-    takes no `valid=` mask, an Explicit mesh) the leftover
-    `n % D` rows are one more piece, evaluated replicated outside the `shard_map`.
     `fn` returns the reducer's partial result (rows for `Concat`, a reduced value otherwise), so
     nest a [`chunkx.Chunk`][] inside for per-device chunking: `Shard` then takes the chunk's
     reducer (give `reducer=` only for an `fn` that holds none).
@@ -106,9 +88,6 @@ class Shard(eqx.Module):
             args = tuple(a if whole and ax is not None else jax.tree_util.tree_map(
                 lambda x: place(x, mesh, P()) if eqx.is_array(x) and mesh_of(x) is None else x,
                 a) for a, ax in zip(args, axes))
-        pads = reducer.can_shift() and takes_valid(self.fn) and not is_explicit(mesh)
-        if mesh.size < n != n_even and pads:  # one program: the leftover rows padded
-            return self._padded(mesh, reducer, args, valid, axes, n)
         head, tail = split_rows(args, axes, valid, n_even)
         parts = []
         if head is not None:
@@ -126,16 +105,7 @@ class Shard(eqx.Module):
             parts = [jax.tree_util.tree_map(lambda x: place(x, mesh, P()), p) for p in parts]
         return reducer.combine(*parts)
 
-    def _padded(self, mesh, reducer, args, valid, axes, n):
-        """Every row in the `shard_map`: the rows padded to a multiple of the devices with
-        copies of the last real row (behind `stop_gradient`), which the reducer masks out or
-        cuts off, as [`chunkx.Pad`][] does."""
-        m = round_up(n, mesh.size)
-        padded = map_mapped(lambda x: pad_rows(x, m), args, axes)
-        valid = row_mask(n, m) if valid is None else jnp.pad(valid, (0, m - n))
-        return reducer.trim(self._sharded(mesh, reducer, padded, valid, axes, masked=True), n)
-
-    def _sharded(self, mesh, reducer, args, valid, axes, masked=False):
+    def _sharded(self, mesh, reducer, args, valid, axes):
         names = tuple(mesh.axis_names)
         axis = names[0] if len(names) == 1 else names
         dyn, static = eqx.partition(args, eqx.is_array)
@@ -149,8 +119,7 @@ class Shard(eqx.Module):
             valid = place(valid, mesh, v_spec)
 
         def local(dyn_args, v):
-            full = eqx.combine(dyn_args, static)
-            part = (reducer.call_masked if masked else call_with_valid)(self.fn, full, v)
+            part = call_with_valid(self.fn, eqx.combine(dyn_args, static), v)
             return reducer.shard_local(part, axis)
 
         # check_vma=False: `fn` is the user's code, and with the check on JAX types every value

@@ -12,7 +12,6 @@ from .._checks import as_in_axes, as_size, check_positive, zero_in_axes
 from .._progress import ticker
 from .._types import InAxes
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
-from ._once import traced_once
 from ._rows import map_mapped, mapped_length
 from .loop import evaluate
 from .reduce import AbstractReducer, Concat
@@ -43,14 +42,14 @@ class Unrolled(eqx.Module):
         n, s, reducer = mapped_length(args, axes, "Unrolled"), self.size, self.reducer
         if n <= s:
             return evaluate(self.fn, reducer, args, None, "Unrolled")
-        starts, fn = range(0, n, s), traced_once(self.fn)  # one trace for every chunk
+        starts = range(0, n, s)
         tick = ticker(len(starts), chained=True) if self.progress else None
         acc, stacked = None, []
         for j, i in enumerate(starts):
             start = min(i, n - s)
             chunk = map_mapped(lambda x, a=start: x[a : a + s], args, axes)
             valid = None if start == i else jnp.asarray(np.arange(s) + start >= i)
-            part = evaluate(fn, reducer, chunk, valid, "Unrolled", chunk=True)
+            part = evaluate(self.fn, reducer, chunk, valid, "Unrolled", chunk=True)
             acc = reducer.init(part, n) if j == 0 else acc
             acc, y = reducer.accumulate(acc, part, start, j)
             stacked.append(y)

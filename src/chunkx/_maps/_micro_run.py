@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 
 from .._checks import check_budget, check_positive
-from .._combinators._once import traced_once
 from .._combinators._rows import mapped_length
 from .._combinators._sharding import call_mesh
 from .._combinators.chunk import Chunk
@@ -67,7 +66,6 @@ class RowFn(eqx.Module):
         batch, rest = xs[self.masked : -1], xs[-1]
         dyn, static = eqx.partition(batch, eqx.is_array)
 
-        @traced_once  # the skipped branch takes its structure from the same trace
         def compute(d):
             return self._compute(eqx.combine(d, static), rest)
 
