@@ -69,6 +69,22 @@ class BatchVmap(eqx.Module):
     def batch_size(self) -> int | Literal["auto"] | None:
         return self.opts.size
 
+    @property
+    def grad_batch_size(self) -> int | Literal["auto"] | None:
+        return self.opts.grad_size
+
+    @property
+    def mesh(self) -> Mesh | None:
+        return self.opts.mesh
+
+    @property
+    def shard(self) -> bool:
+        return self.opts.shard
+
+    @property
+    def memory_budget(self) -> int | None:
+        return self.opts.memory_budget
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         twin = auto_twin((args, kwargs), self.opts.mesh) if self.opts.shard else None
         if twin is not None:  # an Explicit mesh, no context mesh: as adv, on an Auto mesh
