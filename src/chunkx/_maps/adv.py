@@ -22,6 +22,7 @@ from .pipeline import (
     check_strip,
     compose,
     fn_name,
+    plan_call,
     plan_of,
     prepare_args,
     reducer_for,
@@ -94,11 +95,17 @@ class BatchVmap(eqx.Module):
         with on_inputs_mesh((args, kwargs)):
             return self._call(args, kwargs)
 
-    def _call(self, args: tuple, kwargs: dict) -> Any:
-        f, zero, args = self._prepare(args, kwargs)
+    def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
+        """The map's value, or with `plan` (`"memory_plan"`, `"grad_memory_plan"`) the plan
+        its Chunk follows for these arguments."""
+        f, zero, args = prepare_args("batch_vmap", self.f, self.in_axes, args, kwargs)
+        what = f"batch_vmap({fn_name(self.f)})"
+        pipeline = compose(Vmap(f, zero), zero, self.reducer, self.opts, what)
+        if plan is not None:
+            return plan_of(pipeline, plan, args, zero, self.opts)
         if isinstance(self.reducer, Monoid):  # checked in the name the user called
             self.reducer.check_rows(eqx.filter_eval_shape(Vmap(f, zero), *args), "batch_vmap")
-        out = self._build(f, zero)(*args)
+        out = pipeline(*args)
         return out if self.post is None else self.post(out)
 
     def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
@@ -114,7 +121,7 @@ class BatchVmap(eqx.Module):
         reverse pass fits the budget (differentiating the map raises it too). With
         `shard=True` the plan is one device's.
         """
-        return self._plan("grad_memory_plan", args, kwargs)
+        return plan_call(self._call, self.opts, "grad_memory_plan", args, kwargs)
 
     def memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
         """The [`chunkx.MemoryPlan`][] that `batch_size="auto"` follows for these arguments.
@@ -123,23 +130,7 @@ class BatchVmap(eqx.Module):
         map afterwards compiles nothing more for planning. With `shard=True` the plan is one
         device's (its rows are `n // D`, or the leftover rows where those are more).
         """
-        return self._plan("memory_plan", args, kwargs)
-
-    def _plan(self, method: str, args: tuple, kwargs: dict) -> MemoryPlan:
-        self.opts.check_planned(method)
-
-        def plan(args, kwargs):  # traced: arrays and `jax.ShapeDtypeStruct`s alike
-            f, zero, args = self._prepare(args, kwargs)
-            return plan_of(self._build(f, zero), method, args, zero, self.opts)
-
-        return eqx.filter_eval_shape(plan, args, kwargs)
-
-    def _prepare(self, args: tuple, kwargs: dict):
-        return prepare_args("batch_vmap", self.f, self.in_axes, args, kwargs)
-
-    def _build(self, f, zero):
-        what = f"batch_vmap({fn_name(self.f)})"
-        return compose(Vmap(f, zero), zero, self.reducer, self.opts, what)
+        return plan_call(self._call, self.opts, "memory_plan", args, kwargs)
 
 
 @public

@@ -179,6 +179,13 @@ def plan_of(pipeline: Any, method: str, args: tuple, axes: tuple, opts: Options)
     return getattr(the_chunk(pipeline), method)(*local)
 
 
+def plan_call(call: Callable, opts: Options, method: str, args: tuple, kwargs: dict) -> Any:
+    """The plan `method` (`"memory_plan"`, `"grad_memory_plan"`) names: `call(args, kwargs,
+    method)` traced, on arrays and `jax.ShapeDtypeStruct`s alike; refused unless planned."""
+    opts.check_planned(method)
+    return eqx.filter_eval_shape(lambda args, kwargs: call(args, kwargs, method), args, kwargs)
+
+
 def local_args(args: tuple, axes: tuple, who: str, ndev: int) -> tuple:
     """`jax.ShapeDtypeStruct`s of the rows one device's Chunk sees (`per_device_rows`)."""
     n = mapped_length(args, axes, who)
@@ -233,7 +240,7 @@ class Strip(eqx.Module):
     fun: Callable[..., Any]
 
     def __call__(self, x: Any) -> Any:
-        out = self.fun(jax.tree_util.tree_map(lambda y: y[0], x))
+        out = self.fun(_first_row(x))
         return jax.tree_util.tree_map(lambda y: y[None], out)
 
 

@@ -7,17 +7,16 @@ ask that Chunk for its plan, as the map itself does when it is called.
 from collections.abc import Callable
 from typing import Any
 
-import equinox as eqx
 from jax.sharding import Mesh
 from jaxtyping import PyTree
 
 from .._checks import check_budget
 from .._combinators.reduce import identity
-from .._combinators.vmap import Vmap
 from .._plan.search import MemoryPlan
 from .._public import public
 from .._types import Budget, InAxes
-from .pipeline import check_options, compose, fn_name, plan_of, prepare_args, reducer_for
+from .adv import BatchVmap
+from .pipeline import check_options, reducer_for
 
 
 @public
@@ -67,13 +66,7 @@ def _plan(
         budget_name="budget_bytes",
     )
     reducer, _ = reducer_for("batch_vmap", reduction, chunk_reduction)
-
-    def plan(args):  # traced: arrays and `jax.ShapeDtypeStruct`s alike
-        g, zero, args = prepare_args("batch_vmap", f, in_axes, args, {})
-        pipeline = compose(Vmap(g, zero), zero, reducer, opts, f"batch_vmap({fn_name(f)})")
-        return plan_of(pipeline, "memory_plan", args, zero, opts)
-
-    return eqx.filter_eval_shape(plan, args)
+    return BatchVmap(f, in_axes, reducer, None, opts).memory_plan(*args)
 
 
 @public

@@ -192,12 +192,10 @@ def sparse_pullback(
     check_strip(who, strip_dim0, opts.size)
     n = mapped_length((y,), (0,), who)
     if n:
-        rows = n if opts.size in (None, "auto") else min(n, opts.size)
-        check_contract(
-            who, _head(y, rows, strip_dim0), jax.eval_shape(fn, _head(y, rows, strip_dim0))
-        )
+        head = _head(y, n if opts.size in (None, "auto") else min(n, opts.size), strip_dim0)
+        check_contract(who, head, jax.eval_shape(fn, head))
     if check_block_diagonal and n:  # outside jit this raises before the pipeline runs
-        _, err, scale = _mismatch(fn, _head(y, rows, strip_dim0), jax.random.key(0))
+        _, err, scale = _mismatch(fn, head, jax.random.key(0))
         where = f"{who}(check_block_diagonal=True)"
         _raise_if_mixed(where, err, err, scale, 1e-4, 1e-6)
     out = run_one_input(

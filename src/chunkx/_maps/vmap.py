@@ -19,7 +19,7 @@ from .._plan.search import MemoryPlan
 from .._public import public
 from .._types import Budget, GradPolicy
 from ._vmap_axes import Spec, by_name, check_spec, flat_axes, out_axis, resolve
-from .pipeline import Options, check_options, compose, fn_name, plan_of
+from .pipeline import Options, check_options, compose, fn_name, plan_call, plan_of
 
 _AXES = (0, None)  # the pipeline's two arguments: mapped rows, fixed leaves
 
@@ -98,20 +98,12 @@ class ChunkedVmap(eqx.Module):
         """The [`chunkx.MemoryPlan`][] that `batch_size="auto"` follows for these arguments
         (one device's rows with `shard=True`). Arrays or `jax.ShapeDtypeStruct`s; nothing is
         run, and the plan is cached, so calling the map afterwards compiles nothing more."""
-        return self._plan("memory_plan", args, kwargs)
+        return plan_call(self._call, self.opts, "memory_plan", args, kwargs)
 
     def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
         """The [`chunkx.MemoryPlan`][] of the reverse pass of `batch_size="auto"` (planned
         for the floating unmapped arguments, as [`chunkx.BatchVmap`][]'s is)."""
-        return self._plan("grad_memory_plan", args, kwargs)
-
-    def _plan(self, method: str, args: tuple, kwargs: dict) -> MemoryPlan:
-        self.opts.check_planned(method)
-
-        def plan(args, kwargs):  # traced: arrays and `jax.ShapeDtypeStruct`s alike
-            return self._call(args, kwargs, plan=method)
-
-        return eqx.filter_eval_shape(plan, args, kwargs)
+        return plan_call(self._call, self.opts, "grad_memory_plan", args, kwargs)
 
     def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
         """The map's value, or with `plan` (`"memory_plan"`, `"grad_memory_plan"`) the plan
@@ -125,19 +117,15 @@ class ChunkedVmap(eqx.Module):
         rows = [jnp.moveaxis(x, a, 0) for x, a in zip(leaves, axes) if a is not None]
         fixed = [x for x, a in zip(leaves, axes) if a is None]
         n = self._length(rows, [nm for nm, a in zip(names, axes) if a is not None], axes)
-        mapped = tuple(a is not None for a in axes)
-        if plan is not None:
-            return self._planned(plan, _Body(self.fun, treedef, mapped), rows, fixed, n)
-        if not self.filtered and type(self.out_axes.tree) is int:  # every output is mapped
-            out = self._pipeline(_Body(self.fun, treedef, mapped))(rows, fixed)
+        body = _Body(self.fun, treedef, tuple(a is not None for a in axes))
+        every = not self.filtered and type(self.out_axes.tree) is int  # every output mapped
+        if plan is not None:  # the plan of the pipeline's Chunk on the rows one device sees
+            body = body if every else self._sorted(body, rows, fixed, n)[0]
+            return plan_of(self._pipeline(body), plan, (rows, fixed), _AXES, self.opts)
+        if every:
+            out = self._pipeline(body)(rows, fixed)
             return self._move(out, lambda o: out_axis(who, o.shape[1:], self.out_axes.tree))
-        return self._general(_Body(self.fun, treedef, mapped), rows, fixed, n)
-
-    def _planned(self, plan: str, body: _Body, rows: list, fixed: list, n: int) -> MemoryPlan:
-        """The plan of the pipeline's Chunk on the rows one device sees."""
-        if self.filtered or type(self.out_axes.tree) is not int:
-            body = self._sorted(body, rows, fixed, n)[0]
-        return plan_of(self._pipeline(body), plan, (rows, fixed), _AXES, self.opts)
+        return self._general(body, rows, fixed, n)
 
     def _resolve(self, args: tuple, kwargs: dict) -> tuple:
         who, spec = self._who, self.in_axes.tree
@@ -251,10 +239,12 @@ class ChunkedVmap(eqx.Module):
         return compose(Vmap(body, _AXES), _AXES, self.reducer, self.opts, what)
 
 
-def _check(who, in_axes, out_axes, axis_name, reducer, filtered, **opts) -> Options:
-    """The map's axes checked, and its options into one `Options`."""
+def _build(who: str, fun: Callable, filtered: bool, **opts: Any) -> ChunkedVmap:
+    """The map's axes checked, its options into one `Options`, and its `ChunkedVmap`."""
+    in_axes, out_axes, reducer = opts.pop("in_axes"), opts.pop("out_axes"), opts.pop("reducer")
     check_spec(who, "in_axes", in_axes, filtered, not filtered)
     check_spec(who, "out_axes", out_axes, filtered, False)
+    axis_name = opts.pop("axis_name")
     if axis_name is not None:
         raise ValueError(
             f"`{who}(axis_name={axis_name!r})`: collectives over the mapped axis (psum, "
@@ -267,8 +257,13 @@ def _check(who, in_axes, out_axes, axis_name, reducer, filtered, **opts) -> Opti
             f"`{who}(out_axes={out_axes!r}, reducer={reducer!r})`: a reducer removes the mapped "
             f"axis, so out_axes has nothing to place; leave out_axes at its default {default!r}."
         )
-    check_positive(who, "axis_size", opts.pop("axis_size"))
-    return check_options(who, opts.pop("batch_size"), **opts)
+    axis_size = opts.pop("axis_size")
+    check_positive(who, "axis_size", axis_size)
+    opts["grad_size"] = opts.pop("grad_batch_size")
+    checked = check_options(who, opts.pop("batch_size"), **opts)
+    in_axes = tuple(in_axes) if isinstance(in_axes, list) and not filtered else in_axes
+    spec_in, spec_out = Spec.of(in_axes), Spec.of(out_axes)
+    return ChunkedVmap(fun, spec_in, spec_out, filtered, reducer or Concat(), axis_size, checked)
 
 
 @public(name="chunkx.vmap")
@@ -345,14 +340,11 @@ def vmap(
             f"`{who}(spmd_axis_name={spmd_axis_name!r})`: not supported; shard the mapped "
             "axis with shard=True (and mesh=) instead."
         )
-    opts = _check(
-        who, in_axes, out_axes, axis_name, reducer, False, axis_size=axis_size,
-        batch_size=batch_size, memory_budget=memory_budget, grad=grad,
-        grad_size=grad_batch_size, shard=shard, mesh=mesh, progress=progress,
-    )
-    in_axes = tuple(in_axes) if isinstance(in_axes, list) else in_axes
-    return ChunkedVmap(
-        fun, Spec.of(in_axes), Spec.of(out_axes), False, reducer or Concat(), axis_size, opts
+    return _build(
+        who, fun, False, in_axes=in_axes, out_axes=out_axes, axis_name=axis_name,
+        axis_size=axis_size, batch_size=batch_size, reducer=reducer,
+        memory_budget=memory_budget, grad=grad, grad_batch_size=grad_batch_size, shard=shard,
+        mesh=mesh, progress=progress,
     )
 
 
@@ -415,9 +407,4 @@ def filter_vmap(
     )
     if fun is None:
         return functools.partial(filter_vmap, **opts)
-    who = "chunkx.filter_vmap"
-    opts["grad_size"] = opts.pop("grad_batch_size")
-    opts = _check(who, filtered=True, **opts)
-    return ChunkedVmap(
-        fun, Spec.of(in_axes), Spec.of(out_axes), True, reducer or Concat(), axis_size, opts
-    )
+    return _build("chunkx.filter_vmap", fun, True, **opts)
