@@ -73,8 +73,9 @@ class Chunk(eqx.Module):
     values by [`chunkx.Concat`][]. One compiled chunk shape, no remainder program, no fake
     rows. `remainder="call"` evaluates the `n % size` leftover rows as one more call instead
     (every row once: for functions with side effects, such as callbacks; a second compiled
-    program); a Monoid that cannot mask and `Sum(presummed=True)` use it by default. To pad
-    instead, wrap in [`chunkx.Pad`][].
+    program); a Monoid that cannot mask and `Sum(presummed=True)` (unless its function masks
+    rows itself, `mask_in_fn=True`) use it by default. To pad instead, wrap in
+    [`chunkx.Pad`][].
 
     Reverse mode (`grad`) keeps the memory bound of one chunk in three ways:
 

@@ -89,15 +89,34 @@ def _is_zero(t: Any) -> bool:
     return isinstance(t, SymbolicZero)
 
 
+def _convert(chunk, example: tuple, k: int):
+    """`chunk.fn` closure-converted at `example` (`k` rows); a function that takes the row
+    mask itself (its reducer's `fn_masks()`) gets it as an explicit first argument."""
+    if not chunk.reducer.fn_masks():
+        return eqx.filter_closure_convert(chunk.fn, *example)
+    conv = eqx.filter_closure_convert(
+        lambda valid, *a: chunk.fn(*a, valid=valid), jnp.ones(k, bool), *example
+    )
+    return _MaskFirst(conv, k)
+
+
+class _MaskFirst(eqx.Module):
+    """`conv(valid, *args)` called as `fn(*args, valid=...)` (all rows valid by default)."""
+
+    conv: Any
+    k: int = eqx.field(static=True)
+
+    def __call__(self, *args: Any, valid: Any = None) -> Any:
+        return self.conv(jnp.ones(self.k, bool) if valid is None else valid, *args)
+
+
 class _Lifted:
     """A `Chunk` call with every array explicit: row leaves, whole leaves, the row mask."""
 
     def __init__(self, chunk, mapped, fixed, static, n, sizes):
         self.chunk, self.static, self.n = chunk, static, n
-        convs = {
-            k: eqx.filter_closure_convert(chunk.fn, *join_args(rows(mapped, 0, k), fixed, static))
-            for k in sorted(sizes)
-        }
+        convs = {k: _convert(chunk, join_args(rows(mapped, 0, k), fixed, static), k)
+                 for k in sorted(sizes)}
         self.rows, self.rows_tree = jax.tree_util.tree_flatten(mapped)
         whole, self.whole_static = eqx.partition((fixed, convs), eqx.is_array)
         self.whole, self.whole_tree = jax.tree_util.tree_flatten(whole)

@@ -93,6 +93,8 @@ class AbstractReducer(AbstractAccumulation):
       evaluates the leftover rows as one more piece (`remainder="call"`), and a mask (from
       [`chunkx.Pad`][], a shifted chunk or the caller) raises a `ValueError`;
     - `can_shift()` (default: `can_mask()`) lets a chunk loop shift its last chunk back;
+    - `fn_masks()` (default `False`) says that the batched function takes the row mask itself
+      (as `valid=`) and leaves masked rows out of what it returns (a pre-summed partial);
     - `check_rows` checks at trace time that `reduce_rows` removes the mapped axis;
     - under [`chunkx.Shard`][] each device's partial is gathered and the devices are folded in
       mesh order with `combine` (so `combine` need not be commutative).
@@ -131,6 +133,11 @@ class AbstractReducer(AbstractAccumulation):
 
     def can_mask(self) -> bool:
         """Whether `reduce_rows` honours a row mask: masked rows do not reach the result."""
+        return False
+
+    def fn_masks(self) -> bool:
+        """Whether the batched function itself takes the row mask (as `valid=`, wherever a
+        piece has one) and leaves masked rows out of what it returns."""
         return False
 
     def can_shift(self) -> bool:
@@ -330,7 +337,11 @@ class Sum(AbstractReducer):
       e.g. a gradient whose contraction over rows is one matrix product: chunks and devices
       are added without materialising per-row results. Rows cannot be masked then: use
       `remainder="call"`, or [`chunkx.Pad`][] with `fill="zero"` for a map that is linear in
-      its rows.
+      its rows, unless the function masks them itself (`mask_in_fn`).
+    - `mask_in_fn` (with `presummed`): the batched function takes a boolean row mask as
+      `valid=` where a piece has one (the rows a shifted last chunk repeats, padded rows) and
+      leaves masked rows out of its sum, so a chunk loop shifts its last chunk back (one
+      compiled program) instead of calling the leftover rows as one more piece.
     - `compensated`: a chunk loop adds the chunks' floating-point sums with compensation
       (each addition's rounding error is carried and added back at the end; bfloat16 and
       float16 accumulate in float32), so the result is as accurate as `jnp.sum` of all rows
@@ -349,19 +360,23 @@ class Sum(AbstractReducer):
 
     presummed: bool = eqx.field(static=True, default=False)
     compensated: bool = eqx.field(static=True, default=True)
+    mask_in_fn: bool = eqx.field(static=True, default=False)
 
     def is_additive(self) -> bool:
         return True
 
     def can_mask(self) -> bool:
-        return not self.presummed
+        return not self.presummed or self.mask_in_fn
+
+    def fn_masks(self) -> bool:
+        return self.presummed and self.mask_in_fn
 
     def compensates(self) -> bool:
         return self.compensated
 
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
         if self.presummed:
-            if valid is not None:
+            if valid is not None and not self.mask_in_fn:
                 raise ValueError(
                     "`Sum(presummed=True)`: a pre-summed partial cannot mask rows; use "
                     "remainder='call', or Pad(fill='zero') for a map linear in its rows."

@@ -235,7 +235,9 @@ class _ChunkVjp(eqx.Module):
     keep_aux: bool = eqx.field(static=True)
     scatter: int | None = eqx.field(static=True, default=None)
 
-    def __call__(self, ct, idx, *primals):
+    def __call__(self, ct, idx, *primals, valid=None):
+        if valid is not None:  # repeated rows of a shifted chunk: no cotangent, nothing kept
+            ct = _mask_rows(ct, valid)
         nd = self.nondiff_argnums
         fixed = tuple(p for i, p in enumerate(primals) if i in nd)
         free = tuple(p for i, p in enumerate(primals) if i not in nd)
@@ -249,9 +251,19 @@ class _ChunkVjp(eqx.Module):
         sums = tuple(None if i in self.chunk_argnums else gi for i, gi in zip(diff, g))
         aux = out[2] if self.keep_aux else None
         rows = (ys if self.keep_y else None, chunked, aux)
+        if valid is not None:
+            rows = _mask_rows(rows, valid)
         if self.scatter is not None:
             rows = jax.tree_util.tree_map(lambda r: _scatter(r, idx[0], self.scatter), rows)
         return rows, sums
+
+
+def _mask_rows(tree, valid):
+    """`tree`'s rows where `valid`, zeros elsewhere."""
+    return jax.tree_util.tree_map(
+        lambda x: jnp.where(valid.reshape(valid.shape + (1,) * (x.ndim - 1)), x, 0).astype(x.dtype),
+        tree,
+    )
 
 
 def _scatter(rows, start, n):
@@ -349,7 +361,7 @@ class ChunkedVjp(eqx.Module):
         )
         if direct:
             return piece(*args)
-        reducer = Sum(presummed=True) if has_sums else Concat()
+        reducer = Sum(presummed=True, mask_in_fn=True) if has_sums else Concat()
         if scatter is not None:
             args = (args[0], jnp.arange(n, dtype=jnp.int32)) + args[2:]
         return _pipeline(piece, size, reducer, axes, self.shard)(*args)
@@ -415,8 +427,10 @@ def vjp_chunked(
     ```
 
     Each chunk's forward pass runs once: its output and its cotangents come from the same
-    `jax.vjp`. Full chunks run in one `jax.lax.scan` (a [`chunkx.Chunk`][]), the rest in one
-    more call. Where both row outputs and sums are returned (e.g. `return_forward=True` with
+    `jax.vjp`. The chunks run in one `jax.lax.scan` (a [`chunkx.Chunk`][]); where rows are
+    left over, the last chunk is shifted back over rows already done and the cotangents (and
+    kept outputs) of those repeated rows are masked to zero, so any number of rows compiles
+    one program. Where both row outputs and sums are returned (e.g. `return_forward=True` with
     parameters' cotangents), one `Sum` reducer carries an `n`-row buffer into which every
     chunk adds its rows at their offset (XLA updates the chunk's rows in place).
 

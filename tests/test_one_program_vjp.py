@@ -1,0 +1,81 @@
+"""`vjp_chunked`'s pullback compiles one program for any number of rows.
+
+Where the pullback sums cotangents (of unchunked primals such as parameters), its last chunk is
+shifted back over rows already done and the repeated rows' cotangents (and the outputs it
+keeps) are masked to zero. The number of `sin` equations in the jaxpr counts the programs that
+evaluate rows (as in `tests/test_one_program.py`); the results equal `jax.vjp`'s.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import chunkx
+from test_one_program import count
+
+N = 23
+X = jnp.linspace(-1.0, 1.0, N * 3).reshape(N, 3)
+W = jnp.linspace(0.5, 1.5, 6).reshape(3, 2)
+CT = jnp.cos(jnp.arange(N * 2.0)).reshape(N, 2)
+
+
+def f(w, x):  # batched: rows of x to rows of the output
+    return jnp.sin(x @ w)
+
+
+def f_aux(w, x):
+    y = jnp.sin(x @ w)
+    return y, {"norm": jnp.sum(y**2, axis=1)}
+
+
+CASES = {  # name: (fun, vjp_chunked keywords)
+    "parameters": (f, dict(chunk_argnums=1, nondiff_argnums=1)),
+    "parameters and rows": (f, dict(chunk_argnums=1)),
+    "return_forward": (f, dict(chunk_argnums=1, return_forward=True)),
+    "has_aux": (f_aux, dict(chunk_argnums=1, nondiff_argnums=1, has_aux=True)),
+    "chunk_size_bwd": (f, dict(chunk_argnums=1, return_forward=True, chunk_size_bwd=4)),
+}
+
+
+def pullback(name, size, **extra):
+    fun, kw = CASES[name]
+    return lambda w, x, ct: chunkx.vjp_chunked(fun, w, x, chunk_size=size, **kw, **extra)(ct)
+
+
+def reference(name, w, x, ct):
+    fun, kw = CASES[name]
+    nondiff = kw.get("nondiff_argnums") == 1
+    out = jax.vjp(lambda w, x: fun(w, x), w, x, has_aux=kw.get("has_aux", False))
+    grads = out[1](ct)
+    grads = grads[:1] if nondiff else grads
+    if kw.get("has_aux"):
+        return grads, out[2]
+    return (out[0], grads) if kw.get("return_forward") else grads
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_pullback_with_leftover_rows_is_one_program(name):
+    one = dict(axis_0_is_sharded=False)
+    if "chunk_size_bwd" not in CASES[name][1]:
+        assert count(pullback(name, 5, **one), W, X, CT) == count(pullback(name, 1, **one), W, X, CT)
+    for size in (5, 7, 23):
+        got = jax.jit(pullback(name, size, **one))(W, X, CT)
+        want = reference(name, W, X, CT)
+        for g, r in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want),
+                        strict=True):
+            np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)
+
+
+def test_sharded_pullback_with_leftover_rows_matches_jax_vjp():
+    x, ct = X[:20], CT[:20]  # 5 rows on each of the 4 devices, chunks of 3 leave 2
+    got = jax.jit(pullback("parameters and rows", 3, axis_0_is_sharded=True))(W, x, ct)
+    want = reference("parameters and rows", W, x, ct)
+    for g, r in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)
+
+
+def test_masked_rows_keep_nan_free_cotangents():
+    """A repeated row's cotangent is masked before the pullback: no `0 * inf` in the sums."""
+    g = jax.jit(pullback("parameters", 5, axis_0_is_sharded=False))(W, X, CT)
+    assert all(bool(jnp.all(jnp.isfinite(t))) for t in jax.tree_util.tree_leaves(g))
