@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from .._progress import scan, ticker
 from .._types import RowMask
-from ._rows import call_with_valid, rows, struct_of
+from ._rows import rows, struct_of
 from .reduce import AbstractAccumulation, AbstractReducer
 
 
@@ -27,7 +27,7 @@ def evaluate(
 ) -> Any:
     """One piece: the batched `fn` on `args`, reduced to a partial result (`chunk`: one
     chunk of a loop, reduced as the reducer's `accumulate` takes it)."""
-    out = call_with_valid(fn, args, valid) if reducer.fn_masks() else fn(*args)
+    out = reducer.call_masked(fn, args, valid) if reducer.fn_masks() else fn(*args)
     reducer.check_rows(struct_of(out), who)
     part = (reducer.reduce_chunk if chunk else reducer.reduce_rows)(out, valid)
     if valid is not None and not reducer.can_mask():

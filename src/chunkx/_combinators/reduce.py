@@ -476,7 +476,7 @@ class Monoid(AbstractReducer):
                     "`Monoid.reduce_rows`: a user reduction cannot mask repeated or padded "
                     "rows; use remainder='call' (no padding) or the Sum reducer."
                 )
-            rows = jax.tree_util.tree_map(lambda x: _zero_masked(x, valid), rows)
+            rows = jax.tree_util.tree_map(lambda x: zero_masked(x, valid), rows)
         return self.chunk_reduction(rows)
 
     def combine(self, a: Tree, b: Tree) -> Tree:
@@ -496,7 +496,8 @@ def _masked_sum(x: Any, valid: RowMask | None, dtype: Any) -> Any:
     return jnp.sum(x, axis=0, dtype=dtype)
 
 
-def _zero_masked(x: Any, valid: Any) -> Any:
+def zero_masked(x: Any, valid: Any) -> Any:
+    """`x` with the rows where `valid` is false set to zero."""
     mask = jnp.reshape(jnp.asarray(valid), (-1,) + (1,) * (jnp.ndim(x) - 1))
     return jnp.where(mask, x, jnp.zeros((), jnp.result_type(x)))
 

@@ -11,7 +11,7 @@ from jaxtyping import PyTree
 
 from .._checks import as_size, check_positive
 from .._combinators.chunk import Chunk
-from .._combinators.reduce import Concat, Sum
+from .._combinators.reduce import Concat, Sum, zero_masked
 from .._combinators.shard import Shard
 from .._combinators.vmap import Vmap
 from .._public import public
@@ -259,11 +259,8 @@ class _ChunkVjp(eqx.Module):
 
 
 def _mask_rows(tree, valid):
-    """`tree`'s rows where `valid`, zeros elsewhere."""
-    return jax.tree_util.tree_map(
-        lambda x: jnp.where(valid.reshape(valid.shape + (1,) * (x.ndim - 1)), x, 0).astype(x.dtype),
-        tree,
-    )
+    """`tree`'s rows where `valid`, zeros elsewhere (float0 cotangents as they are)."""
+    return jax.tree_util.tree_map(lambda x: x if _float0(x) else zero_masked(x, valid), tree)
 
 
 def _scatter(rows, start, n):
