@@ -161,3 +161,81 @@ def test_planned_size_budgets_the_one_program():
     assert count(auto, x, W) == count(chunked(size), x, W) == count(chunked(1), x, W)
     assert chunkx.compiled_temp_bytes(chunked(size), x, W) <= budget
     np.testing.assert_allclose(auto(x, W), jnp.sum(jax.vmap(loss_row, (0, None))(x, W)))
+
+
+SHARDED = {  # rows that do not divide over the 4 devices: padded into the one shard_map
+    "Shard/Concat": (
+        lambda x, w: chunkx.Shard(chunkx.Chunk(chunkx.Vmap(per, (0, None)), 2))(x, w),
+        lambda x, w: jax.vmap(per, (0, None))(x, w)),
+    "Shard/Sum": (
+        lambda x, w: chunkx.Shard(chunkx.Chunk(
+            chunkx.Vmap(loss_row, (0, None)), 2, reducer=chunkx.Sum()))(x, w),
+        lambda x, w: jnp.sum(jax.vmap(loss_row, (0, None))(x, w))),
+    "grad Shard/Sum": (
+        jax.grad(lambda x, w: chunkx.Shard(chunkx.Chunk(
+            chunkx.Vmap(loss_row, (0, None)), 2, reducer=chunkx.Sum()))(x, w), argnums=(0, 1)),
+        jax.grad(lambda x, w: jnp.sum(jax.vmap(loss_row, (0, None))(x, w)), argnums=(0, 1))),
+    "batch_vmap shard": (
+        lambda x, w: chunkx.batch_vmap(per, (0, None), batch_size=2, shard=True)(x, w),
+        lambda x, w: jax.vmap(per, (0, None))(x, w)),
+    "chunk_map shard_batch": (
+        lambda x, w: chunkx.chunk_map(jax.vmap(per, (0, None)), (0, None), chunk_size=2,
+                                      use_scan=True, shard_batch=True)(x, w),
+        lambda x, w: jax.vmap(per, (0, None))(x, w)),
+    "micro_grad shard": (
+        lambda x, w: (lambda g, out: (g, out.values))(
+            *chunkx.micro_grad(loss_row, argnums=1, batch_argnums=0, shard=True)(x, w)),
+        lambda x, w: (jax.grad(lambda w: jnp.sum(jax.vmap(loss_row, (0, None))(x, w)))(w),
+                      jax.vmap(loss_row, (0, None))(x, w))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHARDED))
+def test_shard_leftover_rows_compile_no_second_program(name):
+    """23 rows on 4 devices trace as many row programs as 20 rows (which divide), and equal
+    plain JAX: the padded rows are cut off or masked out, values and gradients alike."""
+    fn, ref = SHARDED[name]
+    assert count(fn, X, W) == count(fn, X[:20], W)
+    for rows in (X, X[:3]):  # fewer rows than devices too
+        got, want = jax.jit(fn)(rows, W), ref(rows, W)
+        for g, r in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)
+
+
+def test_shard_remainder_call_evaluates_every_row_once():
+    """`Shard` pads rows to a multiple of the devices (a callback sees the padded copies);
+    `remainder="call"` calls the leftover rows as one more piece: every row once, a second
+    program."""
+    seen = []
+
+    def noisy(x):
+        jax.debug.callback(lambda r: seen.append(np.asarray(r).copy()), x)
+        return jnp.sin(x)
+
+    x = jnp.arange(7.0)
+    f = {r: chunkx.Shard(chunkx.Chunk(chunkx.Vmap(noisy), 1), remainder=r)
+         for r in (None, "pad", "call")}
+    assert count(f[None], x) == count(f["pad"], x) == 1
+    assert count(f["call"], x) == 2
+    for remainder, rows in ((None, 8), ("call", 7)):
+        seen.clear()
+        np.testing.assert_array_equal(f[remainder](x), jnp.sin(x))
+        jax.effects_barrier()
+        assert sum(len(np.atleast_1d(r)) for r in seen) == rows
+
+
+def test_shard_pads_only_where_padded_rows_stay_out():
+    """A Monoid that cannot mask (or a plain function holding no reducer) keeps the leftover
+    call, and asking it to pad raises, naming Shard and the reducer."""
+    mono = chunkx.Monoid(jnp.maximum, lambda r: jnp.max(r, axis=0))
+    x = jnp.linspace(0.0, 3.0, N)
+    f = chunkx.Shard(chunkx.Chunk(chunkx.Vmap(jnp.sin), 2, reducer=mono))
+    assert not f.pads()
+    np.testing.assert_allclose(f(x), jnp.max(jnp.sin(x)))
+    plain = chunkx.Shard(lambda r: jnp.sum(jnp.sin(r)), reducer=chunkx.Sum())
+    assert not plain.pads()
+    np.testing.assert_allclose(plain(x), jnp.sum(jnp.sin(x)))
+    with pytest.raises(ValueError, match=r"`Shard\(remainder='pad'\)`.*Monoid"):
+        chunkx.Shard(chunkx.Chunk(chunkx.Vmap(jnp.sin), 2, reducer=mono), remainder="pad")(x)
+    with pytest.raises((TypeError, ValueError), match="remainder"):
+        chunkx.Shard(chunkx.Vmap(jnp.sin), remainder="shift")

@@ -67,12 +67,20 @@ def test_pullback_with_leftover_rows_is_one_program(name):
             np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)
 
 
-def test_sharded_pullback_with_leftover_rows_matches_jax_vjp():
-    x, ct = X[:20], CT[:20]  # 5 rows on each of the 4 devices, chunks of 3 leave 2
-    got = jax.jit(pullback("parameters and rows", 3, axis_0_is_sharded=True))(W, x, ct)
-    want = reference("parameters and rows", W, x, ct)
-    for g, r in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
-        np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_sharded_pullback_with_leftover_rows_matches_jax_vjp(name):
+    """20 rows: 5 on each of the 4 devices, chunks of 3 leave 2; 23 rows: padded over the
+    devices too (copies of the last row, masked), in the same one program."""
+    on = dict(axis_0_is_sharded=True)
+    assert count(pullback(name, 3, **on), W, X, CT) == count(pullback(name, 3, **on), W, X[:20],
+                                                             CT[:20])
+    for n in (20, 23):
+        x, ct = X[:n], CT[:n]
+        got = jax.jit(pullback(name, 3, **on))(W, x, ct)
+        want = reference(name, W, x, ct)
+        for g, r in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want),
+                        strict=True):
+            np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)
 
 
 def test_masked_rows_keep_nan_free_cotangents():

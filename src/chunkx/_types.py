@@ -18,6 +18,7 @@ RowMask: TypeAlias = Bool[ArrayLike, " n"]
 Tree: TypeAlias = PyTree[Any]
 BatchedFn: TypeAlias = Callable[..., Any]
 Remainder: TypeAlias = Literal["call", "shift"]
+ShardRemainder: TypeAlias = Literal["call", "pad"]
 GradPolicy: TypeAlias = Literal["auto", "fused", "recompute", "store"]
 #: A row count (a chunk size, a number of shards): a Python int or an integer scalar of any
 #: integer type (NumPy, a concrete JAX integer: whatever `operator.index` accepts). Open to

@@ -5,28 +5,37 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from .._checks import as_in_axes, zero_in_axes
-from .._types import InAxes, RowMask
+from .._checks import as_in_axes, check_choice, zero_in_axes
+from .._types import InAxes, RowMask, ShardRemainder
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._rows import call_with_valid, map_mapped, mapped_length
 from ._sharding import call_mesh, is_explicit, mesh_of, on_mesh, place
-from .pad import split_rows
-from .reduce import AbstractReducer, held_reducer, reducer_of
+from .pad import pad_rows, round_up, row_mask, split_rows
+from .reduce import AbstractReducer, Concat, held_reducer, reducer_of
 
 
 class Shard(eqx.Module):
     """Split the mapped axis over the devices of a mesh and run `fn` on each device's rows.
 
-    As a loop over the `D` devices of the mesh (rows that do not divide by `D` are one more
-    piece, evaluated replicated outside the `shard_map`):
+    As a loop over the `D` devices of the mesh, each given `L = ceil(n / D)` rows:
 
     ```python
-    L = n // D
-    parts = [fn(*rows(d * L, (d + 1) * L)) for d in range(D)] + [fn(*rows(D * L, n))]
+    L = -(-n // D)
+    parts = [fn(*rows(d * L, (d + 1) * L), valid=...) for d in range(D)]
     ```
+
+    Rows that do not divide by `D` are padded (`remainder="pad"`, the default wherever the
+    result allows it): the last devices also get copies of the last real row (behind
+    `stop_gradient`), which [`chunkx.Concat`][] cuts off and a masking reducer
+    ([`chunkx.Sum`][], a sum [`chunkx.Monoid`][]) masks out, so any number of rows runs as one
+    `shard_map` (one compiled program). `remainder="call"` evaluates the `n % D` leftover rows
+    as one more piece, replicated outside the `shard_map` (every row once: for functions with
+    side effects, such as callbacks); a reducer that cannot mask, or an `fn` that takes no
+    `valid=` row mask (a plain function returning a reduced partial), uses it by default.
 
     and the parts are joined by the reducer: [`chunkx.Concat`][] keeps the output sharded along
     the mapped axis, [`chunkx.Sum`][] uses `psum`, a [`chunkx.Monoid`][] folds in mesh order.
@@ -49,6 +58,8 @@ class Shard(eqx.Module):
     - `reducer`: by default the one `fn` holds, else [`chunkx.Concat`][].
     - `in_axes`: by default those of `fn` (as for the reducer), else `0`; see
       [`chunkx.Chunk`][].
+    - `remainder`: `"pad"` or `"call"` (see above); `None` (the default): `"pad"` wherever
+      the reducer and `fn` allow it.
 
     !!! Example
 
@@ -64,6 +75,7 @@ class Shard(eqx.Module):
     mesh: Mesh | None = eqx.field(static=True, default=None)
     reducer: AbstractReducer | None = None
     in_axes: InAxes = eqx.field(static=True, default=INHERIT, converter=as_in_axes)
+    remainder: ShardRemainder | None = eqx.field(static=True, default=None)
 
     def __post_init__(self):
         self.in_axes = inherit_axes("Shard", self.in_axes, self.fn)
@@ -71,7 +83,25 @@ class Shard(eqx.Module):
             self.reducer = held_reducer(self.fn)
 
     def __check_init__(self):
+        if self.remainder is not None:
+            check_choice("Shard", "remainder", self.remainder, ("call", "pad"))
         reducer_of("Shard", self.fn, self.reducer)
+
+    def pads(self) -> bool:
+        """Whether rows that do not divide over the devices are padded into the one
+        `shard_map` (`remainder="pad"`), rather than called as one more piece."""
+        reducer = reducer_of("Shard", self.fn, self.reducer)
+        can = isinstance(reducer, Concat) or (
+            reducer.can_mask() and held_reducer(self.fn) is not None  # a chunkx layer masks
+        )
+        if self.remainder == "pad" and not can:
+            raise ValueError(
+                f"`Shard(remainder='pad')`: padded rows must stay out of the result, but "
+                f"{reducer!r} cannot mask rows or {type(self.fn).__name__} takes no `valid=` "
+                "row mask; use remainder='call', or Concat, or a masking reducer inside a "
+                "Chunk."
+            )
+        return can and self.remainder != "call"
 
     def __call__(self, *args: Any, valid: RowMask | None = None) -> Any:
         mesh = call_mesh(self.mesh, args)
@@ -82,12 +112,23 @@ class Shard(eqx.Module):
         reducer = reducer_of("Shard", self.fn, self.reducer)
         axes = zero_in_axes("Shard", self.in_axes, len(args))
         n = mapped_length(args, axes, "Shard")
-        n_even = n - n % mesh.size
+        m = round_up(n, mesh.size)
+        # padded rows: one shard_map over `m` rows; else the leftover rows are one more piece
+        n_even = m if m != n and self.pads() else n - n % mesh.size
         if is_explicit(mesh):  # inputs on no mesh: replicated on it first (slices stay typed)
             whole = n_even == n and n > 0  # mapped rows go straight to their devices
             args = tuple(a if whole and ax is not None else jax.tree_util.tree_map(
                 lambda x: place(x, mesh, P()) if eqx.is_array(x) and mesh_of(x) is None else x,
                 a) for a, ax in zip(args, axes))
+        if n_even > n:
+            padded = map_mapped(lambda x: pad_rows(x, m), args, axes)
+            mask = row_mask(n, m) if valid is None else jnp.pad(valid, (0, m - n))
+            if isinstance(reducer, Concat) and valid is None:
+                mask = None  # every row is computed; the padded ones are cut off
+            out = self._sharded(mesh, reducer, padded, mask, axes)
+            if is_explicit(mesh):  # typed rows are cut on one (replicated) layout
+                out = jax.tree_util.tree_map(lambda x: place(x, mesh, P()), out)
+            return reducer.trim(out, n)
         head, tail = split_rows(args, axes, valid, n_even)
         parts = []
         if head is not None:

@@ -130,6 +130,8 @@ class Interleave(eqx.Module):
             return _swap_blocks(x, s, k)
 
         head = ()
+        if valid is not None and not self.masked:
+            raise AssertionError("Interleave: a row mask arrived, but the rows are not masked")
         if self.masked:
             m = jnp.ones(n, bool) if valid is None else jnp.asarray(valid)
             if self.num_real is not None:
@@ -208,7 +210,8 @@ class Plan(eqx.Module):
             r = None
         else:
             r = jnp.clip(self.num_real, 0, k)
-        masked = padded or r is not None
+        # masked rows: padded ones, of a microbatch past `num_real`, or padded over the devices
+        masked = padded or r is not None or n % d != 0
         row_fn = RowFn(fun, slots, self.per_example, masked, self.vmap_fn)
         axes = (0,) * len(batch) + (None,)
         if k is None:

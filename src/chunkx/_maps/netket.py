@@ -254,7 +254,7 @@ class _ChunkVjp(eqx.Module):
         if valid is not None:
             rows = _mask_rows(rows, valid)
         if self.scatter is not None:
-            rows = jax.tree_util.tree_map(lambda r: _scatter(r, idx[0], self.scatter), rows)
+            rows = jax.tree_util.tree_map(lambda r: _scatter(r, idx, self.scatter), rows)
         return rows, sums
 
 
@@ -263,9 +263,10 @@ def _mask_rows(tree, valid):
     return jax.tree_util.tree_map(lambda x: x if _float0(x) else zero_masked(x, valid), tree)
 
 
-def _scatter(rows, start, n):
-    buf = jnp.zeros((n,) + rows.shape[1:], rows.dtype)
-    return jax.lax.dynamic_update_slice_in_dim(buf, rows, start, axis=0)
+def _scatter(rows, idx, n):
+    """`rows` added at their row indices `idx` into zeros of `n` rows: a masked (zeroed) row
+    adds nothing where it repeats an index (a shifted chunk, rows padded over the devices)."""
+    return jnp.zeros((n,) + rows.shape[1:], rows.dtype).at[idx].add(rows)
 
 
 class _Forward(eqx.Module):

@@ -123,8 +123,8 @@ class ChunkMap(eqx.Module):
     def _pipeline(self, inner, zero, n, ndev):
         """[Shard ∘] [Pad ∘] [Groups ∘] Chunk ∘ f, in quantax's per-device row layout.
 
-        quantax needs `n % D == 0`; chunkx pads the device blocks (copies of a real row) or,
-        with `shard_batch`, evaluates the leftover rows as one more piece (see `Shard`).
+        quantax needs `n % D == 0`; chunkx pads the device blocks (copies of a real row), with
+        `shard_batch` in the one `shard_map` (see `Shard`).
         `atleast_1chunk` pads a batch smaller than one chunk up to a chunk per device. Where
         every device's rows fit one chunk, the Chunk runs them in one call (quantax's fast
         path: `f` sees the whole batch), its reverse pass in chunks of `chunk_size_bwd`.
