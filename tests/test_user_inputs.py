@@ -174,6 +174,21 @@ def test_padding_keeps_an_infinite_gradient():
     assert_tree_close(got, 1 / x9)
 
 
+@pytest.mark.parametrize("grad", ["recompute", "fused", "store"])
+def test_a_shifted_chunk_keeps_an_infinite_gradient(grad):
+    """The row a shifted last chunk repeats has an infinite derivative: the repeated
+    evaluation's zero cotangent adds no `0 * inf = NaN` (Concat, Sum, the unrolled loop)."""
+    x = jnp.array([1.0, 0.0, 3.0])  # chunks [0, 1] and [1, 2]: row 1 (log 0) repeated
+    want = jax.grad(lambda x: jax.vmap(jnp.log)(x).sum())(x)
+    assert np.isinf(want[1])
+    log = chunkx.Vmap(jnp.log)
+    for g in (chunkx.Chunk(log, 2, reducer=chunkx.Sum(), grad=grad),
+              lambda x: chunkx.Chunk(log, 2, grad="auto" if grad == "fused" else grad)(x).sum(),
+              lambda x: chunkx.chunk_map(jax.vmap(jnp.log), chunk_size=2)(x).sum()):
+        assert_tree_close(jax.grad(g)(x), want)
+        assert_tree_close(jax.jit(jax.grad(g))(x), want)
+
+
 # -- 7. compiled_temp_bytes of a step that returns an equinox Module ---------------------------
 
 

@@ -220,6 +220,9 @@ class _FusedAcc(AbstractAccumulation):
         def add_rows(buf, j):
             buf = typed_like(buf, j)
             old = jax.lax.dynamic_slice_in_dim(buf, start, j.shape[1], axis=1)
+            # a shifted chunk's repeated rows add nothing (not even the NaN of `0 * inf`)
+            fresh = jnp.arange(j.shape[1]) + start >= index * j.shape[1]
+            j = jnp.where(fresh.reshape((1, -1) + (1,) * (j.ndim - 2)), j, jnp.zeros((), j.dtype))
             return jax.lax.dynamic_update_slice_in_dim(buf, old + j, start, axis=1)
 
         return (vec, jw, [add_rows(b, j) for b, j in zip(acc[2], part[2])]), None

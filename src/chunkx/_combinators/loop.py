@@ -80,9 +80,20 @@ def _at(piece, n, s, shift, remat):
         if shift:  # rows before i * s belong to the previous chunk: mask them out
             fresh = jnp.arange(s) + start >= i * s
             valid = fresh if valid is None else valid & fresh
+            mapped = jax.tree_util.tree_map(lambda x: stop_repeated(x, fresh), mapped)
         return piece(mapped, valid), start
 
     return jax.checkpoint(at, prevent_cse=False) if remat else at
+
+
+def stop_repeated(x, fresh):
+    """The rows of `x` that a shifted chunk repeats (not `fresh`) behind `stop_gradient`: their
+    outputs are masked or not written, so their zero cotangents meet no infinite derivative
+    (`0 * inf`) on the way back into the input."""
+    if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+        return x
+    keep = fresh.reshape((-1,) + (1,) * (jnp.ndim(x) - 1))
+    return jnp.where(keep, x, jax.lax.stop_gradient(x))
 
 
 def _loop(at, reducer, source, acc, k, opts, tick):

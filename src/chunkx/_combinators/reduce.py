@@ -301,7 +301,13 @@ class Concat(AbstractReducer):
             return None, part
 
         def write(b, y):
-            return jax.lax.dynamic_update_slice_in_dim(b, _layout_like(y, b), start, 0)
+            y = _layout_like(y, b)
+            # rows a shifted chunk repeats keep the values the earlier chunk wrote (the
+            # repeated evaluation gets no cotangent, and none of its `0 * inf` either)
+            fresh = jnp.arange(y.shape[0]) + start >= index * y.shape[0]
+            old = jax.lax.dynamic_slice_in_dim(b, start, y.shape[0], 0)
+            y = jnp.where(fresh.reshape((-1,) + (1,) * (y.ndim - 1)), y, old)
+            return jax.lax.dynamic_update_slice_in_dim(b, y, start, 0)
 
         return jax.tree_util.tree_map(write, acc, part), None
 

@@ -13,7 +13,7 @@ from .._progress import ticker
 from .._types import InAxes
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._rows import map_mapped, mapped_length
-from .loop import evaluate
+from .loop import evaluate, stop_repeated
 from .reduce import AbstractReducer, Concat
 
 
@@ -49,6 +49,8 @@ class Unrolled(eqx.Module):
             start = min(i, n - s)
             chunk = map_mapped(lambda x, a=start: x[a : a + s], args, axes)
             valid = None if start == i else jnp.asarray(np.arange(s) + start >= i)
+            if valid is not None:  # repeated rows: no cotangent flows back through them
+                chunk = map_mapped(lambda x: stop_repeated(x, valid), chunk, axes)
             part = evaluate(self.fn, reducer, chunk, valid, "Unrolled", chunk=True)
             acc = reducer.init(part, n) if j == 0 else acc
             acc, y = reducer.accumulate(acc, part, start, j)
