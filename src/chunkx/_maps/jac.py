@@ -65,6 +65,13 @@ def _assemble(ref: Any, blocks: list) -> Any:
     return jax.tree_util.tree_unflatten(treedef, [_like(b, r) for b, r in zip(blocks, leaves)])
 
 
+def _jax_jacobian(jac: Callable, nums: Any, dyn: tuple, out: Any, has_aux: bool, **kw) -> Any:
+    """The structs of JAX's own Jacobian (`jax.jacfwd`/`jax.jacrev`) of a function with
+    inputs `dyn` and outputs `out`, with JAX's dtype checks and messages. A function returning
+    `out` as constants stands in for the user's, which is not traced a second time."""
+    return jax.eval_shape(jac(lambda *_: out, nums, has_aux=has_aux, **kw), *dyn)
+
+
 def _offsets(tree: Any) -> list[tuple[int, int]]:
     sizes = [int(np.size(x)) for x in jax.tree_util.tree_leaves(tree)]
     starts = np.cumsum([0] + sizes[:-1]).tolist()
@@ -95,21 +102,21 @@ class BatchJacfwd(eqx.Module):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         f, dyn, nums = _partial(self.fun, self.argnums, args, kwargs)
-        jac_fn = jax.jacfwd(f, nums, has_aux=self.has_aux, holomorphic=self.holomorphic)
-        ref = jax.eval_shape(jac_fn, *dyn)  # JAX's dtype checks, structure and avals
-        ref_jac, ref_aux = ref if self.has_aux else (ref, None)
+        stand_in = jnp.zeros((), complex if self.holomorphic else float)  # JAX's input checks,
+        _jax_jacobian(jax.jacfwd, nums, dyn, stand_in, False, holomorphic=self.holomorphic)  # first
         cols = _offsets(dyn)
         if sum(k for _, k in cols) == 0:  # no input entries: every block is empty
-            blocks, aux = [None] * len(jax.tree_util.tree_leaves(ref_jac)), None
-            if self.has_aux:
-                aux = f(*dyn)[1]
+            out = f(*dyn)
+            tangents, aux = [], (out[1] if self.has_aux else None)
         else:
-            tangents, aux = (self._linearized if self.linearize else self._pushed)(f, dyn)
-            blocks = [  # (n, *y.shape) -> y.shape + x.shape for every input leaf x
-                None if t is None else jnp.moveaxis(t[s : s + k], 0, -1)
-                for t in tangents
-                for s, k in cols
-            ]
+            tangents, aux, out = (self._linearized if self.linearize else self._pushed)(f, dyn)
+        ref = _jax_jacobian(jax.jacfwd, nums, dyn, out, self.has_aux, holomorphic=self.holomorphic)
+        ref_jac, ref_aux = ref if self.has_aux else (ref, None)
+        blocks = [  # (n, *y.shape) -> y.shape + x.shape for every input leaf x
+            None if t is None else jnp.moveaxis(t[s : s + k], 0, -1)
+            for t in tangents
+            for s, k in cols
+        ] or [None] * len(jax.tree_util.tree_leaves(ref_jac))
         jac = _assemble(ref_jac, blocks)
         if not self.has_aux:
             return jac
@@ -120,11 +127,13 @@ class BatchJacfwd(eqx.Module):
 
         def push(i, primal):
             out = jax.jvp(f, primal, _basis_vector(i, primal), has_aux=self.has_aux)
-            return _no_float0(out[1]), (out[2] if self.has_aux else None)
+            return _no_float0(out[1]), (out[2] if self.has_aux else None), out[0]
 
         n = sum(k for _, k in _offsets(dyn))
-        tangents, aux = batch_vmap(push, (0, None), batch_size=self.batch_size)(jnp.arange(n), dyn)
-        return tangents, jax.tree_util.tree_map(lambda x: x[0], aux)
+        tangents, aux, y = batch_vmap(push, (0, None), batch_size=self.batch_size)(
+            jnp.arange(n), dyn)
+        aux, y = jax.tree_util.tree_map(lambda x: x[0], (aux, y))
+        return tangents, aux, ((y, aux) if self.has_aux else y)
 
     def _linearized(self, f: Callable, dyn: tuple) -> tuple:
         """`jax.linearize` once; only the linear map runs per chunk."""
@@ -135,7 +144,8 @@ class BatchJacfwd(eqx.Module):
             return _no_float0(f_jvp(*_basis_vector(i, dyn)))
 
         n = sum(k for _, k in _offsets(dyn))
-        return batch_vmap(push, batch_size=self.batch_size)(jnp.arange(n)), aux
+        tangents = batch_vmap(push, batch_size=self.batch_size)(jnp.arange(n))
+        return tangents, aux, ((out[0], aux) if self.has_aux else out[0])
 
 
 def _basis_vector(i: Any, tree: Any) -> Any:
@@ -173,10 +183,11 @@ class BatchJacrev(eqx.Module):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         f, dyn, nums = _partial(self.fun, self.argnums, args, kwargs)
-        jac_fn = jax.jacrev(f, nums, self.has_aux, self.holomorphic, self.allow_int)
-        ref = jax.eval_shape(jac_fn, *dyn)  # JAX's dtype checks, structure and avals
-        ref_jac = ref[0] if self.has_aux else ref
         y, pullback, *aux = jax.vjp(f, *dyn, has_aux=self.has_aux)  # residuals: once
+        out = (y, aux[0]) if self.has_aux else y
+        ref = _jax_jacobian(jax.jacrev, nums, dyn, out, self.has_aux,
+                            holomorphic=self.holomorphic, allow_int=self.allow_int)
+        ref_jac = ref[0] if self.has_aux else ref
         rows_of = _offsets(y)
         n = sum(k for _, k in rows_of)
         if n == 0:
