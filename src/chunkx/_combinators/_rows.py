@@ -91,6 +91,17 @@ def struct_of(tree):
     return jax.tree_util.tree_map(struct, tree)
 
 
+def fresh_rows(size: int, start, index):
+    """The rows of chunk `index` (of `size` rows, starting at row `start`) that no earlier
+    chunk evaluated: all of them, unless a shifted last chunk starts before `index * size`."""
+    return jnp.arange(size) + start >= index * size
+
+
+def where_rows(valid, x, y):
+    """`x`'s rows where `valid` (a mask of the leading axis), `y`'s elsewhere."""
+    return jnp.where(jnp.reshape(jnp.asarray(valid), (-1,) + (1,) * (jnp.ndim(x) - 1)), x, y)
+
+
 def call_with_valid(fn, args: tuple, valid):
     """`fn(*args)`, passing the row mask as `valid=` only when there is one."""
     return fn(*args) if valid is None else fn(*args, valid=valid)

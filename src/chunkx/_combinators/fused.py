@@ -27,7 +27,7 @@ from . import compensated as comp
 from ._rows import join_args, rows, struct_of
 from ._sharding import typed_like
 from .loop import chunk_loop, evaluate, remainder_of
-from .reduce import AbstractAccumulation, Sum
+from .reduce import AbstractAccumulation, Sum, zero_masked
 
 #: `grad="auto"` fuses where the reduced output has at most this many real elements.
 FUSED_MAX_OUTPUTS = 16
@@ -198,6 +198,8 @@ def _vjp_piece(lifted, whole_leaves, rmask, wmask):
             jr, jw = jax.tree_util.tree_map(lambda x: x[None], pull(basis[0]))
         else:
             jr, jw = jax.vmap(pull)(basis)
+        if valid is not None:  # masked rows (repeated, padded) add no row Jacobian, not even
+            jr = [jax.vmap(zero_masked, (0, None))(j, valid) for j in jr]  # a `0 * inf` NaN
         return vec, jw, jr
 
     return jax.checkpoint(vjp_piece, prevent_cse=False)  # bounded memory at second order
@@ -220,9 +222,6 @@ class _FusedAcc(AbstractAccumulation):
         def add_rows(buf, j):
             buf = typed_like(buf, j)
             old = jax.lax.dynamic_slice_in_dim(buf, start, j.shape[1], axis=1)
-            # a shifted chunk's repeated rows add nothing (not even the NaN of `0 * inf`)
-            fresh = jnp.arange(j.shape[1]) + start >= index * j.shape[1]
-            j = jnp.where(fresh.reshape((1, -1) + (1,) * (j.ndim - 2)), j, jnp.zeros((), j.dtype))
             return jax.lax.dynamic_update_slice_in_dim(buf, old + j, start, axis=1)
 
         return (vec, jw, [add_rows(b, j) for b, j in zip(acc[2], part[2])]), None

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from .._progress import scan, ticker
 from .._types import RowMask
-from ._rows import rows, struct_of
+from ._rows import fresh_rows, rows, struct_of, where_rows
 from .reduce import AbstractAccumulation, AbstractReducer
 
 
@@ -78,7 +78,7 @@ def _at(piece, n, s, shift, remat):
             start = jnp.minimum(start, n - s)
         mapped, valid = rows(source, start, s)
         if shift:  # rows before i * s belong to the previous chunk: mask them out
-            fresh = jnp.arange(s) + start >= i * s
+            fresh = fresh_rows(s, start, i)
             valid = fresh if valid is None else valid & fresh
             mapped = jax.tree_util.tree_map(lambda x: stop_repeated(x, fresh), mapped)
         return piece(mapped, valid), start
@@ -92,8 +92,7 @@ def stop_repeated(x, fresh):
     (`0 * inf`) on the way back into the input."""
     if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
         return x
-    keep = fresh.reshape((-1,) + (1,) * (jnp.ndim(x) - 1))
-    return jnp.where(keep, x, jax.lax.stop_gradient(x))
+    return where_rows(fresh, x, jax.lax.stop_gradient(x))
 
 
 def _loop(at, reducer, source, acc, k, opts, tick):

@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from .._types import RowMask, Tree
 from . import compensated as comp
-from ._rows import call_with_valid, zeros_like_struct
+from ._rows import call_with_valid, fresh_rows, where_rows, zeros_like_struct
 from ._sharding import is_explicit, place
 
 #: Reductions known to be `+`: a Monoid folding with one of them sums its chunks' partials.
@@ -304,9 +304,8 @@ class Concat(AbstractReducer):
             y = _layout_like(y, b)
             # rows a shifted chunk repeats keep the values the earlier chunk wrote (the
             # repeated evaluation gets no cotangent, and none of its `0 * inf` either)
-            fresh = jnp.arange(y.shape[0]) + start >= index * y.shape[0]
             old = jax.lax.dynamic_slice_in_dim(b, start, y.shape[0], 0)
-            y = jnp.where(fresh.reshape((-1,) + (1,) * (y.ndim - 1)), y, old)
+            y = where_rows(fresh_rows(y.shape[0], start, index), y, old)
             return jax.lax.dynamic_update_slice_in_dim(b, y, start, 0)
 
         return jax.tree_util.tree_map(write, acc, part), None
@@ -504,8 +503,7 @@ def _masked_sum(x: Any, valid: RowMask | None, dtype: Any) -> Any:
 
 def zero_masked(x: Any, valid: Any) -> Any:
     """`x` with the rows where `valid` is false set to zero."""
-    mask = jnp.reshape(jnp.asarray(valid), (-1,) + (1,) * (jnp.ndim(x) - 1))
-    return jnp.where(mask, x, jnp.zeros((), jnp.result_type(x)))
+    return where_rows(valid, x, jnp.zeros((), jnp.result_type(x)))
 
 
 def held_reducer(fn: Any) -> AbstractReducer | None:

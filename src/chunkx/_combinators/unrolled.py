@@ -6,13 +6,12 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .._checks import as_in_axes, as_size, check_positive, zero_in_axes
 from .._progress import ticker
 from .._types import InAxes
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
-from ._rows import map_mapped, mapped_length
+from ._rows import fresh_rows, map_mapped, mapped_length
 from .loop import evaluate, stop_repeated
 from .reduce import AbstractReducer, Concat
 
@@ -48,7 +47,7 @@ class Unrolled(eqx.Module):
         for j, i in enumerate(starts):
             start = min(i, n - s)
             chunk = map_mapped(lambda x, a=start: x[a : a + s], args, axes)
-            valid = None if start == i else jnp.asarray(np.arange(s) + start >= i)
+            valid = None if start == i else fresh_rows(s, start, j)
             if valid is not None:  # repeated rows: no cotangent flows back through them
                 chunk = map_mapped(lambda x: stop_repeated(x, valid), chunk, axes)
             part = evaluate(self.fn, reducer, chunk, valid, "Unrolled", chunk=True)
