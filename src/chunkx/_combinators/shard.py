@@ -85,7 +85,7 @@ class Shard(eqx.Module):
     def __check_init__(self):
         if self.remainder is not None:
             check_choice("Shard", "remainder", self.remainder, ("call", "pad"))
-        reducer_of("Shard", self.fn, self.reducer)
+        self.pads()  # the reducer agrees with fn's, and remainder="pad" is possible
 
     def pads(self) -> bool:
         """Whether rows that do not divide over the devices are padded into the one
@@ -121,14 +121,7 @@ class Shard(eqx.Module):
                 lambda x: place(x, mesh, P()) if eqx.is_array(x) and mesh_of(x) is None else x,
                 a) for a, ax in zip(args, axes))
         if n_even > n:
-            padded = map_mapped(lambda x: pad_rows(x, m), args, axes)
-            mask = row_mask(n, m) if valid is None else jnp.pad(valid, (0, m - n))
-            if isinstance(reducer, Concat) and valid is None:
-                mask = None  # every row is computed; the padded ones are cut off
-            out = self._sharded(mesh, reducer, padded, mask, axes)
-            if is_explicit(mesh):  # typed rows are cut on one (replicated) layout
-                out = jax.tree_util.tree_map(lambda x: place(x, mesh, P()), out)
-            return reducer.trim(out, n)
+            return self._padded(mesh, reducer, args, axes, valid, n)
         head, tail = split_rows(args, axes, valid, n_even)
         parts = []
         if head is not None:
@@ -145,6 +138,20 @@ class Shard(eqx.Module):
         if is_explicit(mesh):  # join on one (replicated) layout
             parts = [jax.tree_util.tree_map(lambda x: place(x, mesh, P()), p) for p in parts]
         return reducer.combine(*parts)
+
+    def _padded(self, mesh, reducer, args, axes, valid, n):
+        """One `shard_map` over the rows padded to a multiple of the devices, whose padded
+        rows are cut off (Concat, which computes every row) or masked (other reducers)."""
+        m = round_up(n, mesh.size)
+        padded = map_mapped(lambda x: pad_rows(x, m), args, axes)
+        if valid is not None:
+            valid = jnp.pad(valid, (0, m - n))
+        elif not isinstance(reducer, Concat):
+            valid = row_mask(n, m)
+        out = self._sharded(mesh, reducer, padded, valid, axes)
+        if is_explicit(mesh):  # typed rows are cut on one (replicated) layout
+            out = jax.tree_util.tree_map(lambda x: place(x, mesh, P()), out)
+        return reducer.trim(out, n)
 
     def _sharded(self, mesh, reducer, args, valid, axes):
         names = tuple(mesh.axis_names)
