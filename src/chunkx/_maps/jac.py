@@ -67,9 +67,15 @@ def _assemble(ref: Any, blocks: list) -> Any:
 
 def _jax_jacobian(jac: Callable, nums: Any, dyn: tuple, out: Any, has_aux: bool, **kw) -> Any:
     """The structs of JAX's own Jacobian (`jax.jacfwd`/`jax.jacrev`) of a function with
-    inputs `dyn` and outputs `out`, with JAX's dtype checks and messages. A function returning
-    `out` as constants stands in for the user's, which is not traced a second time."""
-    return jax.eval_shape(jac(lambda *_: out, nums, has_aux=has_aux, **kw), *dyn)
+    inputs `dyn` and outputs `out` (values, or `jax.ShapeDtypeStruct`s), with JAX's dtype
+    checks and messages. A function returning `out` as constants stands in for the user's,
+    which is not traced a second time."""
+
+    def stand_in(*_):
+        return jax.tree_util.tree_map(
+            lambda x: _like(None, x) if isinstance(x, jax.ShapeDtypeStruct) else x, out)
+
+    return jax.eval_shape(jac(stand_in, nums, has_aux=has_aux, **kw), *dyn)
 
 
 def _offsets(tree: Any) -> list[tuple[int, int]]:
@@ -102,8 +108,9 @@ class BatchJacfwd(eqx.Module):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         f, dyn, nums = _partial(self.fun, self.argnums, args, kwargs)
-        stand_in = jnp.zeros((), complex if self.holomorphic else float)  # JAX's input checks,
-        _jax_jacobian(jax.jacfwd, nums, dyn, stand_in, False, holomorphic=self.holomorphic)  # first
+        # JAX's checks of the inputs come first, before `f` runs (a scalar output stands in)
+        scalar = jnp.zeros((), complex if self.holomorphic else float)
+        _jax_jacobian(jax.jacfwd, nums, dyn, scalar, False, holomorphic=self.holomorphic)
         cols = _offsets(dyn)
         if sum(k for _, k in cols) == 0:  # no input entries: every block is empty
             out = f(*dyn)
@@ -127,13 +134,14 @@ class BatchJacfwd(eqx.Module):
 
         def push(i, primal):
             out = jax.jvp(f, primal, _basis_vector(i, primal), has_aux=self.has_aux)
-            return _no_float0(out[1]), (out[2] if self.has_aux else None), out[0]
+            return _no_float0(out[1]), (out[2] if self.has_aux else None)
 
         n = sum(k for _, k in _offsets(dyn))
-        tangents, aux, y = batch_vmap(push, (0, None), batch_size=self.batch_size)(
-            jnp.arange(n), dyn)
-        aux, y = jax.tree_util.tree_map(lambda x: x[0], (aux, y))
-        return tangents, aux, ((y, aux) if self.has_aux else y)
+        tangents, aux = batch_vmap(push, (0, None), batch_size=self.batch_size)(jnp.arange(n), dyn)
+        aux = jax.tree_util.tree_map(lambda x: x[0], aux)
+        # the primal's structs (a primal per column would be `n` copies of the output)
+        y = jax.eval_shape(f, *dyn)
+        return tangents, aux, ((y[0], aux) if self.has_aux else y)
 
     def _linearized(self, f: Callable, dyn: tuple) -> tuple:
         """`jax.linearize` once; only the linear map runs per chunk."""
