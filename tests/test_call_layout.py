@@ -71,8 +71,8 @@ def test_plans_of_unplanned_sizes_are_refused_in_the_maps_name():
 
 
 def _positional(fn: ast.FunctionDef) -> int:
-    return len(fn.args.posonlyargs) + len(fn.args.args) - (fn.args.args[:1] and
-                                                           fn.args.args[0].arg == "self")
+    is_method = bool(fn.args.args) and fn.args.args[0].arg == "self"  # no parameters: none
+    return len(fn.args.posonlyargs) + len(fn.args.args) - is_method
 
 
 def test_no_long_positional_lists_outside_public_signatures():
