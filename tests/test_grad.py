@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import chunkx
+from helpers import normal
 
 POLICIES = [("auto", None), ("fused", None), ("fused", 3), ("recompute", None),
             ("recompute", 3), ("store", None)]
@@ -24,15 +25,11 @@ def per_example(p, x):
 
 
 def params(dtype=jnp.float64):
-    k = jax.random.split(jax.random.PRNGKey(0), 3)
-    return {
-        "w": jax.random.normal(k[0], (3, 4), dtype),
-        "b": jax.random.normal(k[1], (4,), dtype)[:1].reshape(()) + 0.5,
-    }
+    return {"w": normal(0, (3, 4), dtype), "b": normal(1, (), dtype) + 0.5}
 
 
 def rows(n, dtype=jnp.float64):
-    return jax.random.normal(jax.random.PRNGKey(1), (n, 3), dtype)
+    return normal(2, (n, 3), dtype)
 
 
 def energy(p, x):
@@ -286,7 +283,7 @@ def test_auto_map_closing_over_the_differentiated_parameters():
 
 def test_auto_batch_map_plans_the_reverse_pass_for_closed_over_parameters():
     """batch_map's `fun` closes over what is differentiated: its reverse pass is planned too."""
-    x, w0 = rows(2048), jax.random.normal(jax.random.PRNGKey(2), (3, 16), jnp.float64)
+    x, w0 = rows(2048), normal(3, (3, 16))
     budget = 2**16
 
     def make(w):
@@ -325,7 +322,7 @@ def test_auto_map_of_an_equinox_module():
 @pytest.mark.parametrize("shard_batch", [False, True])
 def test_auto_chunk_map_plans_its_reverse_pass(shard_batch):
     """Here the whole batch fits forward; at that size the gradient is 4x over the budget."""
-    x, w0 = rows(4096), jax.random.normal(jax.random.PRNGKey(2), (3, 32), jnp.float64)
+    x, w0 = rows(4096), normal(3, (3, 32))
     f = jax.vmap(lambda xi, w: jnp.sum(jnp.tanh(jnp.tanh(xi @ w) @ w.T) ** 2), (0, None))
     budget = 2**19
     cm = chunkx.chunk_map(f, (0, None), chunk_size="auto", use_scan=True, memory_budget=budget,
@@ -408,7 +405,7 @@ def test_sparse_pullback_grad_batch_size():
 
 
 def test_auto_forward_only_map_whose_reverse_pass_does_not_fit():
-    x = jax.random.normal(jax.random.PRNGKey(0), (50, 6), jnp.float32)
+    x = normal(4, (50, 6), jnp.float32)
     w1, w2 = jnp.ones((6, 24), jnp.float32) / 6, jnp.ones((24, 5), jnp.float32) / 24
     mlp = lambda x, w1, w2: jnp.tanh(x @ w1) @ w2  # noqa: E731
     fixed = lambda *a: chunkx.batch_vmap(mlp, (0, None, None), batch_size=5)(*a)  # noqa: E731

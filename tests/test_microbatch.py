@@ -12,6 +12,7 @@ from jax.sharding import AxisType
 from optax import microbatching as om
 
 import chunkx
+from helpers import normal
 
 TYPES = ["SUM", "MEAN", "RUNNING_MEAN", "CONCAT"]
 
@@ -33,11 +34,7 @@ def close(a, b, tol=1e-5):
 
 
 def data(n=12, d=3, seed=0):
-    k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
-    return (
-        jax.random.normal(k1, (n, d), jnp.float32),
-        jax.random.normal(k2, (d, 2), jnp.float32),
-    )
+    return normal(2 * seed, (n, d), jnp.float32), normal(2 * seed + 1, (d, 2), jnp.float32)
 
 
 def grouped(x, w):
@@ -520,8 +517,7 @@ def fresh_cache(tmp_path, monkeypatch):
 
 
 def heavy_data(n=512, d=64):
-    x = jax.random.normal(jax.random.PRNGKey(0), (n, d), jnp.float32)
-    return x, jax.random.normal(jax.random.PRNGKey(1), (d, d), jnp.float32) / d
+    return normal(0, (n, d), jnp.float32), normal(1, (d, d), jnp.float32) / d
 
 
 BUDGET = 2**19

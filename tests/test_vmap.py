@@ -17,7 +17,7 @@ GRAD_SIZES = [(10, 3), (3, 5), (7, None)]  # gradients: a remainder, one short c
 
 
 def _fixed(shape, i=0):
-    return rand(K[i], shape, jnp.float64)
+    return rand(i, shape, jnp.float64)
 
 
 def _pytree_fn(p, x):
