@@ -60,17 +60,14 @@ def main(n=N, steps=STEPS, budget=BUDGET):
     print(f"planned chunk: {plan.chunk_size} examples ({len(plan.points)} compilations)")
 
     # the summed clipped gradients agree with plain jax.vmap's
-    ref = tree_sum(jax.vmap(clipped_grad, (None, None, 0, 0))(params, static, x, y))
-    got = summed(params, x, y)
+    plain = jax.jit(lambda p, x, y: tree_sum(jax.vmap(clipped_grad, (None, None, 0, 0))(
+        p, static, x, y)))
+    got, ref = jax.jit(summed)(params, x, y), plain(params, x, y)
     for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(ref)):
         assert jnp.allclose(a, b, rtol=1e-4, atol=1e-5)
     step_temp = {
         name: jax.jit(fn).lower(params, x, y).compile().memory_analysis().temp_size_in_bytes
-        for name, fn in (
-            ("chunked", summed),
-            ("jax.vmap", lambda p, x, y: tree_sum(
-                jax.vmap(clipped_grad, (None, None, 0, 0))(p, static, x, y))),
-        )
+        for name, fn in (("chunked", summed), ("jax.vmap", plain))
     }
     print("XLA temp of the gradient sum: " + ", ".join(
         f"{k} {v / 2**20:.1f} MiB" for k, v in step_temp.items()))
@@ -90,6 +87,7 @@ def main(n=N, steps=STEPS, budget=BUDGET):
         updates, opt_state = optimizer.update(g, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
+    @jax.jit
     def accuracy(params):
         logits = jax.vmap(eqx.combine(params, static))(x)
         return jnp.mean(jnp.argmax(logits, -1) == y)

@@ -69,14 +69,14 @@ def main(sites=L, budget=BUDGET, steps=STEPS):
             lambda t: jnp.sum(t, 0), jax.vmap(weighted, (None, 0))(p, configs))
         return num / norm
 
-    (e, g), (e_ref, g_ref) = jax.value_and_grad(energy)(params), jax.value_and_grad(reference)(
-        params)
+    chunked, plain = jax.jit(jax.value_and_grad(energy)), jax.jit(jax.value_and_grad(reference))
+    (e, g), (e_ref, g_ref) = chunked(params), plain(params)
     assert jnp.allclose(e, e_ref, rtol=1e-12)
     for a, b in zip(g, g_ref):
         assert jnp.allclose(a, b, rtol=1e-9, atol=1e-12)
     fwd, bwd = sums.memory_plan(params, configs), sums.grad_memory_plan(params, configs)
-    temp = jax.jit(jax.value_and_grad(energy)).lower(params).compile().memory_analysis()
-    ref_temp = jax.jit(jax.value_and_grad(reference)).lower(params).compile().memory_analysis()
+    temp = chunked.lower(params).compile().memory_analysis()
+    ref_temp = plain.lower(params).compile().memory_analysis()
     print(f"{len(configs)} configurations: forward chunk {fwd.chunk_size}, backward chunk "
           f"{bwd.chunk_size} ({len(fwd.points)} + {len(bwd.points)} compilations to plan)")
     print(f"value_and_grad temp: chunked {temp.temp_size_in_bytes / 2**20:.2f} MiB, jax.vmap "
