@@ -94,12 +94,14 @@ def struct_of(tree):
 def fresh_rows(size: int, start, index):
     """The rows of chunk `index` (of `size` rows, starting at row `start`) that no earlier
     chunk evaluated: all of them, unless a shifted last chunk starts before `index * size`."""
-    return jnp.arange(size) + start >= index * size
+    return jax.lax.iota(jnp.int32, size) + start >= index * size
 
 
 def where_rows(valid, x, y):
-    """`x`'s rows where `valid` (a mask of the leading axis), `y`'s elsewhere."""
-    return jnp.where(jnp.reshape(jnp.asarray(valid), (-1,) + (1,) * (jnp.ndim(x) - 1)), x, y)
+    """`x`'s rows where `valid` (a mask of the leading axis), `y`'s elsewhere (`x` and `y`
+    of one shape and dtype; `lax.select` traces no `jnp.where` wrapper)."""
+    mask = jax.lax.broadcast_in_dim(jnp.asarray(valid, bool), jnp.shape(x), (0,))
+    return jax.lax.select(mask, x, y)
 
 
 def call_with_valid(fn, args: tuple, valid):

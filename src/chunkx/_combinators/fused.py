@@ -59,10 +59,11 @@ def _real_size(struct) -> int:
     return sum(x.size * (2 if jnp.iscomplexobj(x) else 1) for x in leaves)
 
 
-def grad_policy(chunk, mapped, fixed, static, valid, n) -> str:
-    """The reverse-mode policy a `Chunk` call follows: `"fused"`, `"recompute"` or `"store"`."""
+def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
+    """The reverse-mode policy a `Chunk` call follows (`"fused"`, `"recompute"` or `"store"`),
+    and the reduced output's structs where the reducer is additive (else `None`)."""
     if chunk.grad in ("recompute", "store"):
-        return chunk.grad
+        return chunk.grad, None
     additive = chunk.reducer.is_additive()
     if chunk.grad == "fused" and not additive:
         raise ValueError(
@@ -81,8 +82,8 @@ def grad_policy(chunk, mapped, fixed, static, valid, n) -> str:
                 f"complex to be differentiated, got {struct}."
             )
         if inexact and (chunk.grad == "fused" or _real_size(struct) <= FUSED_MAX_OUTPUTS):
-            return "fused"
-    return "recompute" if chunk.checkpoint else "store"
+            return "fused", struct
+    return ("recompute" if chunk.checkpoint else "store"), None
 
 
 def _is_zero(t: Any) -> bool:
@@ -156,12 +157,12 @@ def _live(leaves, dots):
     return mask, [x for x, m in zip(leaves, mask) if m], [t for t, m in zip(dots, mask) if m]
 
 
-def fused_call(chunk, mapped, fixed, static, valid, n) -> Any:
-    """`Chunk.__call__` with `grad="fused"` (see the module docstring)."""
+def fused_call(chunk, mapped, fixed, static, valid, n, out_struct) -> Any:
+    """`Chunk.__call__` with `grad="fused"` (see the module docstring); `out_struct`: the
+    reduced output's structs, as `grad_policy` found them."""
     c = chunk.grad_size or chunk.size
     sizes = piece_sizes(n, chunk.size, chunk) | piece_sizes(n, c, chunk)
     lifted = _Lifted(chunk, mapped, fixed, static, n, sizes)
-    out_struct = _out_struct(chunk, mapped, fixed, static, n)
 
     @jax.custom_jvp
     def f(row_leaves, whole_leaves, valid):

@@ -4,6 +4,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 
 from .._progress import scan, ticker
@@ -48,14 +49,18 @@ def chunk_loop(
     loop); `opts` gives `remainder`, `unroll` and `progress`; `desc` names the progress bar
     (the chunk sizes "auto" chose are visible there). `remat`: each step (its slicing
     included) is a `jax.checkpoint`, so reverse mode keeps one chunk index per step, not the
-    chunk's rows.
+    chunk's rows. `piece` is traced once, at the chunk's shape, into a jaxpr that the loop
+    replays (its structs come from that trace): a chunked map traces its function once.
     """
     shift = remainder_of(opts) == "shift" and n % s != 0
     k, r = (-(-n // s), 0) if shift else divmod(n, s)
-    part = jax.eval_shape(piece, *struct_of(rows(source, 0, s)))
+    mapped, valid = struct_of(rows(source, 0, s))
+    if shift and valid is None:  # a shifted loop passes every chunk its fresh-row mask
+        valid = struct_of(fresh_rows(s, 0, 0))
+    step, part = _traced_once(piece, mapped, valid)
     acc = reducer.init(part, n)
     tick = ticker(k + (r > 0), desc) if opts.progress else None
-    acc, stacked = _loop(_at(piece, n, s, shift, remat), reducer, source, acc, k, opts, tick)
+    acc, stacked = _loop(_at(step, n, s, shift, remat), reducer, source, acc, k, opts, tick)
     if r:  # remainder="call": the leftover rows are one more piece
         acc, _ = reducer.accumulate(acc, piece(*rows(source, k * s, r)), k * s, k)
         if tick is not None:  # counted too, reported after the loop's own steps
@@ -112,3 +117,15 @@ def _loop(at, reducer, source, acc, k, opts, tick):
     progress = tick is not None
     (acc, _), stacked = scan(step, init, None, k, unroll=opts.unroll, progress=progress, tick=tick)
     return acc, stacked
+
+
+def _traced_once(piece, mapped, valid):
+    """`(replay, part)`: `piece` traced once at these structs into a jaxpr, the function that
+    replays it, and its output's structs."""
+    closed, part = jax.make_jaxpr(piece, return_shape=True)(mapped, valid)
+    run, tree = jax.extend.core.jaxpr_as_fun(closed), jax.tree_util.tree_structure(part)
+
+    def replay(rows, valid):
+        return jax.tree_util.tree_unflatten(tree, run(*jax.tree_util.tree_leaves((rows, valid))))
+
+    return replay, part

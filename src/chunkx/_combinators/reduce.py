@@ -496,14 +496,14 @@ class Monoid(AbstractReducer):
 def _masked_sum(x: Any, valid: RowMask | None, dtype: Any) -> Any:
     """The sum over axis 0 of the `valid` rows of `x`, in `dtype`."""
     if valid is not None:
-        mask = valid.reshape(valid.shape + (1,) * (x.ndim - 1))
-        x = jnp.where(mask, x, jnp.zeros((), x.dtype))
+        x = zero_masked(x, valid)
     return jnp.sum(x, axis=0, dtype=dtype)
 
 
 def zero_masked(x: Any, valid: Any) -> Any:
     """`x` with the rows where `valid` is false set to zero."""
-    return where_rows(valid, x, jnp.zeros((), jnp.result_type(x)))
+    x = jnp.asarray(x)
+    return where_rows(valid, x, jnp.zeros_like(x))
 
 
 def held_reducer(fn: Any) -> AbstractReducer | None:
