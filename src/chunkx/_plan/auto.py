@@ -6,7 +6,7 @@ map hands it. Every public `"auto"` is this one mechanism.
 
 - **Forward** (`size="auto"`), when the Chunk is traced: compile the Chunk alone at the whole
   batch (the answer if it fits: one compilation), then at a divisor of the rows near `n / 8`;
-  the line through the two gives the size (`quick_search`): two compilations.
+  the line through the two gives the size (`search_sizes(quick=True)`): two compilations.
 - **Reverse** (`grad_size="auto"`), only when the call is differentiated (a `jax.custom_jvp`
   rule): compile the VJP of the Chunk at the forward size with respect to what is
   differentiated, at two backward sizes (the forward size and a divisor near `1/8` of it if
@@ -29,7 +29,7 @@ import numpy as np
 from .cache import first_time, logger, measured
 from .measure import _struct, compiled_temp_bytes, default_budget, divisor_below, fingerprint
 from .reverse import ClosedOver, VjpProgram, planned_on_differentiation
-from .search import MemoryPlan, proportional_size, quick_search
+from .search import MemoryPlan, proportional_size, search_sizes
 
 
 def _no_fn(*args: Any) -> Any:
@@ -160,10 +160,10 @@ def reverse_plan(
 def _search(
     chunk: Any, tree: tuple, n: int, size: int, reverse: tuple | None = None
 ) -> MemoryPlan:
-    """`quick_search` for one pass of the Chunk on `tree` (`n` rows): the forward pass (sizes up
-    to `size = n`), or with `reverse = (wrt, axes)` the VJP at forward size `size` (backward
-    sizes up to `size`). Measurements are kept under a fingerprint of the program and the
-    options; a new plan is logged once at INFO."""
+    """`search_sizes(quick=True)` for one pass of the Chunk on `tree` (`n` rows): the forward
+    pass (sizes up to `size = n`), or with `reverse = (wrt, axes)` the VJP at forward size
+    `size` (backward sizes up to `size`). Measurements are kept under a fingerprint of the
+    program and the options; a new plan is logged once at INFO."""
     backward = reverse is not None
     wrt, axes = reverse if backward else (None, ())
     budget = _budget(chunk, tree)
@@ -184,8 +184,8 @@ def _search(
     m = measured(key, measure, label, notice if chunk.progress else None)
     base = size if size >= n else divisor_below(n, size // 8)  # far below the answer
     first = (base, proportional_size(base, size, budget, n, _shift(chunk)))
-    plan = quick_search(m, size, budget, n, first, shift=_shift(chunk), who=who["who"],
-                        what=who["what"], name=who["name"])
+    plan = search_sizes(m, size, budget, n, first, quick=True, shift=_shift(chunk),
+                        who=who["who"], what=who["what"], name=who["name"])
     if first_time((key, plan.chunk_size)):
         rows = f"(forward {size} of {n} rows)" if backward else f"of {n} rows"
         logger.info("%s(%s='auto'): %schunk size %d %s for %s (budget %d bytes)", who["who"],
