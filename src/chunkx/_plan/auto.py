@@ -182,7 +182,8 @@ def _search(
     kind = "backward " if backward else ""
     notice = f"chunkx: planning the {kind or 'forward '}chunk size (compiling)..."
     m = measured(key, measure, label, notice if chunk.progress else None)
-    base = size if size >= n else divisor_below(n, size // 8)  # far below the answer
+    # reverse: far below the answer, as the forward size is the budget's
+    base = size if size >= n else divisor_below(n, size // 8)
     first = (base, proportional_size(base, size, budget, n, _shift(chunk)))
     plan = search_sizes(m, size, budget, n, first, quick=True, shift=_shift(chunk),
                         who=who["who"], what=who["what"], name=who["name"])
