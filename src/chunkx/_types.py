@@ -1,6 +1,5 @@
 """Shared type aliases for chunkx's annotations."""
 
-from collections.abc import Callable
 from typing import Any, Literal, TypeAlias
 
 from jaxtyping import ArrayLike, Bool, PyTree
@@ -16,7 +15,6 @@ InAxes: TypeAlias = int | None | tuple | list
 RowMask: TypeAlias = Bool[ArrayLike, " n"]
 #: Any pytree of arrays.
 Tree: TypeAlias = PyTree[Any]
-BatchedFn: TypeAlias = Callable[..., Any]
 Remainder: TypeAlias = Literal["call", "shift"]
 ShardRemainder: TypeAlias = Literal["call", "pad"]
 GradPolicy: TypeAlias = Literal["auto", "fused", "recompute", "store"]

@@ -10,9 +10,12 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from .cache import logger
 
-def agreed_size(plan: Callable[[], int], who: str) -> int:
-    """`plan()` on process 0, broadcast to every process (in one process: `plan()`).
+
+def agreed_size(plan: Callable[[], int], who: str, what: str = "chunk size") -> int:
+    """`plan()` on process 0, broadcast to every process (in one process: `plan()`); `what`
+    names the size in the DEBUG line that says which size this process uses.
 
     Every process calls this in the same order (planning happens while the same program is
     traced everywhere); only process 0 compiles anything for it. If planning fails on process
@@ -36,6 +39,7 @@ def agreed_size(plan: Callable[[], int], who: str) -> int:
             f"`{who}`: planning the chunk size failed on process 0 (see its error); this "
             f"process ({jax.process_index()}) uses process 0's plan and has none."
         )
+    logger.debug("%s: process %d uses %s %d", who, jax.process_index(), what, got)
     return got
 
 

@@ -6,7 +6,7 @@ map hands it. Every public `"auto"` is this one mechanism.
 
 - **Forward** (`size="auto"`), when the Chunk is traced: compile the Chunk alone at the whole
   batch (the answer if it fits: one compilation), then at a divisor of the rows near `n / 8`;
-  the line through the two gives the size (`quick_search`): two compilations.
+  the line through the two gives the size (`search_sizes(quick=True)`): two compilations.
 - **Reverse** (`grad_size="auto"`), only when the call is differentiated (a `jax.custom_jvp`
   rule): compile the VJP of the Chunk at the forward size with respect to what is
   differentiated, at two backward sizes (the forward size and a divisor near `1/8` of it if
@@ -18,7 +18,6 @@ multi-process run process 0 plans and the others use its sizes (`agree.py`).
 """
 
 import dataclasses
-import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -29,8 +28,8 @@ import numpy as np
 
 from .cache import first_time, logger, measured
 from .measure import _struct, compiled_temp_bytes, default_budget, divisor_below, fingerprint
-from .reverse import ClosedOver, VjpProgram, default_wrt, planned_on_differentiation
-from .search import MemoryPlan, proportional_size, quick_search
+from .reverse import ClosedOver, VjpProgram, planned_on_differentiation
+from .search import MemoryPlan, proportional_size, search_sizes
 
 
 def _no_fn(*args: Any) -> Any:
@@ -138,16 +137,6 @@ def _outer_batch(tree: Any) -> int:
     return int(np.prod(sizes, dtype=np.int64)) if sizes else 1
 
 
-def _notice(chunk: Any, what: str) -> Callable[[], None] | None:
-    if not chunk.progress:
-        return None
-
-    def notice():
-        print(f"chunkx: planning the {what} chunk size (compiling)...", file=sys.stderr)
-
-    return notice
-
-
 def _options(chunk: Any) -> tuple:
     return (chunk.in_axes, chunk.remainder, chunk.checkpoint, chunk.grad, chunk.unroll,
             chunk.progress, type(chunk.reducer).__name__)
@@ -155,27 +144,9 @@ def _options(chunk: Any) -> tuple:
 
 def forward_plan(chunk: Any, tree: tuple, n: int) -> MemoryPlan:
     """The forward chunk size of a `Chunk(size="auto")` called on `tree = (fn, args, valid)`."""
-    budget = _budget(chunk, tree)
     if n < 1:
-        return MemoryPlan(0, budget, (), 0.0, 0.0, 1, 1)
-    template = _template(chunk)
-    probe = _AtSize(template, max(1, (n + 1) // 2), None)  # a loop and a remainder: all parts
-    key = fingerprint(probe, tree, extra=("forward", _options(chunk), n, budget))
-
-    def measure(size: int) -> int:
-        return compiled_temp_bytes(_AtSize(template, size, None), tree, who="Chunk")
-
-    who = names(chunk)
-    m = measured(key, measure, f"{who['who']}({who['arg']}='auto')", _notice(chunk, "forward"))
-    plan = quick_search(
-        m, n, budget, n, (n, proportional_size(n, n, budget, n, _shift(chunk))),
-        shift=_shift(chunk),
-        who=who["who"], what=who["what"], name=who["name"],
-    )
-    if first_time((key, plan.chunk_size)):
-        logger.info("%s(%s='auto'): chunk size %d of %d rows for %s (budget %d bytes)",
-                    who["who"], who["arg"], plan.chunk_size, n, who["what"], budget)
-    return plan
+        return MemoryPlan(0, _budget(chunk, tree), (), 0.0, 0.0, 1, 1)
+    return _search(chunk, tree, n, n)
 
 
 def reverse_plan(
@@ -183,52 +154,70 @@ def reverse_plan(
 ) -> MemoryPlan:
     """The backward chunk size of a Chunk at forward size `size`, for differentiating the array
     leaves of `tree` marked in `wrt`."""
-    budget = _budget(chunk, tree)
-    size = min(size, n)
-    template = _template(chunk)
-    probe = _AtSize(template, max(1, (n + 1) // 2), None)
-    key = fingerprint(probe, tree, extra=("reverse", _options(chunk), n, size, wrt, budget))
+    return _search(chunk, tree, n, min(size, n), (wrt, axes))
 
+
+def _search(
+    chunk: Any, tree: tuple, n: int, size: int, reverse: tuple | None = None
+) -> MemoryPlan:
+    """`search_sizes(quick=True)` for one pass of the Chunk on `tree` (`n` rows): the forward
+    pass (sizes up to `size = n`), or with `reverse = (wrt, axes)` the VJP at forward size
+    `size` (backward sizes up to `size`). Measurements are kept under a fingerprint of the
+    program and the options; a new plan is logged once at INFO."""
+    backward = reverse is not None
+    wrt, axes = reverse if backward else (None, ())
+    budget = _budget(chunk, tree)
+    template = _template(chunk)
+    probe = _AtSize(template, max(1, (n + 1) // 2), None)  # a loop and a remainder: all parts
+    key = fingerprint(probe, tree, extra=(backward, _options(chunk), n, size, wrt, budget))
     run = _runner(template, size)
-    held = _held_bytes(tree, wrt, axes)
+    held = _held_bytes(tree, wrt, axes) if backward else 0
 
     def measure(g: int) -> int:
-        return compiled_temp_bytes(VjpProgram(run, g, wrt), tree, who="Chunk") + held
+        program = VjpProgram(run, g, wrt) if backward else _AtSize(template, g, None)
+        return compiled_temp_bytes(program, tree, who="Chunk") + held
 
-    who = names(chunk, reverse=True)
-    m = measured(key, measure, f"{who['who']} (reverse pass)", _notice(chunk, "backward"))
-    p = divisor_below(n, size // 8)  # far below the answer: the forward size is the budget's
-    first = (size, proportional_size(size, size, budget, n, _shift(chunk))) if size >= n else (
-        p, proportional_size(p, size, budget, n, _shift(chunk)))
-    plan = quick_search(
-        m, size, budget, n, first, shift=_shift(chunk),
-        who=who["who"], what=who["what"], name=who["name"],
-    )
+    who = names(chunk, backward)
+    label = f"{who['who']} (reverse pass)" if backward else f"{who['who']}({who['arg']}='auto')"
+    kind = "backward " if backward else ""
+    notice = f"chunkx: planning the {kind or 'forward '}chunk size (compiling)..."
+    m = measured(key, measure, label, notice if chunk.progress else None)
+    # reverse: far below the answer, as the forward size is the budget's
+    base = size if size >= n else divisor_below(n, size // 8)
+    first = (base, proportional_size(base, size, budget, n, _shift(chunk)))
+    plan = search_sizes(m, size, budget, n, first, quick=True, shift=_shift(chunk),
+                        who=who["who"], what=who["what"], name=who["name"])
     if first_time((key, plan.chunk_size)):
-        logger.info("%s(%s='auto'): backward chunk size %d (forward %d of %d rows) for %s "
-                    "(budget %d bytes)", who["who"], who["arg"], plan.chunk_size, size, n,
-                    who["what"], budget)
+        rows = f"(forward {size} of {n} rows)" if backward else f"of {n} rows"
+        logger.info("%s(%s='auto'): %schunk size %d %s for %s (budget %d bytes)", who["who"],
+                    who["arg"], kind, plan.chunk_size, rows, who["what"], budget)
     return plan
+
+
+def _mask(tree: Any, spec: Any) -> tuple[bool, ...]:
+    """Which array leaves of `tree` (in `eqx.partition(tree, eqx.is_array)` order) `spec`
+    selects."""
+    chosen = {id(x) for x in jax.tree_util.tree_leaves(eqx.filter(tree, spec))}
+    return tuple(id(x) in chosen for x in jax.tree_util.tree_leaves(eqx.filter(tree, eqx.is_array)))
 
 
 def _held_bytes(tree: tuple, wrt: tuple[bool, ...], axes: tuple) -> int:
     """Bytes of the cotangents of the differentiated arrays that are not mapped (the weights):
     outputs of the VJP program compiled alone, they are temp memory of the program it sits in
     (where they are summed over chunks and devices)."""
-    fn, args, valid = tree
-    unmapped = (fn, tuple(arg if a is None else None for arg, a in zip(args, axes)))
-    ids = {id(x) for x in jax.tree_util.tree_leaves(eqx.filter(unmapped, eqx.is_array))}
+    unmapped = _mask(tree, (True, tuple(a is None for a in axes), False))
     arrays = jax.tree_util.tree_leaves(eqx.filter(tree, eqx.is_array))
     return sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
-               for x, w in zip(arrays, wrt) if w and id(x) in ids)
+               for x, w, u in zip(arrays, wrt, unmapped) if w and u)
 
 
 def default_grad_wrt(tree: tuple, axes: tuple) -> tuple[bool, ...]:
-    """What `grad_memory_plan` plans for: see `default_wrt` (the row mask is never
-    differentiated)."""
-    fn, args, valid = tree
-    mask = default_wrt((fn, args), axes)
-    return mask + (False,) * len(jax.tree_util.tree_leaves(eqx.filter(valid, eqx.is_array)))
+    """What `grad_memory_plan` plans for: the floating arrays of the function and of the
+    unmapped arguments (`axes` entry `None`); with none of those, every floating argument. The
+    row mask is never differentiated."""
+    unmapped = tuple(eqx.is_inexact_array if a is None else False for a in axes)
+    wrt = _mask(tree, (eqx.is_inexact_array, unmapped, False))
+    return wrt if any(wrt) else _mask(tree, (False, eqx.is_inexact_array, False))
 
 
 def auto_call(chunk: Any, args: tuple, valid: Any, axes: tuple, n: int) -> Any:
@@ -239,19 +228,14 @@ def auto_call(chunk: Any, args: tuple, valid: Any, axes: tuple, n: int) -> Any:
     size = chunk.size
     who = names(chunk)["who"]
     if size == "auto":
-        size = agreed_size(lambda: forward_plan(chunk, tree, n).chunk_size, who)
-    if jax.process_count() > 1:
-        logger.debug("%s: process %d uses chunk size %s", who, jax.process_index(), size)
+        size = agreed_size(lambda: forward_plan(chunk, tree, n).chunk_size, who, "chunk size")
     if chunk.grad_size != "auto":
         return at_sizes(chunk, chunk.fn, size, chunk.grad_size)(*args, valid=valid)
     run = _runner(_template(chunk), size)
 
     def plan(t: Any, wrt: tuple) -> int:
-        g = agreed_size(lambda: reverse_plan(chunk, t, size or n, n, wrt, axes).chunk_size, who)
-        if jax.process_count() > 1:
-            logger.debug("%s: process %d uses backward chunk size %d", who, jax.process_index(),
-                         g)
-        return g
+        return agreed_size(lambda: reverse_plan(chunk, t, size or n, n, wrt, axes).chunk_size,
+                           who, "backward chunk size")
 
     return planned_on_differentiation(run, plan, tree)
 

@@ -96,19 +96,6 @@ def _write(root: Path, key: str, points: dict[int, int]) -> None:
         )
 
 
-def _points(key: str) -> dict[int, int]:
-    """The measurements of `key`: in this process, else from disk (then kept in process)."""
-    if key in _MEMO:
-        _MEMO.move_to_end(key)
-        return _MEMO[key]
-    root = plan_cache_dir()
-    points = {} if root is None else _read(root / f"{key}.json", key)
-    _MEMO[key] = points
-    while len(_MEMO) > MEMO_SIZE:
-        _MEMO.popitem(last=False)
-    return points
-
-
 _LOGGED: set = set()  # plans logged at INFO in this process
 
 
@@ -122,14 +109,20 @@ def first_time(mark: tuple) -> bool:
 
 
 def measured(
-    key: str, measure: Callable[[int], int], who: str, notice: Callable[[], None] | None = None
+    key: str, measure: Callable[[int], int], who: str, notice: str | None = None
 ) -> Callable[[int], int]:
     """`measure` remembered under the fingerprint `key`, in this process and on disk.
 
-    Each new measurement is logged (logger `"chunkx"`) and written at once; `notice()` is called
-    before the first compilation (e.g. to tell the user that planning is under way).
+    Each new measurement is logged (logger `"chunkx"`) and written at once; `notice` is printed
+    to stderr before the first compilation (e.g. to tell the user that planning is under way).
     """
-    points = _points(key)
+    root = plan_cache_dir()
+    if key not in _MEMO:  # not in this process: from disk, if there
+        _MEMO[key] = {} if root is None else _read(root / f"{key}.json", key)
+    _MEMO.move_to_end(key)
+    while len(_MEMO) > MEMO_SIZE:
+        _MEMO.popitem(last=False)
+    points = _MEMO[key]
     logger.debug("%s: plan cache %s (%s)", who, "hit" if points else "miss", key[:12])
     told = []
 
@@ -137,10 +130,10 @@ def measured(
         if size in points:
             return points[size]
         if notice is not None and not told:
-            told.append(notice())
+            print(notice, file=sys.stderr)
+            told.append(notice)
         points[size] = value = int(measure(size))
         logger.debug("%s: compiled chunk size %d: %d bytes of XLA temp memory", who, size, value)
-        root = plan_cache_dir()
         if root is not None:
             _write(root, key, points)
         return value

@@ -55,24 +55,6 @@ def _consts(conv: Any) -> list:
     return list(getattr(conv, "consts", []))
 
 
-def default_wrt(tree: Any, axes: tuple) -> tuple[bool, ...]:
-    """What `grad_memory_plan` differentiates: the floating arrays of `f` and of the unmapped
-    arguments (`axes` entry `None`); with none of those, every floating argument."""
-    f, args = tree
-    unmapped = tuple(eqx.is_inexact_array if a is None else False for a in axes)
-    wrt = _mask((f, args), (eqx.is_inexact_array, unmapped))
-    if not any(wrt):
-        wrt = _mask((f, args), (False, eqx.is_inexact_array))
-    return wrt
-
-
-def _mask(tree: Any, spec: Any) -> tuple[bool, ...]:
-    """Which array leaves of `tree` (in `eqx.partition(tree, eqx.is_array)` order) `spec`
-    selects."""
-    chosen = {id(x) for x in jax.tree_util.tree_leaves(eqx.filter(tree, spec))}
-    return tuple(id(x) in chosen for x in jax.tree_util.tree_leaves(eqx.filter(tree, eqx.is_array)))
-
-
 class VjpProgram(eqx.Module):
     """`(out, vjp(ones))` of `run(tree, size)` with respect to the array leaves in `wrt`."""
 

@@ -3,8 +3,8 @@ measurements, and two searches over it.
 
 `measure(B) -> bytes` is usually [`chunkx.compiled_temp_bytes`][] of a pipeline at chunk size
 `B`; the model is `bytes ≈ a + b·B` plus the cost of the remainder chunk. `search_sizes` (what
-[`chunkx.fit_memory`][] runs) measures until its answer is a measured size; `quick_search` (what
-`"auto"` runs) measures two sizes and trusts the line between them, measuring more only where
+[`chunkx.fit_memory`][] runs) measures until its answer is a measured size; with `quick` (what
+`"auto"` runs) it measures two sizes and trusts the line between them, measuring more only where
 its answer would be an extrapolation.
 """
 
@@ -225,16 +225,28 @@ def search_sizes(
     n: int,
     budget: int,
     rows: int,
-    first: tuple[int, ...],
+    first: tuple[Any, ...],
     *,
     who: str,
     what: str,
     name: str,
-    seen: dict[int, int] | None = None,
+    quick: bool = False,
+    shift: bool = False,
 ) -> MemoryPlan:
-    """`fit_memory`'s search, starting from the sizes `first` (if `n` is one of them and fits,
-    the answer is `n`) and the measurements `seen` (updated in place)."""
-    seen = {} if seen is None else seen
+    """`fit_memory`'s search, or with `quick` the one `"auto"` runs, starting from the sizes
+    `first`. An entry of `first` may be a function of the measurements so far (`{size: bytes}`)
+    that returns the size to measure.
+
+    If `n` is measured first and fits, the answer is `n` (one compilation). With `quick`, the
+    line `a + b·B` through the measurements of `first` gives the largest size within `MARGIN`
+    of the budget (above `a`). That size is the answer without compiling it when the
+    measurements bracket it (a measured size at or below it fits, and a measured size above it
+    does not, or it is at most twice the largest measured size) and the line can be trusted
+    there (see `_trusted`: sizes leaving rows over cost more than the line through divisors
+    says). Otherwise (without `quick`, or the line is flat, or every measured size is over the
+    budget) the search measures until its answer is a measured size (see `fit_memory`).
+    """
+    seen: dict[int, int] = {}
 
     def m(size: int) -> int:
         if size not in seen:
@@ -242,8 +254,19 @@ def search_sizes(
         return seen[size]
 
     for size in first:
+        size = size(dict(seen)) if callable(size) else size
         if m(size) <= budget and size == n:  # the whole batch fits: no chunking
             return MemoryPlan(n, budget, tuple(seen.items()), float(m(n)), 0.0, n, n, rows=rows)
+    if quick:
+        a, b = fit_line(list(seen.items()))
+        size = _trusted(m, seen, _Model(a, b), n, rows, budget, shift)
+        if size is not None:
+            return MemoryPlan(n, budget, tuple(seen.items()), a, b, size, size, rows=rows)
+        if all(v > budget for v in seen.values()) and min(seen) > 1:
+            # a loop over whole chunks (no slicing), as fit_memory's first guess: a divisor
+            # near n / 8, or below the smallest size measured
+            guess = divisor_below(rows, max(1, n // 8))
+            m(guess if guess < min(seen) else divisor_below(rows, min(seen) - 1))
     while len(seen) < _MAX_COMPILES and (size := _next_size(seen, n, rows, budget)):
         m(size)
     fits = [s for s, v in seen.items() if v <= budget]
@@ -265,57 +288,8 @@ def search_sizes(
 
 
 #: The share of the budget above the line's fixed cost that a size predicted (not measured) by
-#: `quick_search` may use: room for a few percent of curvature between the measured points.
+#: the quick search may use: room for a few percent of curvature between the measured points.
 MARGIN = 0.95
-
-
-def quick_search(
-    measure: Callable[[int], int],
-    n: int,
-    budget: int,
-    rows: int,
-    first: tuple[Any, Any],
-    *,
-    shift: bool,
-    who: str,
-    what: str,
-    name: str,
-) -> MemoryPlan:
-    """The search `"auto"` runs: measure the two sizes `first`, then trust the line through them.
-
-    An entry of `first` may be a function of the measurements so far (`{size: bytes}`) that
-    returns the size to measure.
-
-    If `n` is measured first and fits, the answer is `n` (one compilation). Otherwise the line
-    `a + b·B` through the two measurements gives the largest size within `MARGIN` of the
-    budget (above `a`). That size is the answer without compiling it when the measurements
-    bracket it (a measured size at or below it fits, and a measured size above it does not, or
-    it is at most twice the largest measured size) and the line can be trusted there (see
-    `_trusted`: sizes leaving rows over cost more than the line through divisors says).
-    Otherwise (the line is flat, or every measured size is over the budget) the answer comes
-    from `search_sizes`, which measures until its answer is a measured size.
-    """
-    seen: dict[int, int] = {}
-
-    def m(size: int) -> int:
-        if size not in seen:
-            seen[size] = int(measure(size))
-        return seen[size]
-
-    for size in first:
-        size = size(dict(seen)) if callable(size) else size
-        if m(size) <= budget and size == n:  # the whole batch fits: no chunking
-            return MemoryPlan(n, budget, tuple(seen.items()), float(m(n)), 0.0, n, n, rows=rows)
-    a, b = fit_line(list(seen.items()))
-    size = _trusted(m, seen, _Model(a, b), n, rows, budget, shift)
-    if size is None:
-        if all(v > budget for v in seen.values()) and min(seen) > 1:
-            # a loop over whole chunks (no slicing), as fit_memory's first guess: a divisor
-            # near n / 8, or below the smallest size measured
-            guess = divisor_below(rows, max(1, n // 8))
-            m(guess if guess < min(seen) else divisor_below(rows, min(seen) - 1))
-        return search_sizes(m, n, budget, rows, (), who=who, what=what, name=name, seen=seen)
-    return MemoryPlan(n, budget, tuple(seen.items()), a, b, size, size, rows=rows)
 
 
 def _trusted(m, seen, model, n, rows, budget, shift) -> int | None:
@@ -342,7 +316,7 @@ def _trusted(m, seen, model, n, rows, budget, shift) -> int | None:
 
 def _bracketed(seen: dict[int, int], model: _Model, n: int, rows: int, budget: int) -> int | None:
     """The largest size `model` predicts within `MARGIN` of the budget, if the measurements in
-    `seen` bracket it (see `quick_search`); else `None`."""
+    `seen` bracket it (see `search_sizes`); else `None`."""
     if model.b <= 0 or model.a >= budget:
         return None
     limit = model.a + MARGIN * (budget - model.a)
