@@ -1,32 +1,36 @@
-"""`chunk_map` and `jit_chunk_vmap`: quantax 0.4.0 semantics, composed from the combinators."""
+"""`chunk_map` and `jit_chunk_vmap`: quantax 0.4.0 semantics, composed from the combinators
+on the shared call layout (`pipeline`)."""
 
 from collections.abc import Callable
 from typing import Any, Literal
 
 import equinox as eqx
+import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from .._checks import (
     as_in_axes,
-    as_size,
     check_budget,
     check_in_axes,
     check_positive,
     in_axes_tuple,
     resolve_batch_size,
 )
-from .._combinators._rows import array_leaves, mapped_length
+from .._combinators._rows import mapped_length
 from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.chunk import Chunk
 from .._combinators.groups import Groups
 from .._combinators.pad import Pad
+from .._combinators.reduce import Concat
 from .._combinators.shard import Shard
 from .._combinators.unrolled import Unrolled
 from .._plan.measure import padded_rows_per_device
 from .._public import public
 from .._types import Budget, InAxes, Size
-from ._axes import MovedAxes, map_outputs, move_axis, normalize_axis
-from .pipeline import local_args, the_chunk
+from ._axes import move_axis
+from ._vmap_axes import resolve
+from .pipeline import Options, compose, fn_name, plan_of
 
 
 class ChunkMap(eqx.Module):
@@ -47,32 +51,29 @@ class ChunkMap(eqx.Module):
     f: Callable[..., Any]
     in_axes: InAxes = eqx.field(static=True, converter=as_in_axes)
     out_axes: int | tuple[int, ...] = eqx.field(static=True)
-    chunk_size: int | Literal["auto"] | None = eqx.field(static=True, converter=as_size)
     use_scan: bool = eqx.field(static=True)
-    shard_batch: bool = eqx.field(static=True)
     atleast_1chunk: bool = eqx.field(static=True)
-    mesh: Mesh | None = eqx.field(static=True)
-    memory_budget: int | None = eqx.field(static=True, default=None)
-    progress: bool = eqx.field(static=True, default=False)
-    chunk_size_bwd: int | None = eqx.field(static=True, default=None, converter=as_size)
+    opts: Options
 
     def __call__(self, *args: Any) -> Any:
         with on_inputs_mesh(args):
             return self._call(args)
 
-    def _call(self, args: tuple) -> Any:
-        axes, moved, zero = _layout(self.in_axes, args)
-        mapped = tuple(i for i, a in enumerate(axes) if a is not None)
-        if not mapped or not any(array_leaves(args[i]) for i in mapped):
-            return self.f(*args)
-        ndev = call_mesh(self.mesh, args).size  # the mesh Shard runs on, or lays rows out for
+    def _call(self, args: tuple, plan: str | None = None) -> Any:
+        """The map's value, or with `plan` (`"memory_plan"`, `"grad_memory_plan"`) the plan
+        its Chunk follows for these arguments."""
+        at, moved, zero = _layout(self.in_axes, args)
+        if plan is None and all(a is None for a in at):  # no mapped array: nothing to chunk
+            return _per_output(self.f(*args), self.out_axes, lambda o, ax: o)
         n = mapped_length(moved, zero, "chunk_map")
-        inner = MovedAxes(self.f, axes, self.out_axes)
-        if self.chunk_size == "auto":
-            out = self._planned(inner, zero)(*moved)
-        else:
-            out = self._pipeline(inner, zero, n, ndev)(*moved)
-        return map_outputs(out, self.out_axes, lambda o, ax: move_axis(o, 0, ax))
+        inner = _Moved(self.f, at, self.out_axes)
+        if self.opts.size in ("auto", None):
+            pipeline = compose(inner, zero, Concat(), self.opts, f"chunk_map({fn_name(self.f)})")
+        else:  # the mesh Shard runs on, or lays rows out for
+            pipeline = self._pipeline(inner, zero, n, call_mesh(self.opts.mesh, args).size)
+        if plan is not None:
+            return plan_of(pipeline, plan, moved, zero, self.opts)
+        return _per_output(pipeline(*moved), self.out_axes, lambda o, ax: move_axis(o, 0, ax))
 
     def memory_plan(self, *args: Any):
         """The [`chunkx.MemoryPlan`][] that `chunk_size="auto"` follows for these arguments
@@ -82,9 +83,9 @@ class ChunkMap(eqx.Module):
     def grad_memory_plan(self, *args: Any):
         """The [`chunkx.MemoryPlan`][] of the reverse pass of `chunk_size="auto"` with
         `use_scan=True` (see [`chunkx.BatchVmap`][]'s `grad_memory_plan`)."""
-        if self.chunk_size == "auto" and (self.chunk_size_bwd is not None or not self.use_scan):
+        if self.opts.size == "auto" and self.opts.grad_size != "auto":
             raise ValueError(
-                f"`chunk_map(chunk_size_bwd={self.chunk_size_bwd!r}).grad_memory_plan`: only a "
+                f"`chunk_map(chunk_size_bwd={self.opts.grad_size!r}).grad_memory_plan`: only a "
                 "map whose backward size is planned (chunk_size='auto', use_scan=True, "
                 "chunk_size_bwd=None) has a gradient plan."
             )
@@ -92,33 +93,12 @@ class ChunkMap(eqx.Module):
 
     def _memory(self, method: str, args: tuple):
         """The plan `method` of the Chunk that one device runs, traced abstractly."""
-        if self.chunk_size != "auto":
+        if self.opts.size != "auto":
             raise ValueError(
-                f"`chunk_map(chunk_size={self.chunk_size!r}).{method}`: only a map built with "
+                f"`chunk_map(chunk_size={self.opts.size!r}).{method}`: only a map built with "
                 "chunk_size='auto' has a memory plan."
             )
-
-        def plan(args):
-            axes, moved, zero = _layout(self.in_axes, args)
-            ndev = call_mesh(self.mesh, args).size if self.shard_batch else 1
-            chunk = the_chunk(self._planned(MovedAxes(self.f, axes, self.out_axes), zero))
-            return getattr(chunk, method)(*local_args(moved, zero, "chunk_map", ndev))
-
-        return eqx.filter_eval_shape(plan, args)
-
-    def _planned(self, inner, zero):
-        """`chunk_size="auto"`: [Shard ∘] Chunk(size="auto"); the Chunk plans (the scan loop;
-        with `use_scan=True` and no `chunk_size_bwd`, the reverse pass too)."""
-        bwd = self.chunk_size_bwd
-        if bwd is None and self.use_scan:
-            bwd = "auto"
-        name = getattr(self.f, "__name__", type(self.f).__name__)
-        chunk = Chunk(
-            inner, "auto", in_axes=zero, remainder="shift", progress=self.progress,
-            grad_size=bwd, memory_budget=self.memory_budget,
-            owner=("chunk_map", "chunk_size", "memory_budget", f"chunk_map({name})"),
-        )
-        return Shard(chunk, self.mesh) if self.shard_batch else chunk
+        return eqx.filter_eval_shape(lambda args: self._call(args, method), args)
 
     def _pipeline(self, inner, zero, n, ndev):
         """[Shard ∘] [Pad ∘] [Groups ∘] Chunk ∘ f, in quantax's per-device row layout.
@@ -129,14 +109,12 @@ class ChunkMap(eqx.Module):
         every device's rows fit one chunk, the Chunk runs them in one call (quantax's fast
         path: `f` sees the whole batch), its reverse pass in chunks of `chunk_size_bwd`.
         """
-        size = self.chunk_size
-        if size is None:
-            return Shard(inner, self.mesh, in_axes=zero) if self.shard_batch else inner
+        size = self.opts.size
         per_device = padded_rows_per_device(n, ndev)
         pad = self.atleast_1chunk and per_device < size  # up to one chunk per device
-        if self.shard_batch:
+        if self.opts.shard:
             local = self._chunk(inner, size, zero)
-            return Shard(Pad(local, size) if pad else local, self.mesh)
+            return Shard(Pad(local, size) if pad else local, self.opts.mesh)
         if ndev == 1 or (per_device <= size and not pad):  # one chunk: no blocks to lay out
             piece, multiple = self._chunk(inner, ndev * size, zero), size if pad else 1
         else:  # every block padded to whole chunks: f always sees D * c rows
@@ -148,41 +126,54 @@ class ChunkMap(eqx.Module):
         """Chunks of `size` rows of each of `blocks` device blocks (`Groups` lays them out);
         the reverse pass in chunks of `chunk_size_bwd` rows per block."""
         if not self.use_scan:
-            return Unrolled(inner, blocks * size, in_axes=zero, progress=self.progress)
-        bwd = None if self.chunk_size_bwd is None else blocks * self.chunk_size_bwd
+            return Unrolled(inner, blocks * size, in_axes=zero, progress=self.opts.progress)
+        bwd = self.opts.grad_size
         return Chunk(
-            inner, blocks * size, in_axes=zero, remainder="shift", progress=self.progress,
-            grad_size=bwd,
+            inner, blocks * size, in_axes=zero, remainder="shift", progress=self.opts.progress,
+            grad_size=None if bwd is None else blocks * bwd,
         )
 
 
-def _layout(in_axes, args, who: str = "chunk_map") -> tuple:
-    """`(axes, moved, zero)`: the arguments' mapped axes (non-negative), the arguments with
-    them moved to the front, and the axes of the moved arguments (0 or None)."""
+def _layout(in_axes: InAxes, args: tuple, who: str = "chunk_map") -> tuple:
+    """`(at, moved, zero)`: each leaf's mapped axis (non-negative; `None` where it passes
+    whole), read by the shared resolver with every entry `k` as `eqx.if_array(k)`; the
+    arguments with those axes moved to the front; one axis (0 or None) per argument."""
     axes = in_axes_tuple(who, in_axes, len(args))
-    axes = tuple(
-        None if a is None else normalize_axis(who, "in_axes", i, arg, a)
-        for i, (arg, a) in enumerate(zip(args, axes))
-    )
-    moved = tuple(a if ax is None else move_axis(a, ax, 0) for a, ax in zip(args, axes))
-    return axes, moved, tuple(None if a is None else 0 for a in axes)
+    spec = (_if_array(axes), None)
+    leaves, at, treedef, _ = resolve(who, spec, (args, {}), "the arguments", in_axes)
+    moved = [x if a is None else jnp.moveaxis(x, a, 0) for x, a in zip(leaves, at)]
+    moved = jax.tree_util.tree_unflatten(treedef, moved)[0]
+    return tuple(at), moved, tuple(None if a is None else 0 for a in axes)
 
 
-class _CheckedOutAxes(eqx.Module):
-    """Reject an `out_axes` tuple that does not match a tuple output."""
+class _Moved(eqx.Module):
+    """The batched `fn` on rows along axis 0: each mapped leaf's axis moved back to `at`,
+    each output's mapped axis (`out_axes`) moved to the front."""
 
-    f: Callable[..., Any]
+    fn: Callable[..., Any]
+    at: tuple[int | None, ...] = eqx.field(static=True)
     out_axes: int | tuple[int, ...] = eqx.field(static=True)
 
     def __call__(self, *args: Any) -> Any:
-        out = self.f(*args)
-        if isinstance(self.out_axes, tuple) and type(out) is tuple:
-            if len(self.out_axes) != len(out):
-                raise ValueError(
-                    f"`chunk_map(out_axes={self.out_axes!r})`: f returned a tuple of "
-                    f"{len(out)} outputs but out_axes has {len(self.out_axes)} entries."
-                )
-        return out
+        leaves, treedef = jax.tree_util.tree_flatten(args)
+        leaves = [x if a is None else jnp.moveaxis(x, 0, a) for x, a in zip(leaves, self.at)]
+        out = self.fn(*jax.tree_util.tree_unflatten(treedef, leaves))
+        return _per_output(out, self.out_axes, lambda o, ax: move_axis(o, ax, 0))
+
+
+def _per_output(out: Any, out_axes: Any, fn: Callable[[Any, int], Any]) -> Any:
+    """`fn(output, axis)` per output: a tuple output zips with a tuple `out_axes`, which
+    must have one entry per output."""
+    if isinstance(out_axes, int):
+        return fn(out, out_axes)
+    if type(out) is not tuple:
+        return fn(out, out_axes[0])
+    if len(out_axes) != len(out):
+        raise ValueError(
+            f"`chunk_map(out_axes={out_axes!r})`: f returned a tuple of "
+            f"{len(out)} outputs but out_axes has {len(out_axes)} entries."
+        )
+    return tuple(fn(o, ax) for o, ax in zip(out, out_axes))
 
 
 @public
@@ -267,11 +258,9 @@ def chunk_map(
             "loop (use_scan=True); the Python loop (use_scan=False) differentiates each "
             "unrolled chunk as a whole."
         )
-    axes_all_none = in_axes is None or (isinstance(in_axes, tuple | list) and all(
-        a is None for a in in_axes))
-    if isinstance(in_axes, list):
-        in_axes = tuple(in_axes)
-    if axes_all_none or (chunk_size is None and not shard_batch):
+    in_axes = as_in_axes(in_axes)
+    unmapped = in_axes is None or (isinstance(in_axes, tuple) and all(a is None for a in in_axes))
+    if unmapped or (chunk_size is None and not shard_batch):
         return f
     if out_axes is None or (isinstance(out_axes, tuple) and None in out_axes):
         raise NotImplementedError(
@@ -282,10 +271,14 @@ def chunk_map(
         if isinstance(a, bool) or not isinstance(a, int):
             raise TypeError(f"`{who}(out_axes={out_axes!r})`: out_axes must be an int or a tuple "
                             f"of ints, got {a!r}.")
-    return ChunkMap(
-        _CheckedOutAxes(f, out_axes), in_axes, out_axes, chunk_size, use_scan, shard_batch,
-        atleast_1chunk, mesh, memory_budget, progress, chunk_size_bwd,
+    if chunk_size == "auto" and chunk_size_bwd is None and use_scan:
+        chunk_size_bwd = "auto"  # the scan's reverse pass is planned too
+    opts = Options(
+        who, chunk_size, grad_size=chunk_size_bwd, memory_budget=memory_budget,
+        shard=shard_batch, mesh=mesh, progress=progress, remainder="shift",
+        names=("chunk_size", "memory_budget"),
     )
+    return ChunkMap(f, in_axes, out_axes, use_scan, atleast_1chunk, opts)
 
 
 @public
