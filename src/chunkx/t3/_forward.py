@@ -7,9 +7,8 @@ from jaxtyping import Array, ArrayLike, Float
 
 from .._public import public
 from ._format import CorePair, TuckerTensorTrain
-from ._inputs import Inputs, corewise_inputs, tangent_inputs
-from ._stacks import corewise_rows_fn, flat_lead, flat_stacks, rows_to_jets, tangent_rows_fn
-from ._validate import as_parts, check_variation
+from ._inputs import Inputs, as_parts, check_variation, corewise_inputs, tangent_inputs
+from ._stacks import corewise_rows_fn, flat_lead, rows_to_jets, tangent_rows_fn
 
 Probes = Sequence[Float[ArrayLike, "*W _N"]]
 # pp's shape is checked against ww by hand, for a message that names both.
@@ -39,7 +38,7 @@ def tangent_jets_of(fn: str, s: Inputs, variation: Any) -> Any:
     """The forward jets of the tangent vector `variation` in the frame `s.cores`."""
     variation = as_parts(variation, 2)
     B = check_variation(fn, variation, s.cores, s.C)
-    dU, dG = (flat_stacks(v, B, s.C) for v in variation)
+    dU, dG = (flat_lead(v, B, s.C) for v in variation)
     frame_f = tuple(flat_lead(part, s.C) for part in s.cores)
     rows = tangent_rows_fn(s.order, B != (), s.C != (), s.kind)(*s.rows, dU, dG, frame_f)
     return _jets(s, rows, B + s.C)

@@ -8,15 +8,14 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jaxtyping import Array, ArrayLike, Float
 
-from chunkx._checks import as_size
+from chunkx._checks import as_size, check_positive
 
-from ._format import TuckerTensorTrain, as_core_pair, prod
+from ._format import TuckerTensorTrain, as_core_pair, check_cores, prod
 from ._forward import corewise_jets
-from ._inputs import Inputs, corewise_inputs
+from ._inputs import Inputs, as_arrays, check_order, corewise_inputs
 from ._pipeline import chunk_rows, normal_pipeline
 from ._stacks import KINDS, flat_lead
-from ._transpose import Call, corewise_transpose
-from ._validate import as_arrays, check_chunk_size, check_cores, check_order
+from ._transpose import Call, transpose
 
 
 def _check_kind(kind):
@@ -109,7 +108,7 @@ class GaussNewton(eqx.Module):
         fn = "GaussNewton"
         self.kind = _check_kind(kind)
         self.order = check_order(fn, order)
-        self.chunk_size = check_chunk_size(fn, chunk_size)
+        self.chunk_size = check_positive(fn, "chunk_size", chunk_size)
         self.mesh = mesh
         self.x = x if isinstance(x, TuckerTensorTrain) else TuckerTensorTrain(*x)
         self.samples = (jnp.asarray(samples) if kind == "entries" else as_arrays(samples))
@@ -137,7 +136,7 @@ class GaussNewton(eqx.Module):
         res = _weighted(residual, self.weights, self._inputs().W)
         call = Call(res, self.samples, self.pp, self.x, self.order, True, self.chunk_size,
                     self.mesh)
-        return corewise_transpose(f"t3_{self.kind}_corewise_derivatives_transpose", self.kind, call)
+        return transpose(f"t3_{self.kind}_corewise_derivatives_transpose", self.kind, call, False)
 
     def __call__(self, v: TuckerTensorTrain) -> TuckerTensorTrain:
         """`J^T diag(weights) J v + damping * v` for a direction `v` shaped like `x`."""

@@ -1,8 +1,8 @@
 """Transposes of the apply and entries jets: corewise (`t3_*`) and tangent (`tv_*`).
 
 The residual is the scalar jet `c`: `(order + 1,) + W [+ B] + C`. Rows and pipelines are the
-probe kind's (`_transpose.corewise_transpose` / `tangent_transpose`); entries scatter-add
-through the VJP of the fiber gather (no one-hot vectors).
+probe kind's (`_transpose.transpose`); entries scatter-add through the VJP of the fiber gather
+(no one-hot vectors).
 """
 
 from jax.sharding import Mesh
@@ -13,7 +13,7 @@ from .._public import public
 from ._format import CorePair, TuckerTensorTrain
 from ._forward import Directions, Frame, Probes
 from ._sampling import Index, SampleResiduals
-from ._transpose import Call, Grads, Pair, corewise_transpose, tangent_transpose
+from ._transpose import Call, Grads, Pair, transpose
 
 
 @public
@@ -63,7 +63,7 @@ def t3_apply_corewise_derivatives_transpose(
         ```
     """
     call = Call(c, ww, pp, core_pair, order, sum_over_probes, chunk_size, mesh)
-    return corewise_transpose("t3_apply_corewise_derivatives_transpose", "apply", call)
+    return transpose("t3_apply_corewise_derivatives_transpose", "apply", call, False)
 
 
 @public
@@ -108,7 +108,7 @@ def t3_entries_corewise_derivatives_transpose(
         ```
     """
     call = Call(c, index, pp, core_pair, order, sum_over_probes, chunk_size, mesh)
-    return corewise_transpose("t3_entries_corewise_derivatives_transpose", "entries", call)
+    return transpose("t3_entries_corewise_derivatives_transpose", "entries", call, False)
 
 
 @public
@@ -152,7 +152,7 @@ def tv_apply_derivatives_transpose(
         ```
     """
     call = Call(c, ww, pp, frame, order, sum_over_probes, chunk_size, mesh)
-    return tangent_transpose("tv_apply_derivatives_transpose", "apply", call)
+    return transpose("tv_apply_derivatives_transpose", "apply", call, True)
 
 
 @public
@@ -194,4 +194,4 @@ def tv_entries_derivatives_transpose(
         ```
     """
     call = Call(c, index, pp, frame, order, sum_over_probes, chunk_size, mesh)
-    return tangent_transpose("tv_entries_derivatives_transpose", "entries", call)
+    return transpose("tv_entries_derivatives_transpose", "entries", call, True)

@@ -20,16 +20,11 @@ from ._jets import (
 KINDS = ("probe", "apply", "entries")
 
 
-def flat_lead(arrays, lead):
-    """Reshape each array `lead + rest` to `(prod(lead),) + rest`."""
-    n = len(lead)
-    return tuple(a.reshape((prod(lead),) + tuple(a.shape[n:])) for a in arrays)
-
-
-def flat_stacks(arrays, B, C):
-    """Reshape each array `B + C + rest` to `(prod(B), prod(C)) + rest`."""
-    n = len(B) + len(C)
-    return tuple(a.reshape((prod(B), prod(C)) + tuple(a.shape[n:])) for a in arrays)
+def flat_lead(arrays, *stacks):
+    """Reshape each array `stacks[0] + stacks[1] + ... + rest` to `(prod(stacks[0]),
+    prod(stacks[1]), ...) + rest`: one axis per stack."""
+    n = sum(len(s) for s in stacks)
+    return tuple(a.reshape(tuple(prod(s) for s in stacks) + tuple(a.shape[n:])) for a in arrays)
 
 
 def jets_to_rows(jets, W, scalar=False):

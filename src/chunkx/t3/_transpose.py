@@ -1,8 +1,8 @@
 """Public transposes of the probe jets: tangent (`tv_*`) and corewise (`t3_*`).
 
-The shared bodies (`corewise_transpose`, `tangent_transpose`) serve every kind (the apply and
-entries transposes are in `_sampling_transpose`): arguments checked once (`_inputs`), rows in,
-one `Chunk`/reducer/`Shard` pipeline, stacks restored.
+The shared body (`transpose`) serves every kind (the apply and entries transposes are in
+`_sampling_transpose`): arguments checked once (`_inputs`), rows in, one
+`Chunk`/reducer/`Shard` pipeline, stacks restored.
 """
 
 from collections.abc import Sequence
@@ -12,15 +12,15 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jaxtyping import Array, ArrayLike, Float
 
+from chunkx._checks import check_positive
 from chunkx._types import Size
 
 from .._public import public
 from ._format import CorePair, TuckerTensorTrain, prod
 from ._forward import Directions, Frame, Probes
-from ._inputs import corewise_inputs, residual_rows, tangent_inputs
-from ._pipeline import chunk_rows, corewise_pipeline, tangent_pipeline
-from ._stacks import flat_lead
-from ._validate import check_chunk_size
+from ._inputs import corewise_inputs, residual_rows, tangent_inputs, variation_shapes
+from ._pipeline import chunk_rows, transpose_pipeline
+from ._stacks import corewise_rows_fn, flat_lead, tangent_rows_fn
 
 Residuals = Sequence[Float[ArrayLike, "_T ..."]]
 Pair = tuple[tuple[Float[Array, "..."], ...], tuple[Float[Array, "..."], ...]]
@@ -41,44 +41,32 @@ class Call(NamedTuple):
     mesh: Mesh | None
 
 
-def _unflatten(grads, lead, stacks, sum_over_probes):
-    """`([Wf,] *flat_stacks) + core` -> `[W +] stacks + core`."""
-    front = () if sum_over_probes else tuple(lead)
-    nf = (0 if sum_over_probes else 1) + len(stacks[1])
-    out = []
-    for part in grads:
-        out.append(tuple(g.reshape(front + stacks[0] + g.shape[nf:]) for g in part))
-    return tuple(out)
+def transpose(fn: str, kind: str, call: Call, tangent: bool) -> Grads:
+    """The transpose of the `kind` jets: w.r.t. the variation in the frame `call.cores` if
+    `tangent`, else w.r.t. the cores (a `TuckerTensorTrain` if `call.cores` is one).
 
-
-def corewise_transpose(fn: str, kind: str, call: Call) -> Grads:
-    """The corewise transpose of the `kind` jets: a `TuckerTensorTrain` if `call.cores` is one."""
-    sop, mesh, chunk_size = call.sum_over_probes, call.mesh, check_chunk_size(fn, call.chunk_size)
-    s = corewise_inputs(fn, "core_pair", kind, call.samples, call.pp, call.cores, call.order)
-    _, zt = residual_rows(fn, s, call.residuals, tangent=False)
-    cs = chunk_rows(prod(s.W), chunk_size, mesh, sop)
-    pipe = corewise_pipeline(s.order, sop, cs, s.C != (), mesh, kind)
-    grads = pipe(zt, *s.rows, *(flat_lead(part, s.C) for part in s.cores))
-    gU, gG = _unflatten(grads, s.W, (s.C, (prod(s.C),)), sop)
+    Rows `([Bf,] Cf) + core` of the gradients come back as `[W +] [B +] C + core`.
+    """
+    chunk_size, sop = check_positive(fn, "chunk_size", call.chunk_size), call.sum_over_probes
+    if tangent:
+        s = tangent_inputs(fn, kind, call.samples, call.pp, call.cores, call.order)
+    else:
+        s = corewise_inputs(fn, "core_pair", kind, call.samples, call.pp, call.cores, call.order)
+    B, zt = residual_rows(fn, s, call.residuals, tangent)
+    C, lead = s.C, ((prod(B),) if tangent else ()) + (prod(s.C),)
+    fixed = tuple(flat_lead(part, C) for part in s.cores)
+    if tangent:
+        fwd = tangent_rows_fn(s.order, B != (), C != (), kind)
+        zeros = variation_shapes(s.cores, len(C), lead)
+        dtype = s.cores[1][0].dtype
+        fixed = tuple(tuple(jnp.zeros(z, dtype) for z in part) for part in zeros) + (fixed,)
+    else:
+        fwd = corewise_rows_fn(s.order, C != (), kind)
+    cs = chunk_rows(prod(s.W), chunk_size, call.mesh, sop)
+    grads = transpose_pipeline(fwd, len(fixed), sop, cs, call.mesh)(zt, *s.rows, *fixed)
+    front, n = ((), len(lead)) if sop else (s.W, 1 + len(lead))
+    gU, gG = (tuple(g.reshape(front + B + C + g.shape[n:]) for g in part) for part in grads)
     return TuckerTensorTrain(gU, gG) if isinstance(call.cores, TuckerTensorTrain) else (gU, gG)
-
-
-def tangent_transpose(fn: str, kind: str, call: Call) -> Pair:
-    """The transpose of the `kind` tangent jets w.r.t. the variation, in the frame `call.cores`."""
-    sop, mesh, chunk_size = call.sum_over_probes, call.mesh, check_chunk_size(fn, call.chunk_size)
-    s = tangent_inputs(fn, kind, call.samples, call.pp, call.cores, call.order)
-    B, zt = residual_rows(fn, s, call.residuals, tangent=True)
-    (U, Dn, P, Q), C = s.cores, s.C
-    nc, lead, dtype = len(C), (prod(B), prod(C)), Dn[0].dtype
-    var_zero = (
-        tuple(jnp.zeros(lead + o.shape[nc + 1 : nc + 2] + u.shape[nc + 1 :], dtype)
-              for o, u in zip(Dn, U)),
-        tuple(jnp.zeros(lead + p.shape[nc : nc + 2] + q.shape[-1:], dtype) for p, q in zip(P, Q)),
-    )
-    cs = chunk_rows(prod(s.W), chunk_size, mesh, sop)
-    pipe = tangent_pipeline(s.order, sop, cs, B != (), C != (), mesh, kind)
-    grads = pipe(zt, *s.rows, tuple(flat_lead(part, C) for part in s.cores), var_zero)
-    return _unflatten(grads, s.W, (B + C, lead), sop)
 
 
 @public
@@ -140,7 +128,7 @@ def t3_probe_corewise_derivatives_transpose(
         ```
     """
     call = Call(ztildes, ww, pp, core_pair, order, sum_over_probes, chunk_size, mesh)
-    return corewise_transpose("t3_probe_corewise_derivatives_transpose", "probe", call)
+    return transpose("t3_probe_corewise_derivatives_transpose", "probe", call, False)
 
 
 @public
@@ -194,4 +182,4 @@ def tv_probe_derivatives_transpose(
         ```
     """
     call = Call(ztildes, ww, pp, frame, order, sum_over_probes, chunk_size, mesh)
-    return tangent_transpose("tv_probe_derivatives_transpose", "probe", call)
+    return transpose("tv_probe_derivatives_transpose", "probe", call, True)
