@@ -78,7 +78,10 @@ class TuckerTensorTrain(eqx.Module):
 
     def to_dense(self) -> Float[Array, "..."]:
         """The dense tensor `C + (N_0, ..., N_{d-1})` (exponential in `d`: small cases only)."""
-        return to_dense(self.tucker_cores, self.tt_cores)
+        f = _dense_one
+        for _ in self.stack_shape:
+            f = jax.vmap(f)
+        return f(list(self.tucker_cores), list(self.tt_cores))
 
     @staticmethod
     @jaxtyped(typechecker=beartype)
@@ -132,15 +135,6 @@ def _dense_one(tucker, tt):
         X = jnp.tensordot(X, G, axes=1)  # (..., n, r')
         X = jnp.moveaxis(jnp.tensordot(X, U, axes=((X.ndim - 2,), (0,))), -1, -2)
     return X.sum(-1)
-
-
-def to_dense(tucker, tt) -> Array:
-    """Dense tensor of the T3 `(tucker, tt)`, frame stack `C` kept in front."""
-    C = tuple(tucker[0].shape[:-2])
-    f = _dense_one
-    for _ in C:
-        f = jax.vmap(f)
-    return f(list(tucker), list(tt))
 
 
 def as_core_pair(fn: str, name: str, x):

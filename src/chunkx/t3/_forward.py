@@ -23,8 +23,7 @@ def _jets(s: Inputs, rows: tuple, stacks: tuple) -> Any:
     """Rows `(Wf, [Bf,] Cf, T[, N_i])` -> jets `(T,) + W + stacks [+ (N_i,)]`: `d` of them for
     the probe kind, one array for apply and entries."""
     n = rows[0].ndim - 2 - (s.kind == "probe")  # the flat stacks: `Cf` or `(Bf, Cf)`
-    rows = tuple(r.reshape(r.shape[:1] + stacks + r.shape[1 + n :]) for r in rows)
-    jets = rows_to_jets(rows, s.W, scalar=s.kind != "probe")
+    jets = rows_to_jets(rows, s.W, n, stacks, scalar=s.kind != "probe")
     return jets if s.kind == "probe" else jets[0]
 
 

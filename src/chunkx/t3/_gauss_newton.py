@@ -18,14 +18,6 @@ from ._stacks import KINDS, flat_lead
 from ._transpose import Call, transpose
 
 
-def _check_kind(kind):
-    if kind not in KINDS:
-        raise ValueError(
-            f"`GaussNewton(kind={kind!r})`: kind must be one of {KINDS}, got {kind!r}."
-        )
-    return kind
-
-
 def _weighted(residual, weights, W):
     """Multiply residual jets `(T,) + W + ...` by per-sample weights `W`."""
     def one(r):
@@ -106,7 +98,9 @@ class GaussNewton(eqx.Module):
         mesh: Mesh | None = None,
     ):
         fn = "GaussNewton"
-        self.kind = _check_kind(kind)
+        if kind not in KINDS:
+            raise ValueError(f"`{fn}(kind={kind!r})`: kind must be one of {KINDS}, got {kind!r}.")
+        self.kind = kind
         self.order = check_order(fn, order)
         self.chunk_size = check_positive(fn, "chunk_size", chunk_size)
         self.mesh = mesh
@@ -154,7 +148,5 @@ class GaussNewton(eqx.Module):
         pipe = normal_pipeline(self.order, cs, C != (), self.mesh, self.kind)
         fixed = (flat_lead(tucker, C), flat_lead(tt, C), (flat_lead(vU, C), flat_lead(vG, C)))
         gU, gG = pipe(self.weights.reshape(prod(s.W)), *s.rows, *fixed)
-        out = TuckerTensorTrain([g.reshape(a.shape) for g, a in zip(gU, tucker)],
-                                [g.reshape(a.shape) for g, a in zip(gG, tt)])
-        return jax.tree_util.tree_map(lambda o, a: o + self.damping * a, out,
-                                      TuckerTensorTrain(vU, vG))
+        out = [g.reshape(a.shape) + self.damping * a for g, a in zip(gU + gG, vU + vG)]
+        return TuckerTensorTrain(out[: len(vU)], out[len(vU) :])

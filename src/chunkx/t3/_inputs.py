@@ -12,6 +12,8 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
+from chunkx._checks import as_size
+
 from ._format import as_core_pair, check_cores, check_len, prod, shape_of
 from ._stacks import flat_lead, jets_to_rows
 
@@ -40,31 +42,29 @@ def corewise_inputs(fn: str, name: str, kind: str, a: Any, pp: Any, x: Any, orde
     argument `name`)."""
     order = check_order(fn, order)
     cores = as_core_pair(fn, name, x)
-    _, C = check_cores(fn, name, *cores)
-    W, rows = _samples(fn, kind, a, pp, cores[0], C)
-    return Inputs(kind, order, cores, C, W, rows)
+    s = Inputs(kind, order, cores, check_cores(fn, name, *cores)[1], (), ())
+    return _samples(fn, s, a, pp, "Tucker")
 
 
 def tangent_inputs(fn: str, kind: str, a: Any, pp: Any, frame: Any, order: Any) -> Inputs:
     """Check `(a, pp, frame, order)` of a tangent entry point."""
     order = check_order(fn, order)
     frame = as_parts(frame, 4)
-    C = check_frame(fn, frame)
-    W, rows = _samples(fn, kind, a, pp, frame[0], C, "frame Tucker")
-    return Inputs(kind, order, frame, C, W, rows)
+    return _samples(fn, Inputs(kind, order, frame, check_frame(fn, frame), (), ()), a, pp,
+                    "frame Tucker")
 
 
-def _samples(fn, kind, a, pp, tucker, C, label="Tucker"):
-    """Probes (`probe`, `apply`) or indices (`entries`) checked against the Tucker cores;
-    returns `(W, (a_rows, p_rows))`."""
+def _samples(fn: str, s: Inputs, a: Any, pp: Any, label: str) -> Inputs:
+    """`s` with the probes (`probe`, `apply`) or indices (`entries`) `a` and the directions
+    `pp` checked against its Tucker cores (`label` in messages) and laid out as rows."""
     pp = as_arrays(pp)
-    if kind == "entries":
+    if s.kind == "entries":
         index = jnp.asarray(a)
-        W = check_index(fn, index, pp, tuple(int(U.shape[len(C) + 1]) for U in tucker))
-        return W, (tuple(i.reshape(prod(W)) for i in index), flat_lead(pp, W))
+        W = check_index(fn, index, pp, s.modes)
+        return s._replace(W=W, rows=(tuple(i.reshape(prod(W)) for i in index), flat_lead(pp, W)))
     ww = as_arrays(a)
-    W = check_probes(fn, ww, pp, tucker, len(C), label)
-    return W, (flat_lead(ww, W), flat_lead(pp, W))
+    W = check_probes(fn, ww, pp, s.cores[0], len(s.C), label)
+    return s._replace(W=W, rows=(flat_lead(ww, W), flat_lead(pp, W)))
 
 
 def residual_rows(fn: str, s: Inputs, res: Any, tangent: bool) -> tuple[tuple, tuple]:
@@ -85,18 +85,17 @@ def residual_rows(fn: str, s: Inputs, res: Any, tangent: bool) -> tuple[tuple, t
             f"got {tuple(res[0].shape)} (extra axes {B})."
         )
     lead = ((prod(B),) if tangent else ()) + (prod(s.C),)
-    n = len(B) + len(s.C)
-    rows = tuple(z.reshape(z.shape[:1] + lead + z.shape[1 + n :])
-                 for z in jets_to_rows(res, s.W, scalar=not probe))
-    return B, rows
+    return B, jets_to_rows(res, s.W, len(B) + len(s.C), lead, scalar=not probe)
 
 
 def check_order(fn: str, order) -> int:
-    if isinstance(order, bool) or not isinstance(order, int) or order < 0:
+    """A non-negative integer of any integer type (`operator.index`), as a Python int."""
+    size = as_size(order)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
         raise ValueError(
             f"`{fn}(order={order!r})`: order must be a non-negative int, got {order!r}."
         )
-    return order
+    return size
 
 
 def check_probes(fn: str, ww, pp, tucker, nc: int, label: str):

@@ -27,20 +27,22 @@ def flat_lead(arrays, *stacks):
     return tuple(a.reshape(tuple(prod(s) for s in stacks) + tuple(a.shape[n:])) for a in arrays)
 
 
-def jets_to_rows(jets, W, scalar=False):
-    """`(T,) + W + rest` -> `(Wf,) + rest[:-1] + (T, N)` (`scalar`: `(Wf,) + rest + (T,)`)."""
+def jets_to_rows(jets, W, n, lead, scalar=False):
+    """`(T,) + W + stacks + (N,)` -> `(Wf,) + lead + (T, N)`: the `n` stack axes reshaped to
+    `lead` (`scalar`: no `N`)."""
     out = []
     for z in jets:
         z = jnp.moveaxis(z, 0, -1 if scalar else -2)
-        out.append(z.reshape((prod(W),) + tuple(z.shape[len(W) :])))
+        out.append(z.reshape((prod(W),) + tuple(lead) + tuple(z.shape[len(W) + n :])))
     return tuple(out)
 
 
-def rows_to_jets(rows, W, scalar=False):
-    """Inverse of `jets_to_rows`: `(Wf,) + mid + (T, N)` -> `(T,) + W + mid + (N,)`."""
+def rows_to_jets(rows, W, n, stacks, scalar=False):
+    """Inverse of `jets_to_rows`: `(Wf,) + lead + (T, N)` (`n` lead axes) ->
+    `(T,) + W + stacks + (N,)`."""
     out = []
     for z in rows:
-        z = z.reshape(tuple(W) + tuple(z.shape[1:]))
+        z = z.reshape(tuple(W) + tuple(stacks) + tuple(z.shape[1 + n :]))
         out.append(jnp.moveaxis(z, -1 if scalar else -2, 0))
     return tuple(out)
 
