@@ -4,20 +4,15 @@ Internal layout: probes `ww_f[i]`: `(Wf, N_i)`; cores `(Cf,) + core`; variations
 `(Bf, Cf) + core`; per-row jets `(w, Bf, Cf, T, N_i)` (corewise: no `Bf`).
 """
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 
 from ._format import prod
-from ._jets import (
-    _inputs,
-    entry_inputs,
-    probe_jets,
-    sample_jets,
-    tangent_jets,
-    tangent_sample_jets,
-)
+from ._jets import JETS
 
-KINDS = ("probe", "apply", "entries")
+KINDS = tuple(JETS)
 
 
 def flat_lead(arrays, *stacks):
@@ -60,33 +55,12 @@ def _lift(fn, axes, stacked):
     return squeezed
 
 
-def _forward(kind, order):
-    """Per-frame forward `(a, p, U, G) -> tuple of jets` for one kind (`a`: probes or indices)."""
-    if kind == "probe":
-        return lambda x, p, U, G: probe_jets(U, G, x, p, order)
-    inputs = entry_inputs if kind == "entries" else _inputs
-    return lambda a, p, U, G: (sample_jets(G, *inputs(U, a, p, order), order),)
-
-
-def _tangent_forward(kind, order):
-    """Per-frame tangent forward `(a, p, dU, dG, frame) -> tuple of jets`."""
-    if kind == "probe":
-        return lambda x, p, dU, dG, frame: tangent_jets(dU, dG, frame, x, p, order)
-    inputs = entry_inputs if kind == "entries" else _inputs
-
-    def one(a, p, dU, dG, frame):
-        xis, dxis = inputs(frame[0], a, p, order), inputs(dU, a, p, order)
-        return (tangent_sample_jets(dG, frame, xis, dxis, order),)
-
-    return one
-
-
 def corewise_rows_fn(order, c_stacked=True, kind="probe"):
     """Batched forward: `(a_rows, p_rows, tucker_f, tt_f)` -> jets `(w, Cf, T[, N_i])`."""
-    return _lift(_forward(kind, order), (None, None, 0, 0), c_stacked)
+    return _lift(partial(JETS[kind][0], order=order), (None, None, 0, 0), c_stacked)
 
 
 def tangent_rows_fn(order, b_stacked=True, c_stacked=True, kind="probe"):
     """Batched tangent forward: `(a, p, dU_f, dG_f, frame_f)` -> `(w, Bf, Cf, T[, N_i])`."""
-    per_frame = _lift(_tangent_forward(kind, order), (None, None, 0, 0, 0), c_stacked)
+    per_frame = _lift(partial(JETS[kind][1], order=order), (None, None, 0, 0, 0), c_stacked)
     return _lift(per_frame, (None, None, 0, 0, None), b_stacked)
