@@ -18,14 +18,6 @@ from ._stacks import KINDS, flat_lead
 from ._transpose import Call, transpose
 
 
-def _weighted(residual, weights, W):
-    """Multiply residual jets `(T,) + W + ...` by per-sample weights `W`."""
-    def one(r):
-        return r * weights.reshape((1,) + W + (1,) * (r.ndim - 1 - len(W))).astype(r.dtype)
-
-    return jax.tree_util.tree_map(one, residual)
-
-
 class GaussNewton(eqx.Module):
     """The Gauss-Newton normal operator `v -> J^T diag(weights) J v + damping * v`.
 
@@ -127,7 +119,12 @@ class GaussNewton(eqx.Module):
 
     def gradient(self, residual) -> TuckerTensorTrain:
         """`J^T diag(weights) residual` (residual jets laid out like `forward()`)."""
-        res = _weighted(residual, self.weights, self._inputs().W)
+        W = self._inputs().W
+
+        def weighted(r):  # residual jets `(T,) + W + ...` times the per-sample weights `W`
+            return r * self.weights.reshape((1,) + W + (1,) * (r.ndim - 1 - len(W))).astype(r.dtype)
+
+        res = jax.tree_util.tree_map(weighted, residual)
         call = Call(res, self.samples, self.pp, self.x, self.order, True, self.chunk_size,
                     self.mesh)
         return transpose(f"t3_{self.kind}_corewise_derivatives_transpose", self.kind, call, False)

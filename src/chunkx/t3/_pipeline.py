@@ -13,10 +13,6 @@ from chunkx._types import Size
 from ._stacks import corewise_rows_fn
 
 
-def _rows1(a):
-    return jax.tree_util.tree_map(lambda v: v[None], a)
-
-
 def _assemble(chunk_fn, n_fixed, sum_over_probes, chunk_size, mesh):
     """`Chunk` over the probe axis (then `Shard`), summing or concatenating.
 
@@ -30,16 +26,15 @@ def _assemble(chunk_fn, n_fixed, sum_over_probes, chunk_size, mesh):
     """
     in_axes = (0,) * 3 + (None,) * n_fixed
     if sum_over_probes:
-        inner, reducer = chunk_fn, Sum(presummed=True)
+        inner, reducer, remainder = chunk_fn, Sum(presummed=True), "call"
     else:
 
         def per_probe(*args):
-            return chunk_fn(*(_rows1(a) for a in args[:3]), *args[3:])
+            return chunk_fn(*jax.tree_util.tree_map(lambda v: v[None], args[:3]), *args[3:])
 
-        inner, reducer = Vmap(per_probe, in_axes=in_axes), Concat()
-    # Kept rows: Chunk shifts the last chunk back onto real rows (remainder='shift'),
-    # so one chunk body is compiled.
-    remainder = "call" if sum_over_probes else "shift"
+        # Kept rows: Chunk shifts the last chunk back onto real rows (remainder='shift'),
+        # so one chunk body is compiled.
+        inner, reducer, remainder = Vmap(per_probe, in_axes=in_axes), Concat(), "shift"
     pipe = Chunk(inner, chunk_size, reducer=reducer, in_axes=in_axes, remainder=remainder)
     if mesh is not None:
         pipe = Shard(pipe, mesh, in_axes=in_axes)
