@@ -9,8 +9,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
 from .._public import public
+from ._inputs import as_arrays, check_order
 from ._jets import binomial_table
-from ._validate import as_arrays, check_order
 
 
 @public

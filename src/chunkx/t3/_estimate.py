@@ -9,6 +9,7 @@ then evened out over the probes (`ceil(W / ceil(W / c))`), so a zero-padded last
 costs more than equal chunks would.
 """
 
+import dataclasses
 import functools
 import numbers
 from collections.abc import Sequence
@@ -16,7 +17,6 @@ from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from chunkx import MemoryPlan, compiled_temp_bytes, fit_memory
 from chunkx._checks import check_choice, check_positive
@@ -24,7 +24,8 @@ from chunkx._plan.measure import equal_chunks, padded_rows_per_device
 from chunkx._types import Budget, Size
 
 from .._public import public
-from ._format import prod
+from ._format import core_shapes, prod
+from ._inputs import check_order
 from ._transpose import tv_probe_derivatives_transpose
 
 # Below this many probes per chunk step (over all shards) the loop overhead dominates and the
@@ -48,14 +49,12 @@ class _Problem(NamedTuple):
 
     def structs(self) -> tuple:
         """Arguments of the summed tangent transpose, as `ShapeDtypeStruct`s."""
-        S, dtype, d = jax.ShapeDtypeStruct, jnp.dtype(self.dtype), len(self.N)
-        N, n, r, C = self.N, self.n, self.r, self.stack
+        S, dtype, C = jax.ShapeDtypeStruct, jnp.dtype(self.dtype), self.stack
         B = (self.n_tangent,) if self.n_tangent > 1 else ()
-        tt = tuple(S(C + (r[i], n[i], r[i + 1]), dtype) for i in range(d))
-        frame = (tuple(S(C + (n[i], N[i]), dtype) for i in range(d)), tt, tt, tt)
-        zt = tuple(S((self.order + 1, self.w_local) + B + C + (N[i],), dtype) for i in range(d))
-        x = tuple(S((self.w_local, N[i]), dtype) for i in range(d))
-        return zt, x, x, frame
+        U, G = (tuple(S(s, dtype) for s in part) for part in core_shapes(self.N, self.n, self.r, C))
+        zt = tuple(S((self.order + 1, self.w_local) + B + C + (N,), dtype) for N in self.N)
+        x = tuple(S((self.w_local, N), dtype) for N in self.N)
+        return zt, x, x, (U, G, G, G)
 
 
 def _problem(fn, mode_shapes, tucker_ranks, tt_ranks, order, n_probes, *, n_tangent, stack_shape,
@@ -66,15 +65,14 @@ def _problem(fn, mode_shapes, tucker_ranks, tt_ranks, order, n_probes, *, n_tang
             f"`{fn}(mode_shapes, tucker_ranks, tt_ranks)`: expected d, d and d+1 entries, got "
             f"{len(mode_shapes)}, {len(tucker_ranks)} and {len(tt_ranks)}."
         )
-    if isinstance(order, bool) or not isinstance(order, int | np.integer) or order < 0:
-        raise ValueError(f"`{fn}(order={order!r})`: order must be an int >= 0, got {order!r}.")
+    order = check_order(fn, order)
     for name, v in (("n_probes", n_probes), ("n_tangent", n_tangent), ("n_shards", n_shards)):
         check_positive(fn, name, v, allow_none=False)
     N, n, r, C = (tuple(int(v) for v in s) for s in (mode_shapes, tucker_ranks, tt_ranks,
                                                       stack_shape))
     w_local = max(1, padded_rows_per_device(int(n_probes), int(n_shards)))
     dtype = jnp.dtype(jnp.float32 if dtype is None else dtype)
-    return _Problem(N, n, r, int(order), w_local, int(n_tangent), C, dtype.name)
+    return _Problem(N, n, r, order, w_local, int(n_tangent), C, dtype.name)
 
 
 @functools.lru_cache(maxsize=512)
@@ -106,8 +104,7 @@ def _plan(who: str, p: _Problem, budget: int | None) -> MemoryPlan:
     even = equal_chunks(w_local, plan.chunk_size)
     if even == plan.chunk_size or measure(even) > plan.budget_bytes:
         return plan
-    return MemoryPlan(plan.n, plan.budget_bytes, plan.points + ((even, measure(even)),), plan.a,
-                      plan.b, plan.predicted, even)
+    return dataclasses.replace(plan, points=plan.points + ((even, measure(even)),), chunk_size=even)
 
 
 @functools.lru_cache(maxsize=64)

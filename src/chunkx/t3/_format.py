@@ -10,8 +10,6 @@ import numpy as np
 from beartype import beartype
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, jaxtyped
 
-from ._validate import check_cores
-
 # Per-core ranks differ, so only the frame stack `*C` is shared across the cores of one T3.
 TuckerCore = Float[ArrayLike, "*C _n _N"]
 TTCore = Float[ArrayLike, "*C _rl _n _rr"]
@@ -80,7 +78,10 @@ class TuckerTensorTrain(eqx.Module):
 
     def to_dense(self) -> Float[Array, "..."]:
         """The dense tensor `C + (N_0, ..., N_{d-1})` (exponential in `d`: small cases only)."""
-        return to_dense(self.tucker_cores, self.tt_cores)
+        f = _dense_one
+        for _ in self.stack_shape:
+            f = jax.vmap(f)
+        return f(list(self.tucker_cores), list(self.tt_cores))
 
     @staticmethod
     @jaxtyped(typechecker=beartype)
@@ -118,16 +119,14 @@ class TuckerTensorTrain(eqx.Module):
                 f"{d + 1} TT ranks for shape {tuple(shape)}, got {tuple(tucker_ranks)} and "
                 f"{tuple(tt_ranks)}."
             )
-        C, r = tuple(stack_shape), tuple(tt_ranks)
-        shapes = [C + (tucker_ranks[i], shape[i]) for i in range(d)]
-        shapes += [C + (r[i], tucker_ranks[i], r[i + 1]) for i in range(d)]
+        tucker_shapes, tt_shapes = core_shapes(shape, tucker_ranks, tt_ranks, stack_shape)
+        shapes = tucker_shapes + tt_shapes
         sizes = [prod(s) for s in shapes]
         # One draw for all cores (one PRNG program to compile), then split.
         flat = jax.random.normal(key, (sum(sizes),), dtype)
         offsets = [sum(sizes[:j]) for j in range(2 * d)]
         cores = [flat[o : o + k].reshape(s) for o, k, s in zip(offsets, sizes, shapes)]
-        tucker, tt = cores[:d], cores[d:]
-        return TuckerTensorTrain(tucker, tt)
+        return TuckerTensorTrain(cores[:d], cores[d:])
 
 
 def _dense_one(tucker, tt):
@@ -136,15 +135,6 @@ def _dense_one(tucker, tt):
         X = jnp.tensordot(X, G, axes=1)  # (..., n, r')
         X = jnp.moveaxis(jnp.tensordot(X, U, axes=((X.ndim - 2,), (0,))), -1, -2)
     return X.sum(-1)
-
-
-def to_dense(tucker, tt) -> Array:
-    """Dense tensor of the T3 `(tucker, tt)`, frame stack `C` kept in front."""
-    C = tuple(tucker[0].shape[:-2])
-    f = _dense_one
-    for _ in C:
-        f = jax.vmap(f)
-    return f(list(tucker), list(tt))
 
 
 def as_core_pair(fn: str, name: str, x):
@@ -166,5 +156,61 @@ def _arrays(cores) -> tuple:
     return tuple(jnp.asarray(a) if isinstance(a, np.ndarray | list) else a for a in cores)
 
 
+def core_shapes(N, n, r, C=()) -> tuple[tuple, tuple]:
+    """The shapes of the Tucker cores `C + (n_i, N_i)` and of the TT cores
+    `C + (r_i, n_i, r_{i+1})` of a T3 with modes `N`, Tucker ranks `n` and TT ranks `r`."""
+    C = tuple(C)
+    return (tuple(C + (n[i], N[i]) for i in range(len(N))),
+            tuple(C + (r[i], n[i], r[i + 1]) for i in range(len(N))))
+
+
 def prod(shape) -> int:
     return math.prod(int(s) for s in shape)
+
+
+def shape_of(a) -> tuple[int, ...]:
+    return tuple(int(s) for s in a.shape)
+
+
+def check_len(fn: str, name: str, seq, d: int):
+    if not isinstance(seq, Sequence) or len(seq) != d:
+        got = len(seq) if isinstance(seq, Sequence) else type(seq).__name__
+        raise ValueError(
+            f"`{fn}({name})`: expected a sequence of d={d} arrays (one per mode), got {got}."
+        )
+
+
+def check_cores(fn: str, name: str, tucker, tt):
+    """T3 cores `C + (n_i, N_i)` and `C + (r_i, n_i, r_{i+1})`; returns (d, C)."""
+    if not isinstance(tucker, Sequence) or len(tucker) == 0:
+        raise ValueError(f"`{fn}({name})`: expected a non-empty sequence of Tucker cores.")
+    d = len(tucker)
+    check_len(fn, f"{name} tucker cores", tucker, d)
+    check_len(fn, f"{name} tt cores", tt, d)
+    if tucker[0].ndim < 2:
+        raise ValueError(
+            f"`{fn}({name})`: Tucker core 0 must be C + (n, N), got shape {shape_of(tucker[0])}."
+        )
+    C = shape_of(tucker[0])[:-2]
+    nc = len(C)
+    for i in range(d):
+        U, G = shape_of(tucker[i]), shape_of(tt[i])
+        if len(U) != nc + 2 or U[:nc] != C:
+            raise ValueError(
+                f"`{fn}({name})`: Tucker core {i} must have shape C + (n, N) with C={C}, got {U}."
+            )
+        if len(G) != nc + 3 or G[:nc] != C:
+            raise ValueError(
+                f"`{fn}({name})`: TT core {i} must have shape C + (r, n, r') with C={C}, got {G}."
+            )
+        if G[nc + 1] != U[nc]:
+            raise ValueError(
+                f"`{fn}({name})`: TT core {i} middle dim must equal Tucker rank n_{i}={U[nc]} "
+                f"(Tucker core {i} shape {U}), got TT core shape {G}."
+            )
+        if i + 1 < d and G[-1] != shape_of(tt[i + 1])[nc]:
+            raise ValueError(
+                f"`{fn}({name})`: TT ranks do not chain between core {i} and core {i + 1}: "
+                f"core {i} has shape {G}, core {i + 1} has shape {shape_of(tt[i + 1])}."
+            )
+    return d, C

@@ -8,31 +8,14 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jaxtyping import Array, ArrayLike, Float
 
-from chunkx._checks import as_size
+from chunkx._checks import as_size, check_positive
 
-from ._format import TuckerTensorTrain, as_core_pair, prod
+from ._format import TuckerTensorTrain, as_core_pair, check_cores, prod
 from ._forward import corewise_jets
-from ._inputs import Inputs, corewise_inputs
+from ._inputs import Inputs, as_arrays, check_order, corewise_inputs
 from ._pipeline import chunk_rows, normal_pipeline
 from ._stacks import KINDS, flat_lead
-from ._transpose import Call, corewise_transpose
-from ._validate import as_arrays, check_chunk_size, check_cores, check_order
-
-
-def _check_kind(kind):
-    if kind not in KINDS:
-        raise ValueError(
-            f"`GaussNewton(kind={kind!r})`: kind must be one of {KINDS}, got {kind!r}."
-        )
-    return kind
-
-
-def _weighted(residual, weights, W):
-    """Multiply residual jets `(T,) + W + ...` by per-sample weights `W`."""
-    def one(r):
-        return r * weights.reshape((1,) + W + (1,) * (r.ndim - 1 - len(W))).astype(r.dtype)
-
-    return jax.tree_util.tree_map(one, residual)
+from ._transpose import Call, transpose
 
 
 class GaussNewton(eqx.Module):
@@ -107,9 +90,11 @@ class GaussNewton(eqx.Module):
         mesh: Mesh | None = None,
     ):
         fn = "GaussNewton"
-        self.kind = _check_kind(kind)
+        if kind not in KINDS:
+            raise ValueError(f"`{fn}(kind={kind!r})`: kind must be one of {KINDS}, got {kind!r}.")
+        self.kind = kind
         self.order = check_order(fn, order)
-        self.chunk_size = check_chunk_size(fn, chunk_size)
+        self.chunk_size = check_positive(fn, "chunk_size", chunk_size)
         self.mesh = mesh
         self.x = x if isinstance(x, TuckerTensorTrain) else TuckerTensorTrain(*x)
         self.samples = (jnp.asarray(samples) if kind == "entries" else as_arrays(samples))
@@ -134,10 +119,15 @@ class GaussNewton(eqx.Module):
 
     def gradient(self, residual) -> TuckerTensorTrain:
         """`J^T diag(weights) residual` (residual jets laid out like `forward()`)."""
-        res = _weighted(residual, self.weights, self._inputs().W)
+        W = self._inputs().W
+
+        def weighted(r):  # residual jets `(T,) + W + ...` times the per-sample weights `W`
+            return r * self.weights.reshape((1,) + W + (1,) * (r.ndim - 1 - len(W))).astype(r.dtype)
+
+        res = jax.tree_util.tree_map(weighted, residual)
         call = Call(res, self.samples, self.pp, self.x, self.order, True, self.chunk_size,
                     self.mesh)
-        return corewise_transpose(f"t3_{self.kind}_corewise_derivatives_transpose", self.kind, call)
+        return transpose(f"t3_{self.kind}_corewise_derivatives_transpose", self.kind, call, False)
 
     def __call__(self, v: TuckerTensorTrain) -> TuckerTensorTrain:
         """`J^T diag(weights) J v + damping * v` for a direction `v` shaped like `x`."""
@@ -155,7 +145,5 @@ class GaussNewton(eqx.Module):
         pipe = normal_pipeline(self.order, cs, C != (), self.mesh, self.kind)
         fixed = (flat_lead(tucker, C), flat_lead(tt, C), (flat_lead(vU, C), flat_lead(vG, C)))
         gU, gG = pipe(self.weights.reshape(prod(s.W)), *s.rows, *fixed)
-        out = TuckerTensorTrain([g.reshape(a.shape) for g, a in zip(gU, tucker)],
-                                [g.reshape(a.shape) for g, a in zip(gG, tt)])
-        return jax.tree_util.tree_map(lambda o, a: o + self.damping * a, out,
-                                      TuckerTensorTrain(vU, vG))
+        out = [g.reshape(a.shape) + self.damping * a for g, a in zip(gU + gG, vU + vG)]
+        return TuckerTensorTrain(out[: len(vU)], out[len(vU) :])

@@ -3,26 +3,19 @@
 Every entry point takes samples (probes `ww` or indices), directions `pp`, the cores (a T3 or a
 frame) and an order; `corewise_inputs` / `tangent_inputs` check them in that order and lay the
 samples out as rows, and `residual_rows` checks the residual jets of a transpose against them.
+Every error names the public function, the argument, the core index where it applies, what was
+expected and what arrived (the checks of the cores themselves are `_format.check_cores`).
 """
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from ._format import as_core_pair, prod
+from chunkx._checks import as_size
+
+from ._format import as_core_pair, check_cores, check_len, prod, shape_of
 from ._stacks import flat_lead, jets_to_rows
-from ._validate import (
-    as_arrays,
-    as_parts,
-    check_cores,
-    check_frame,
-    check_index,
-    check_modes,
-    check_order,
-    check_probes,
-    check_sample_jets,
-    check_ztildes,
-)
 
 
 class Inputs(NamedTuple):
@@ -49,32 +42,29 @@ def corewise_inputs(fn: str, name: str, kind: str, a: Any, pp: Any, x: Any, orde
     argument `name`)."""
     order = check_order(fn, order)
     cores = as_core_pair(fn, name, x)
-    _, C = check_cores(fn, name, *cores)
-    W, rows = _samples(fn, kind, a, pp, cores[0], C)
-    return Inputs(kind, order, cores, C, W, rows)
+    s = Inputs(kind, order, cores, check_cores(fn, name, *cores)[1], (), ())
+    return _samples(fn, s, a, pp, "Tucker")
 
 
 def tangent_inputs(fn: str, kind: str, a: Any, pp: Any, frame: Any, order: Any) -> Inputs:
     """Check `(a, pp, frame, order)` of a tangent entry point."""
     order = check_order(fn, order)
     frame = as_parts(frame, 4)
-    _, C = check_frame(fn, frame)
-    W, rows = _samples(fn, kind, a, pp, frame[0], C, "frame Tucker")
-    return Inputs(kind, order, frame, C, W, rows)
+    return _samples(fn, Inputs(kind, order, frame, check_frame(fn, frame), (), ()), a, pp,
+                    "frame Tucker")
 
 
-def _samples(fn, kind, a, pp, tucker, C, label="Tucker"):
-    """Probes (`probe`, `apply`) or indices (`entries`) checked against the Tucker cores;
-    returns `(W, (a_rows, p_rows))`."""
-    pp, nc = as_arrays(pp), len(C)
-    if kind == "entries":
+def _samples(fn: str, s: Inputs, a: Any, pp: Any, label: str) -> Inputs:
+    """`s` with the probes (`probe`, `apply`) or indices (`entries`) `a` and the directions
+    `pp` checked against its Tucker cores (`label` in messages) and laid out as rows."""
+    pp = as_arrays(pp)
+    if s.kind == "entries":
         index = jnp.asarray(a)
-        W = check_index(fn, index, pp, tuple(int(U.shape[nc + 1]) for U in tucker))
-        return W, (tuple(i.reshape(prod(W)) for i in index), flat_lead(pp, W))
+        W = check_index(fn, index, pp, s.modes)
+        return s._replace(W=W, rows=(tuple(i.reshape(prod(W)) for i in index), flat_lead(pp, W)))
     ww = as_arrays(a)
-    W = check_probes(fn, ww, pp, len(tucker))
-    check_modes(fn, label, ww, tucker, nc)
-    return W, (flat_lead(ww, W), flat_lead(pp, W))
+    W = check_probes(fn, ww, pp, s.cores[0], len(s.C), label)
+    return s._replace(W=W, rows=(flat_lead(ww, W), flat_lead(pp, W)))
 
 
 def residual_rows(fn: str, s: Inputs, res: Any, tangent: bool) -> tuple[tuple, tuple]:
@@ -95,7 +85,162 @@ def residual_rows(fn: str, s: Inputs, res: Any, tangent: bool) -> tuple[tuple, t
             f"got {tuple(res[0].shape)} (extra axes {B})."
         )
     lead = ((prod(B),) if tangent else ()) + (prod(s.C),)
-    n = len(B) + len(s.C)
-    rows = tuple(z.reshape(z.shape[:1] + lead + z.shape[1 + n :])
-                 for z in jets_to_rows(res, s.W, scalar=not probe))
-    return B, rows
+    return B, jets_to_rows(res, s.W, len(B) + len(s.C), lead, scalar=not probe)
+
+
+def check_order(fn: str, order) -> int:
+    """A non-negative integer of any integer type (`operator.index`), as a Python int."""
+    size = as_size(order)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ValueError(
+            f"`{fn}(order={order!r})`: order must be a non-negative int, got {order!r}."
+        )
+    return size
+
+
+def check_probes(fn: str, ww, pp, tucker, nc: int, label: str):
+    """`ww`, `pp`: d arrays `W + (N_i,)` with one W, `N_i` that of the Tucker core `i` (`label`
+    names the cores in the message); returns W."""
+    check_len(fn, "ww", ww, len(tucker))
+    check_len(fn, "pp", pp, len(tucker))
+    W = None
+    for i, (w, p, U) in enumerate(zip(ww, pp, tucker)):
+        if w.ndim < 1:
+            raise ValueError(f"`{fn}(ww)`: ww[{i}] must have a mode axis, got shape {shape_of(w)}.")
+        if shape_of(p) != shape_of(w):
+            raise ValueError(
+                f"`{fn}(pp)`: pp[{i}] must have the shape of ww[{i}] {shape_of(w)}, "
+                f"got {shape_of(p)}."
+            )
+        if W is None:
+            W = shape_of(w)[:-1]
+        elif shape_of(w)[:-1] != W:
+            raise ValueError(
+                f"`{fn}(ww)`: every ww[i] must share the probe stack W={W}, "
+                f"ww[{i}] has shape {shape_of(w)}."
+            )
+        if shape_of(w)[-1] != shape_of(U)[nc + 1]:
+            raise ValueError(
+                f"`{fn}(ww)`: ww[{i}] has mode size N_{i}={shape_of(w)[-1]} but {label} core {i} "
+                f"has shape {shape_of(U)} (N_{i}={shape_of(U)[nc + 1]})."
+            )
+    return W
+
+
+def check_frame(fn: str, frame):
+    """Frame `(U, O, P, Q)`; returns C."""
+    if not isinstance(frame, Sequence) or len(frame) != 4:
+        raise ValueError(f"`{fn}(frame)`: expected a 4-tuple (U, O, P, Q), got {type(frame)}.")
+    U, Dn, P, Q = frame
+    d, C = check_cores(fn, "frame (U, P)", U, P)
+    check_cores(fn, "frame (U, Q)", U, Q)
+    check_len(fn, "frame O", Dn, d)
+    nc = len(C)
+    for i in range(d):
+        o, p, q = shape_of(Dn[i]), shape_of(P[i]), shape_of(Q[i])
+        if len(o) != nc + 3 or o[:nc] != C or o[nc] != p[nc] or o[-1] != q[-1]:
+            raise ValueError(
+                f"`{fn}(frame)`: down core O[{i}] must have shape C + (rL_{i}, nO_{i}, rR_{i + 1})"
+                f" = {C} + ({p[nc]}, nO, {q[-1]}), got {o}."
+            )
+    return C
+
+
+def variation_shapes(frame, nc: int, lead: tuple) -> tuple[list, list]:
+    """The shapes `lead + (nO_i, N_i)` of `dU_i` and `lead + (rL_i, nU_i, rR_{i+1})` of `dG_i`
+    of a variation in the checked `frame` (cores `C + core`, `nc = len(C)`)."""
+    o, u = ([shape_of(a)[nc:] for a in part] for part in (frame[1], frame[0]))
+    return ([lead + (a[1], b[1]) for a, b in zip(o, u)],
+            [lead + (a[0], b[0], a[2]) for a, b in zip(o, u)])
+
+
+def check_variation(fn: str, variation, frame, C):
+    """Variation `(dU, dG)` matching the frame, with a tangent stack B in front; returns B."""
+    if not isinstance(variation, Sequence) or len(variation) != 2:
+        raise ValueError(f"`{fn}(variation)`: expected a pair (dU, dG), got {type(variation)}.")
+    dU, dG = variation
+    check_len(fn, "variation dU", dU, len(frame[0]))
+    check_len(fn, "variation dG", dG, len(frame[0]))
+    B = shape_of(dU[0])[: dU[0].ndim - len(C) - 2]
+    for i, (want_u, want_g) in enumerate(zip(*variation_shapes(frame, len(C), B + C))):
+        if shape_of(dU[i]) != want_u:
+            raise ValueError(
+                f"`{fn}(variation)`: dU[{i}] must have shape B + C + (nO_{i}, N_{i}) = {want_u}, "
+                f"got {shape_of(dU[i])}."
+            )
+        if shape_of(dG[i]) != want_g:
+            raise ValueError(
+                f"`{fn}(variation)`: dG[{i}] must have shape B + C + (rL_{i}, nU_{i}, rR_{i + 1}) "
+                f"= {want_g}, got {shape_of(dG[i])}."
+            )
+    return B
+
+
+def check_ztildes(fn: str, ztildes, order: int, W, C, modes):
+    """Residual jets `(order+1,) + W + B + C + (N_i,)` (`modes`: the `N_i`); returns B."""
+    check_len(fn, "ztildes", ztildes, len(modes))
+    B = None
+    for i, z in enumerate(ztildes):
+        s = shape_of(z)
+        if len(s) < 1 or s[0] != order + 1:
+            raise ValueError(
+                f"`{fn}(ztildes)`: ztildes[{i}] must have order+1={order + 1} orders on axis 0, "
+                f"got shape {s}."
+            )
+        nb = len(s) - 2 - len(W) - len(C)
+        N = modes[i]
+        ok = nb >= 0 and s[1 : 1 + len(W)] == W and s[len(s) - 1 - len(C) :] == C + (N,)
+        if ok and B is None:
+            B = s[1 + len(W) : 1 + len(W) + nb]
+        if not ok or s[1 + len(W) : 1 + len(W) + nb] != B:
+            raise ValueError(
+                f"`{fn}(ztildes)`: ztildes[{i}] must have shape (order+1,) + W + B + C + (N_{i},)"
+                f" with W={W}, C={C}, N_{i}={N}, B={B if B is not None else '(any)'}, got {s}."
+            )
+    return B
+
+
+def check_index(fn: str, index, pp, N):
+    """Grid points `index`: ints `(d,) + W` with `0 <= index_i < N_i` (static shapes only);
+    `pp`: `d` arrays `W + (N_i,)`. Returns W."""
+    d = len(N)
+    s = shape_of(index)
+    if not jnp.issubdtype(index.dtype, jnp.integer) or len(s) < 1 or s[0] != d:
+        raise ValueError(
+            f"`{fn}(index)`: expected an integer array of shape (d,) + W with d={d}, "
+            f"got {index.dtype} {s}."
+        )
+    W = s[1:]
+    check_len(fn, "pp", pp, d)
+    for i, p in enumerate(pp):
+        if shape_of(p) != W + (N[i],):
+            raise ValueError(
+                f"`{fn}(pp)`: pp[{i}] must have shape W + (N_{i},) = {W + (N[i],)} (W from "
+                f"index {s}), got {shape_of(p)}."
+            )
+    return W
+
+
+def check_sample_jets(fn: str, c, order: int, W, C):
+    """Scalar residual jets `c`: `(order+1,) + W + B + C`; returns B."""
+    s = shape_of(c)
+    nb = len(s) - 1 - len(W) - len(C)
+    if nb < 0 or s[0] != order + 1 or s[1 : 1 + len(W)] != W or s[len(s) - len(C) :] != C:
+        raise ValueError(
+            f"`{fn}(c)`: expected shape (order+1,) + W + B + C with order+1={order + 1}, W={W}, "
+            f"C={C}, got {s}."
+        )
+    return s[1 + len(W) : 1 + len(W) + nb]
+
+
+def as_arrays(seq):
+    """`jnp.asarray` every element of a sequence (NumPy arrays and lists are accepted)."""
+    return tuple(jnp.asarray(a) for a in seq)
+
+
+def as_parts(parts, k: int):
+    """`k` sequences of cores (a frame `(U, O, P, Q)`: 4, a variation `(dU, dG)`: 2) with every
+    core a jax array (left as is if it is not a `k`-sequence)."""
+    if isinstance(parts, Sequence) and len(parts) == k:
+        return tuple(as_arrays(part) if isinstance(part, Sequence) else part for part in parts)
+    return parts

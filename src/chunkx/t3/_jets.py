@@ -7,6 +7,7 @@ derivatives along the ray `X + s P`, with the order axis second to last: `w + (T
 """
 
 import math
+from functools import partial
 
 import jax.numpy as jnp
 import numpy as np
@@ -95,7 +96,7 @@ def _sweeps(left, right, xi0, xi1, order):
     return L, R, ML, MR
 
 
-def probe_jets(tucker, tt, x, p, order):
+def probe_jets(x, p, tucker, tt, order):
     """Forward jets `z_i`, `w + (T, N_i)` each, of probing one T3 with probe pairs `(x, p)`."""
     trs = binomial_table(order, tt[0].dtype)
     xi0, xi1 = _inputs(tucker, x, p, order)
@@ -103,7 +104,7 @@ def probe_jets(tucker, tt, x, p, order):
     return tuple(_comb(Li, G, Ri, trs) @ U for Li, G, Ri, U in zip(L, tt, R, tucker))
 
 
-def tangent_jets(dtucker, dtt, frame, x, p, order):
+def tangent_jets(x, p, dtucker, dtt, frame, order):
     """Forward jets of probing the tangent vector `(dU, dG)` in `frame = (U, O, P, Q)`."""
     U, Dn, P, Q = frame
     d = len(U)
@@ -138,22 +139,25 @@ def entry_inputs(tucker, index, p, order):
     return xi0, _directions(tucker, p, order)
 
 
-def sample_jets(tt, xi0, xi1, order):
-    """All-modes jets `w + (T,)`: the left sweep to its terminal bond, summed (apply/entries)."""
+def sample_jets(a, p, tucker, tt, order, inputs=_inputs):
+    """All-modes jets `(w + (T,),)`: the left sweep to its terminal bond, summed; `inputs`:
+    the input jets of the samples `a` (`_inputs` for apply, `entry_inputs` for entries)."""
+    xi0, xi1 = inputs(tucker, a, p, order)
     X = _unit_jet(xi0[0].shape[:-1], tt[0].shape[0], order, tt[0].dtype)
-    for G, a, b in zip(tt, xi0, xi1):
-        X = _push(X, _mats(G, a, b))
-    return X.sum(-1)
+    for G, x0, x1 in zip(tt, xi0, xi1):
+        X = _push(X, _mats(G, x0, x1))
+    return (X.sum(-1),)
 
 
-def tangent_sample_jets(dtt, frame, xis, dxis, order):
-    """All-modes jets of the tangent vector `(dU, dG)` (given as `dG` and its input jets `dxis`).
+def tangent_sample_jets(a, p, dtucker, dtt, frame, order, inputs=_inputs):
+    """All-modes jets `(w + (T,),)` of the tangent vector `(dU, dG)` in `frame` (`inputs` as in
+    `sample_jets`).
 
     One left-to-right pass: the frame sweep `L` via the left cores `P` and the variation sweep
     `S_{i+1} = S_i Q_i(xi) + L_i (dG_i(xi) + O_i(dxi))`, summed at the terminal bond.
     """
     _, Dn, P, Q = frame
-    (xi0, xi1), (dxi0, dxi1) = xis, dxis
+    (xi0, xi1), (dxi0, dxi1) = inputs(frame[0], a, p, order), inputs(dtucker, a, p, order)
     batch, dtype = xi0[0].shape[:-1], Dn[0].dtype
     L = _unit_jet(batch, P[0].shape[0], order, dtype)
     S = jnp.zeros(batch + (order + 1, Q[0].shape[0]), dtype)
@@ -161,4 +165,14 @@ def tangent_sample_jets(dtt, frame, xis, dxis, order):
         MV = _variation_mats(dtt[i], Dn[i], xi0[i], xi1[i], dxi0[i], dxi1[i])
         S = _push(S, _mats(Q[i], xi0[i], xi1[i])) + _push(L, MV)
         L = _push(L, _mats(P[i], xi0[i], xi1[i]))
-    return S.sum(-1)
+    return (S.sum(-1),)
+
+
+# Per kind: the forward jets of a T3 `(a, p, tucker, tt, order=...)` and of a tangent vector
+# `(a, p, dtucker, dtt, frame, order=...)`, each a tuple of jets.
+JETS = {
+    "probe": (probe_jets, tangent_jets),
+    "apply": (sample_jets, tangent_sample_jets),
+    "entries": (partial(sample_jets, inputs=entry_inputs),
+                partial(tangent_sample_jets, inputs=entry_inputs)),
+}

@@ -5,22 +5,12 @@ The row layout is internal (see `_stacks`): residual rows `(w, [Bf,] Cf, T, N_i)
 """
 
 import jax
-from jax.sharding import Mesh
 
 from chunkx import Chunk, Concat, Pad, Shard, Sum, Vmap
 from chunkx._plan.measure import equal_chunks, padded_rows_per_device
 from chunkx._types import Size
 
-from ._stacks import corewise_rows_fn, tangent_rows_fn
-
-
-def _pull(vjp, out, zt):
-    """`vjp(zt)` with the residuals cast to the forward's output dtypes (as the VJP requires)."""
-    return vjp(jax.tree_util.tree_map(lambda z, o: z.astype(o.dtype), zt, out))
-
-
-def _rows1(a):
-    return jax.tree_util.tree_map(lambda v: v[None], a)
+from ._stacks import corewise_rows_fn
 
 
 def _assemble(chunk_fn, n_fixed, sum_over_probes, chunk_size, mesh):
@@ -36,16 +26,15 @@ def _assemble(chunk_fn, n_fixed, sum_over_probes, chunk_size, mesh):
     """
     in_axes = (0,) * 3 + (None,) * n_fixed
     if sum_over_probes:
-        inner, reducer = chunk_fn, Sum(presummed=True)
+        inner, reducer, remainder = chunk_fn, Sum(presummed=True), "call"
     else:
 
         def per_probe(*args):
-            return chunk_fn(*(_rows1(a) for a in args[:3]), *args[3:])
+            return chunk_fn(*jax.tree_util.tree_map(lambda v: v[None], args[:3]), *args[3:])
 
-        inner, reducer = Vmap(per_probe, in_axes=in_axes), Concat()
-    # Kept rows: Chunk shifts the last chunk back onto real rows (remainder='shift'),
-    # so one chunk body is compiled.
-    remainder = "call" if sum_over_probes else "shift"
+        # Kept rows: Chunk shifts the last chunk back onto real rows (remainder='shift'),
+        # so one chunk body is compiled.
+        inner, reducer, remainder = Vmap(per_probe, in_axes=in_axes), Concat(), "shift"
     pipe = Chunk(inner, chunk_size, reducer=reducer, in_axes=in_axes, remainder=remainder)
     if mesh is not None:
         pipe = Shard(pipe, mesh, in_axes=in_axes)
@@ -57,50 +46,23 @@ def _assemble(chunk_fn, n_fixed, sum_over_probes, chunk_size, mesh):
     return Pad(pipe, multiple, reducer=reducer, in_axes=in_axes, fill="zero")
 
 
-def corewise_pipeline(
-    order: int,
-    sum_over_probes: bool,
-    chunk_size: Size,
-    c_stacked: bool,
-    mesh: Mesh | None = None,
-    kind: str = "probe",
-):
-    """`(zt_rows, a_rows, p_rows, tucker_f, tt_f) -> (tucker_grads, tt_grads)`.
+def transpose_pipeline(fwd, n_fixed: int, sum_over_probes: bool, chunk_size: Size, mesh=None):
+    """`(zt_rows, a_rows, p_rows, A, B, *rest) -> (grad_A, grad_B)` for the batched forward
+    `fwd(a, p, A, B, *rest)` (`n_fixed` arguments after the rows): `(A, B)` are the cores
+    `(tucker_f, tt_f)` (corewise), or a zero variation `(dU, dG)` followed by the frame
+    (tangent: the forward is linear in the variation, so its VJP at zero is exactly the
+    transpose; the zeros only carry the variation shapes).
 
     Summed: the chunk's gradient is the VJP of the batched forward (a GEMM over the chunk's
     probes). Kept: one VJP per probe, vmapped over the chunk.
     """
-    fwd = corewise_rows_fn(order, c_stacked, kind)
 
-    def chunk_sum(zt, x, p, U, G):
-        out, vjp = jax.vjp(lambda U, G: fwd(x, p, U, G), U, G)
-        return _pull(vjp, out, zt)
+    def chunk_sum(zt, x, p, A, B, *rest):
+        out, vjp = jax.vjp(lambda A, B: fwd(x, p, A, B, *rest), A, B)
+        # the residuals cast to the forward's output dtypes (as the VJP requires)
+        return vjp(jax.tree_util.tree_map(lambda z, o: z.astype(o.dtype), zt, out))
 
-    return _assemble(chunk_sum, 2, sum_over_probes, chunk_size, mesh)
-
-
-def tangent_pipeline(
-    order: int,
-    sum_over_probes: bool,
-    chunk_size: Size,
-    b_stacked: bool,
-    c_stacked: bool,
-    mesh: Mesh | None = None,
-    kind: str = "probe",
-):
-    """`(zt_rows, a_rows, p_rows, frame_f, var_structs) -> (dU_grads, dG_grads)`.
-
-    The tangent forward is linear in the variation, so its VJP (taken at a zero variation) is
-    exactly the transpose; `var_zero` only carries the variation shapes.
-    """
-    fwd = tangent_rows_fn(order, b_stacked, c_stacked, kind)
-
-    def chunk_sum(zt, x, p, frame, var_zero):
-        dU0, dG0 = var_zero
-        out, vjp = jax.vjp(lambda dU, dG: fwd(x, p, dU, dG, frame), dU0, dG0)
-        return _pull(vjp, out, zt)
-
-    return _assemble(chunk_sum, 2, sum_over_probes, chunk_size, mesh)
+    return _assemble(chunk_sum, n_fixed, sum_over_probes, chunk_size, mesh)
 
 
 def normal_pipeline(order, chunk_size, c_stacked, mesh=None, kind="probe"):

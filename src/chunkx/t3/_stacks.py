@@ -4,48 +4,40 @@ Internal layout: probes `ww_f[i]`: `(Wf, N_i)`; cores `(Cf,) + core`; variations
 `(Bf, Cf) + core`; per-row jets `(w, Bf, Cf, T, N_i)` (corewise: no `Bf`).
 """
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 
 from ._format import prod
-from ._jets import (
-    _inputs,
-    entry_inputs,
-    probe_jets,
-    sample_jets,
-    tangent_jets,
-    tangent_sample_jets,
-)
+from ._jets import JETS
 
-KINDS = ("probe", "apply", "entries")
+KINDS = tuple(JETS)
 
 
-def flat_lead(arrays, lead):
-    """Reshape each array `lead + rest` to `(prod(lead),) + rest`."""
-    n = len(lead)
-    return tuple(a.reshape((prod(lead),) + tuple(a.shape[n:])) for a in arrays)
+def flat_lead(arrays, *stacks):
+    """Reshape each array `stacks[0] + stacks[1] + ... + rest` to `(prod(stacks[0]),
+    prod(stacks[1]), ...) + rest`: one axis per stack."""
+    n = sum(len(s) for s in stacks)
+    return tuple(a.reshape(tuple(prod(s) for s in stacks) + tuple(a.shape[n:])) for a in arrays)
 
 
-def flat_stacks(arrays, B, C):
-    """Reshape each array `B + C + rest` to `(prod(B), prod(C)) + rest`."""
-    n = len(B) + len(C)
-    return tuple(a.reshape((prod(B), prod(C)) + tuple(a.shape[n:])) for a in arrays)
-
-
-def jets_to_rows(jets, W, scalar=False):
-    """`(T,) + W + rest` -> `(Wf,) + rest[:-1] + (T, N)` (`scalar`: `(Wf,) + rest + (T,)`)."""
+def jets_to_rows(jets, W, n, lead, scalar=False):
+    """`(T,) + W + stacks + (N,)` -> `(Wf,) + lead + (T, N)`: the `n` stack axes reshaped to
+    `lead` (`scalar`: no `N`)."""
     out = []
     for z in jets:
         z = jnp.moveaxis(z, 0, -1 if scalar else -2)
-        out.append(z.reshape((prod(W),) + tuple(z.shape[len(W) :])))
+        out.append(z.reshape((prod(W),) + tuple(lead) + tuple(z.shape[len(W) + n :])))
     return tuple(out)
 
 
-def rows_to_jets(rows, W, scalar=False):
-    """Inverse of `jets_to_rows`: `(Wf,) + mid + (T, N)` -> `(T,) + W + mid + (N,)`."""
+def rows_to_jets(rows, W, n, stacks, scalar=False):
+    """Inverse of `jets_to_rows`: `(Wf,) + lead + (T, N)` (`n` lead axes) ->
+    `(T,) + W + stacks + (N,)`."""
     out = []
     for z in rows:
-        z = z.reshape(tuple(W) + tuple(z.shape[1:]))
+        z = z.reshape(tuple(W) + tuple(stacks) + tuple(z.shape[1 + n :]))
         out.append(jnp.moveaxis(z, -1 if scalar else -2, 0))
     return tuple(out)
 
@@ -63,33 +55,12 @@ def _lift(fn, axes, stacked):
     return squeezed
 
 
-def _forward(kind, order):
-    """Per-frame forward `(a, p, U, G) -> tuple of jets` for one kind (`a`: probes or indices)."""
-    if kind == "probe":
-        return lambda x, p, U, G: probe_jets(U, G, x, p, order)
-    inputs = entry_inputs if kind == "entries" else _inputs
-    return lambda a, p, U, G: (sample_jets(G, *inputs(U, a, p, order), order),)
-
-
-def _tangent_forward(kind, order):
-    """Per-frame tangent forward `(a, p, dU, dG, frame) -> tuple of jets`."""
-    if kind == "probe":
-        return lambda x, p, dU, dG, frame: tangent_jets(dU, dG, frame, x, p, order)
-    inputs = entry_inputs if kind == "entries" else _inputs
-
-    def one(a, p, dU, dG, frame):
-        xis, dxis = inputs(frame[0], a, p, order), inputs(dU, a, p, order)
-        return (tangent_sample_jets(dG, frame, xis, dxis, order),)
-
-    return one
-
-
 def corewise_rows_fn(order, c_stacked=True, kind="probe"):
     """Batched forward: `(a_rows, p_rows, tucker_f, tt_f)` -> jets `(w, Cf, T[, N_i])`."""
-    return _lift(_forward(kind, order), (None, None, 0, 0), c_stacked)
+    return _lift(partial(JETS[kind][0], order=order), (None, None, 0, 0), c_stacked)
 
 
 def tangent_rows_fn(order, b_stacked=True, c_stacked=True, kind="probe"):
     """Batched tangent forward: `(a, p, dU_f, dG_f, frame_f)` -> `(w, Bf, Cf, T[, N_i])`."""
-    per_frame = _lift(_tangent_forward(kind, order), (None, None, 0, 0, 0), c_stacked)
+    per_frame = _lift(partial(JETS[kind][1], order=order), (None, None, 0, 0, 0), c_stacked)
     return _lift(per_frame, (None, None, 0, 0, None), b_stacked)

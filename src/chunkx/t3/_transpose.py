@@ -1,8 +1,9 @@
-"""Public transposes of the probe jets: tangent (`tv_*`) and corewise (`t3_*`).
+"""Public transposes of the jets of every kind: tangent (`tv_*`) and corewise (`t3_*`).
 
-The shared bodies (`corewise_transpose`, `tangent_transpose`) serve every kind (the apply and
-entries transposes are in `_sampling_transpose`): arguments checked once (`_inputs`), rows in,
-one `Chunk`/reducer/`Shard` pipeline, stacks restored.
+One body (`transpose`) serves them all: arguments checked once (`_inputs`), rows in, one
+`Chunk`/reducer/`Shard` pipeline, stacks restored. The residual of the apply and entries kinds
+is the scalar jet `c`: `(order + 1,) + W [+ B] + C`; entries scatter-add through the VJP of the
+fiber gather (no one-hot vectors).
 """
 
 from collections.abc import Sequence
@@ -12,15 +13,15 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jaxtyping import Array, ArrayLike, Float
 
+from chunkx._checks import check_positive
 from chunkx._types import Size
 
 from .._public import public
 from ._format import CorePair, TuckerTensorTrain, prod
-from ._forward import Directions, Frame, Probes
-from ._inputs import corewise_inputs, residual_rows, tangent_inputs
-from ._pipeline import chunk_rows, corewise_pipeline, tangent_pipeline
-from ._stacks import flat_lead
-from ._validate import check_chunk_size
+from ._forward import Directions, Frame, Index, Probes, SampleResiduals
+from ._inputs import corewise_inputs, residual_rows, tangent_inputs, variation_shapes
+from ._pipeline import chunk_rows, transpose_pipeline
+from ._stacks import corewise_rows_fn, flat_lead, tangent_rows_fn
 
 Residuals = Sequence[Float[ArrayLike, "_T ..."]]
 Pair = tuple[tuple[Float[Array, "..."], ...], tuple[Float[Array, "..."], ...]]
@@ -41,44 +42,32 @@ class Call(NamedTuple):
     mesh: Mesh | None
 
 
-def _unflatten(grads, lead, stacks, sum_over_probes):
-    """`([Wf,] *flat_stacks) + core` -> `[W +] stacks + core`."""
-    front = () if sum_over_probes else tuple(lead)
-    nf = (0 if sum_over_probes else 1) + len(stacks[1])
-    out = []
-    for part in grads:
-        out.append(tuple(g.reshape(front + stacks[0] + g.shape[nf:]) for g in part))
-    return tuple(out)
+def transpose(fn: str, kind: str, call: Call, tangent: bool) -> Grads:
+    """The transpose of the `kind` jets: w.r.t. the variation in the frame `call.cores` if
+    `tangent`, else w.r.t. the cores (a `TuckerTensorTrain` if `call.cores` is one).
 
-
-def corewise_transpose(fn: str, kind: str, call: Call) -> Grads:
-    """The corewise transpose of the `kind` jets: a `TuckerTensorTrain` if `call.cores` is one."""
-    sop, mesh, chunk_size = call.sum_over_probes, call.mesh, check_chunk_size(fn, call.chunk_size)
-    s = corewise_inputs(fn, "core_pair", kind, call.samples, call.pp, call.cores, call.order)
-    _, zt = residual_rows(fn, s, call.residuals, tangent=False)
-    cs = chunk_rows(prod(s.W), chunk_size, mesh, sop)
-    pipe = corewise_pipeline(s.order, sop, cs, s.C != (), mesh, kind)
-    grads = pipe(zt, *s.rows, *(flat_lead(part, s.C) for part in s.cores))
-    gU, gG = _unflatten(grads, s.W, (s.C, (prod(s.C),)), sop)
+    Rows `([Bf,] Cf) + core` of the gradients come back as `[W +] [B +] C + core`.
+    """
+    chunk_size, sop = check_positive(fn, "chunk_size", call.chunk_size), call.sum_over_probes
+    if tangent:
+        s = tangent_inputs(fn, kind, call.samples, call.pp, call.cores, call.order)
+    else:
+        s = corewise_inputs(fn, "core_pair", kind, call.samples, call.pp, call.cores, call.order)
+    B, zt = residual_rows(fn, s, call.residuals, tangent)
+    C, lead = s.C, ((prod(B),) if tangent else ()) + (prod(s.C),)
+    fixed = tuple(flat_lead(part, C) for part in s.cores)
+    if tangent:
+        fwd = tangent_rows_fn(s.order, B != (), C != (), kind)
+        zeros = variation_shapes(s.cores, len(C), lead)
+        dtype = s.cores[1][0].dtype
+        fixed = tuple(tuple(jnp.zeros(z, dtype) for z in part) for part in zeros) + (fixed,)
+    else:
+        fwd = corewise_rows_fn(s.order, C != (), kind)
+    cs = chunk_rows(prod(s.W), chunk_size, call.mesh, sop)
+    grads = transpose_pipeline(fwd, len(fixed), sop, cs, call.mesh)(zt, *s.rows, *fixed)
+    front, n = ((), len(lead)) if sop else (s.W, 1 + len(lead))
+    gU, gG = (tuple(g.reshape(front + B + C + g.shape[n:]) for g in part) for part in grads)
     return TuckerTensorTrain(gU, gG) if isinstance(call.cores, TuckerTensorTrain) else (gU, gG)
-
-
-def tangent_transpose(fn: str, kind: str, call: Call) -> Pair:
-    """The transpose of the `kind` tangent jets w.r.t. the variation, in the frame `call.cores`."""
-    sop, mesh, chunk_size = call.sum_over_probes, call.mesh, check_chunk_size(fn, call.chunk_size)
-    s = tangent_inputs(fn, kind, call.samples, call.pp, call.cores, call.order)
-    B, zt = residual_rows(fn, s, call.residuals, tangent=True)
-    (U, Dn, P, Q), C = s.cores, s.C
-    nc, lead, dtype = len(C), (prod(B), prod(C)), Dn[0].dtype
-    var_zero = (
-        tuple(jnp.zeros(lead + o.shape[nc + 1 : nc + 2] + u.shape[nc + 1 :], dtype)
-              for o, u in zip(Dn, U)),
-        tuple(jnp.zeros(lead + p.shape[nc : nc + 2] + q.shape[-1:], dtype) for p, q in zip(P, Q)),
-    )
-    cs = chunk_rows(prod(s.W), chunk_size, mesh, sop)
-    pipe = tangent_pipeline(s.order, sop, cs, B != (), C != (), mesh, kind)
-    grads = pipe(zt, *s.rows, tuple(flat_lead(part, C) for part in s.cores), var_zero)
-    return _unflatten(grads, s.W, (B + C, lead), sop)
 
 
 @public
@@ -140,7 +129,7 @@ def t3_probe_corewise_derivatives_transpose(
         ```
     """
     call = Call(ztildes, ww, pp, core_pair, order, sum_over_probes, chunk_size, mesh)
-    return corewise_transpose("t3_probe_corewise_derivatives_transpose", "probe", call)
+    return transpose("t3_probe_corewise_derivatives_transpose", "probe", call, False)
 
 
 @public
@@ -194,4 +183,185 @@ def tv_probe_derivatives_transpose(
         ```
     """
     call = Call(ztildes, ww, pp, frame, order, sum_over_probes, chunk_size, mesh)
-    return tangent_transpose("tv_probe_derivatives_transpose", "probe", call)
+    return transpose("tv_probe_derivatives_transpose", "probe", call, True)
+
+
+@public
+def t3_apply_corewise_derivatives_transpose(
+    c: SampleResiduals,
+    ww: Probes,
+    pp: Directions,
+    core_pair: TuckerTensorTrain | CorePair,
+    order: int,
+    sum_over_probes: bool = False,
+    chunk_size: Size = 100,
+    *,
+    mesh: Mesh | None = None,
+) -> Grads:
+    """Gradient of `<c, t3_apply_derivatives(ww, pp, cores, order)>` w.r.t. the cores.
+
+    The pipeline of `t3_probe_corewise_derivatives_transpose` for the apply kind:
+
+    ```python
+    grads = [vjp(lambda cores: t3_apply_derivatives(ww[w], pp[w], cores, order))(c[:, w])
+             for w in W]
+    result = sum(grads) if sum_over_probes else stack(grads)
+    ```
+
+    **Arguments:**
+
+    - `c`: residual jets `(order + 1,) + W + C`.
+    - `ww`, `pp`: `d` arrays `W + (N_i,)`.
+    - `core_pair`: a `TuckerTensorTrain` or `(tucker_cores, tt_cores)`.
+    - `order`, `sum_over_probes`, `chunk_size`, `mesh`: as in
+      `t3_probe_corewise_derivatives_transpose`.
+
+    **Returns:**
+
+    Gradients shaped like the cores (`[W +] C + core`): a `TuckerTensorTrain` if `core_pair` is
+    one, else `(tucker_grads, tt_grads)`.
+
+    !!! Example
+
+        ```python
+        import jax, numpy as np
+        import chunkx.t3 as t3
+        x = t3.TuckerTensorTrain.randn(jax.random.key(0), (4, 5), (2, 3), (1, 2, 1))
+        ww = [np.ones((7, 4)), np.ones((7, 5))]
+        g = t3.t3_apply_corewise_derivatives_transpose(np.ones((2, 7)), ww, ww, x, 1, True)
+        assert isinstance(g, t3.TuckerTensorTrain)
+        ```
+    """
+    call = Call(c, ww, pp, core_pair, order, sum_over_probes, chunk_size, mesh)
+    return transpose("t3_apply_corewise_derivatives_transpose", "apply", call, False)
+
+
+@public
+def t3_entries_corewise_derivatives_transpose(
+    c: SampleResiduals,
+    index: Index,
+    pp: Directions,
+    core_pair: TuckerTensorTrain | CorePair,
+    order: int,
+    sum_over_probes: bool = False,
+    chunk_size: Size = 100,
+    *,
+    mesh: Mesh | None = None,
+) -> Grads:
+    """Gradient of `<c, t3_entries_derivatives(index, pp, cores, order)>` w.r.t. the cores.
+
+    The entries analog of `t3_apply_corewise_derivatives_transpose`: the Tucker gradient is
+    scatter-added onto the indexed columns (no one-hot vectors). At `order=0` this is the
+    tensor-completion gradient.
+
+    **Arguments:**
+
+    - `c`: residual jets `(order + 1,) + W + C`.
+    - `index`: integers `(d,) + W`; `pp`: `d` directions `W + (N_i,)`.
+    - `core_pair`, `order`, `sum_over_probes`, `chunk_size`, `mesh`: as in
+      `t3_apply_corewise_derivatives_transpose`.
+
+    **Returns:**
+
+    As `t3_apply_corewise_derivatives_transpose`.
+
+    !!! Example
+
+        ```python
+        import jax, numpy as np
+        import chunkx.t3 as t3
+        x = t3.TuckerTensorTrain.randn(jax.random.key(0), (4, 5), (2, 3), (1, 2, 1))
+        index = np.array([[0, 3], [4, 1]])
+        pp = [np.zeros((2, 4)), np.zeros((2, 5))]
+        g = t3.t3_entries_corewise_derivatives_transpose(np.ones((1, 2)), index, pp, x, 0, True)
+        assert g.tucker_cores[0].shape == (2, 4)
+        ```
+    """
+    call = Call(c, index, pp, core_pair, order, sum_over_probes, chunk_size, mesh)
+    return transpose("t3_entries_corewise_derivatives_transpose", "entries", call, False)
+
+
+@public
+def tv_apply_derivatives_transpose(
+    c: SampleResiduals,
+    ww: Probes,
+    pp: Directions,
+    frame: Frame,
+    order: int,
+    sum_over_probes: bool = False,
+    chunk_size: Size = 100,
+    *,
+    mesh: Mesh | None = None,
+) -> Pair:
+    """Transpose of `tv_apply_derivatives` w.r.t. the variation: residual jets -> variation.
+
+    `sum <c, tv_apply_derivatives(ww, pp, v, frame, order)> == <result, v>` for every `v`;
+    built as the probe kind's pipeline (`tv_probe_derivatives_transpose`).
+
+    **Arguments:**
+
+    - `c`: residual jets `(order + 1,) + W + B + C`.
+    - `ww`, `pp`: `d` arrays `W + (N_i,)`; `frame`: `(U, O, P, Q)`.
+    - `order`, `sum_over_probes`, `chunk_size`, `mesh`: as in
+      `t3_probe_corewise_derivatives_transpose`.
+
+    **Returns:**
+
+    `(dU_grads, dG_grads)`: `[W +] B + C + core`.
+
+    !!! Example
+
+        ```python
+        import jax, numpy as np
+        import chunkx.t3 as t3
+        x = t3.TuckerTensorTrain.randn(jax.random.key(0), (4, 5), (2, 3), (1, 2, 1))
+        U, G = x.data
+        ww = [np.ones((7, 4)), np.ones((7, 5))]
+        dU, dG = t3.tv_apply_derivatives_transpose(np.ones((2, 7)), ww, ww, (U, G, G, G), 1, True)
+        assert dG[0].shape == G[0].shape
+        ```
+    """
+    call = Call(c, ww, pp, frame, order, sum_over_probes, chunk_size, mesh)
+    return transpose("tv_apply_derivatives_transpose", "apply", call, True)
+
+
+@public
+def tv_entries_derivatives_transpose(
+    c: SampleResiduals,
+    index: Index,
+    pp: Directions,
+    frame: Frame,
+    order: int,
+    sum_over_probes: bool = False,
+    chunk_size: Size = 100,
+    *,
+    mesh: Mesh | None = None,
+) -> Pair:
+    """Transpose of `tv_entries_derivatives` w.r.t. the variation (scatter at `index`).
+
+    **Arguments:**
+
+    - `c`: residual jets `(order + 1,) + W + B + C`.
+    - `index`: integers `(d,) + W`; `pp`: `d` directions `W + (N_i,)`; `frame`: `(U, O, P, Q)`.
+    - `order`, `sum_over_probes`, `chunk_size`, `mesh`: as in
+      `t3_probe_corewise_derivatives_transpose`.
+
+    **Returns:**
+
+    `(dU_grads, dG_grads)`: `[W +] B + C + core`.
+
+    !!! Example
+
+        ```python
+        import jax, numpy as np
+        import chunkx.t3 as t3
+        x = t3.TuckerTensorTrain.randn(jax.random.key(0), (4, 5), (2, 3), (1, 2, 1))
+        U, G = x.data
+        index = np.array([[0, 3], [4, 1]])
+        pp = [np.zeros((2, 4)), np.zeros((2, 5))]
+        dU, dG = t3.tv_entries_derivatives_transpose(np.ones((1, 2)), index, pp, (U, G, G, G), 0)
+        assert dU[0].shape == (2,) + U[0].shape  # kept: W in front
+        ```
+    """
+    call = Call(c, index, pp, frame, order, sum_over_probes, chunk_size, mesh)
+    return transpose("tv_entries_derivatives_transpose", "entries", call, True)
