@@ -24,16 +24,12 @@ _SIGNATURE = re.compile(rf"^{_OPERANDS}->{_OPERANDS}$")
 CoreDims = tuple[str, ...]
 
 
-def parse_signature(signature: str) -> tuple[list[CoreDims], list[CoreDims]]:
-    """Core dimension names of every input and output of a gufunc signature."""
+def parse_signature(signature: str) -> list[list[CoreDims]]:
+    """Core dimension names of every input and of every output of a gufunc signature."""
     if not _SIGNATURE.match(signature):
         raise ValueError(f"`{_WHO}(signature=...)`: not a valid gufunc signature: {signature}")
-    inputs, outputs = signature.split("->")
-    return _operands(inputs), _operands(outputs)
-
-
-def _operands(text: str) -> list[CoreDims]:
-    return [tuple(re.findall(r"\w+", op)) for op in re.findall(_OPERAND, text)]
+    sides = signature.split("->")
+    return [[tuple(re.findall(r"\w+", op)) for op in re.findall(_OPERAND, t)] for t in sides]
 
 
 def _record_sizes(sizes: dict, shape: tuple, core: CoreDims, context: str, is_input: bool):
@@ -129,13 +125,10 @@ class BatchVectorize(eqx.Module):
         else:
             in_core, out_core = parse_signature(signature)
         nones = {i for i, a in enumerate(args) if a is None}
-        if nones:
-            if any(i < len(in_core) and in_core[i] != () for i in nones):
-                raise ValueError(
-                    f"`{_WHO}`: Cannot pass None at locations {nones} with {signature=}"
-                )
-            fn, args, _ = _split_excluded(fn, nones, args, {})
-            in_core = [c for i, c in enumerate(in_core) if i not in nones]
+        if any(i < len(in_core) and in_core[i] != () for i in nones):
+            raise ValueError(f"`{_WHO}`: Cannot pass None at locations {nones} with {signature=}")
+        fn, args, _ = _split_excluded(fn, nones, args, {})  # None: passed through, as excluded
+        in_core = [c for i, c in enumerate(in_core) if i not in nones]
         args = [jnp.asarray(a) for a in args]
         if len(args) != len(in_core):
             raise TypeError(
@@ -169,10 +162,8 @@ def _broadcast(args, loop_shapes) -> tuple:
 def _check_rank_promotion(args, loop_shapes, signature):
     """jnp.vectorize's check: operands (not 0-d) with different numbers of loop dimensions."""
     mode = jax.config.jax_numpy_rank_promotion
-    if mode == "allow":
-        return
     ranks = {len(s) for a, s in zip(args, loop_shapes) if a.ndim != 0}
-    if len(ranks) > 1:
+    if mode != "allow" and len(ranks) > 1:
         msg = (
             f"`{_WHO}`: operands with shapes {[a.shape for a in args]} require rank promotion "
             f"for jnp.vectorize function with signature {signature}. Set the "
@@ -203,9 +194,7 @@ def _vectorize(fn, args, loop_shapes, loop_shape, batch_size):
     out = fn(*squeezed)
     if not expand:
         return out
-    if isinstance(out, tuple):
-        return tuple(jnp.expand_dims(o, axis=expand) for o in out)
-    return jnp.expand_dims(out, axis=expand)
+    return jax.tree_util.tree_map(lambda o: jnp.expand_dims(o, axis=expand), out)
 
 
 @public
