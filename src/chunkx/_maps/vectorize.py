@@ -184,14 +184,12 @@ def _vectorize(fn, args, loop_shapes, loop_shape, batch_size):
         for a, shape in zip(args, loop_shapes)
     ]
     padded = [(1,) * (ndim - len(s)) + tuple(s) for s in loop_shapes]
-    expand = []
-    for d in reversed(range(ndim)):  # innermost loop dim first
-        axes = tuple(None if shape[d] == 1 else 0 for shape in padded)
-        if all(a is None for a in axes):
-            expand.append(d)
-        else:
+    for d in reversed(range(ndim)):  # innermost loop dim first; size-1 dims are not mapped
+        if loop_shape[d] != 1:
+            axes = tuple(None if shape[d] == 1 else 0 for shape in padded)
             fn = batch_vmap(fn, axes, batch_size=batch_size)
     out = fn(*squeezed)
+    expand = [d for d in range(ndim) if loop_shape[d] == 1]
     if not expand:
         return out
     return jax.tree_util.tree_map(lambda o: jnp.expand_dims(o, axis=expand), out)
