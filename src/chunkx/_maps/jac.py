@@ -193,16 +193,13 @@ class BatchJacrev(eqx.Module):
         ref = _jax_jacobian(jax.jacrev, nums, dyn, out, self.has_aux,
                             holomorphic=self.holomorphic, allow_int=self.allow_int)
         ref_jac = ref[0] if self.has_aux else ref
-        n = _size(y)
-        if n == 0:
-            blocks = [None] * len(jax.tree_util.tree_leaves(ref_jac))
-        else:
 
-            def pull(i):  # the basis cotangent built inside the chunk, as for batch_jacfwd
-                return _no_float0(pullback(_basis_vector(i, y)))
+        def pull(i):  # the basis cotangent built inside the chunk, as for batch_jacfwd
+            return _no_float0(pullback(_basis_vector(i, y)))
 
-            rows = batch_vmap(pull, batch_size=self.batch_size)(jnp.arange(n))
-            blocks = [None if r is None else r[s : s + k] for s, k in _offsets(y) for r in rows]
+        # no output entries (n = 0): zero rows, every block empty
+        rows = batch_vmap(pull, batch_size=self.batch_size)(jnp.arange(_size(y)))
+        blocks = [None if r is None else r[s : s + k] for s, k in _offsets(y) for r in rows]
         jac = _assemble(ref_jac, blocks)
         return (jac, *aux) if self.has_aux else jac
 
