@@ -140,27 +140,24 @@ class BatchVectorize(eqx.Module):
         for a, core in zip(args, in_core):
             _record_sizes(sizes, a.shape, core, context, is_input=True)
             loop_shapes.append(a.shape[: a.ndim - len(core)])
-        loop_shape = _broadcast(args, loop_shapes)
+        loop_shape = _loop_shape(args, loop_shapes, signature)
         if out_core is not None:
             fn = _CheckOutputs(fn, tuple(sizes.items()), tuple(out_core), context)
-        _check_rank_promotion(args, loop_shapes, signature)
         return _vectorize(fn, args, loop_shapes, loop_shape, self.batch_size)
 
 
-def _broadcast(args, loop_shapes) -> tuple:
-    """The common loop shape; jnp.vectorize's broadcasting error, named `batch_vectorize`."""
+def _loop_shape(args, loop_shapes, signature) -> tuple:
+    """The common loop shape, after jnp.vectorize's checks (named `batch_vectorize`): the loop
+    dimensions broadcast, and operands (not 0-d) with different numbers of loop dimensions
+    warn or raise as `jax_numpy_rank_promotion` says."""
     try:
-        return jnp.broadcast_shapes(*loop_shapes)
+        shape = jnp.broadcast_shapes(*loop_shapes)
     except ValueError as e:
         raise ValueError(
             f"`{_WHO}`: the loop dimensions of the arguments must broadcast, got shapes "
             f"{[tuple(a.shape) for a in args]} (loop dimensions {[tuple(s) for s in loop_shapes]})"
             f": {e}"
         ) from None
-
-
-def _check_rank_promotion(args, loop_shapes, signature):
-    """jnp.vectorize's check: operands (not 0-d) with different numbers of loop dimensions."""
     mode = jax.config.jax_numpy_rank_promotion
     ranks = {len(s) for a, s in zip(args, loop_shapes) if a.ndim != 0}
     if mode != "allow" and len(ranks) > 1:
@@ -174,6 +171,7 @@ def _check_rank_promotion(args, loop_shapes, signature):
             warnings.warn(msg, UserWarning, stacklevel=3)
         else:
             raise ValueError(msg)
+    return shape
 
 
 def _vectorize(fn, args, loop_shapes, loop_shape, batch_size):
