@@ -84,6 +84,10 @@ def _offsets(tree: Any) -> list[tuple[int, int]]:
     return list(zip(starts, sizes))
 
 
+def _size(tree: Any) -> int:
+    return sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(tree))
+
+
 class BatchJacfwd(eqx.Module):
     """The callable returned by [`chunkx.batch_jacfwd`][]; an equinox Module (a pytree).
 
@@ -111,49 +115,42 @@ class BatchJacfwd(eqx.Module):
         # JAX's checks of the inputs come first, before `f` runs (a scalar output stands in)
         scalar = jnp.zeros((), complex if self.holomorphic else float)
         _jax_jacobian(jax.jacfwd, nums, dyn, scalar, False, holomorphic=self.holomorphic)
-        cols = _offsets(dyn)
-        if sum(k for _, k in cols) == 0:  # no input entries: every block is empty
+        if _size(dyn) == 0:  # no input entries: every block is empty
             out = f(*dyn)
             tangents, aux = [], (out[1] if self.has_aux else None)
         else:
-            tangents, aux, out = (self._linearized if self.linearize else self._pushed)(f, dyn)
+            tangents, aux, out = self._tangents(f, dyn)
         ref = _jax_jacobian(jax.jacfwd, nums, dyn, out, self.has_aux, holomorphic=self.holomorphic)
         ref_jac, ref_aux = ref if self.has_aux else (ref, None)
         blocks = [  # (n, *y.shape) -> y.shape + x.shape for every input leaf x
             None if t is None else jnp.moveaxis(t[s : s + k], 0, -1)
             for t in tangents
-            for s, k in cols
+            for s, k in _offsets(dyn)
         ] or [None] * len(jax.tree_util.tree_leaves(ref_jac))
         jac = _assemble(ref_jac, blocks)
         if not self.has_aux:
             return jac
         return jac, jax.tree_util.tree_map(lambda a, r: _like(a, r), aux, ref_aux)
 
-    def _pushed(self, f: Callable, dyn: tuple) -> tuple:
-        """`jax.jvp` of `f` per chunk of basis vectors (the primal is part of every chunk)."""
+    def _tangents(self, f: Callable, dyn: tuple) -> tuple:
+        """`(tangents, aux, out)`: the JVPs of every basis vector, `batch_size` at a time."""
+        index = jnp.arange(_size(dyn))
+        if self.linearize:  # `jax.linearize` once; only the linear map runs per chunk
+            y, f_jvp, *aux = jax.linearize(f, *dyn, has_aux=self.has_aux)
+            push = lambda i: _no_float0(f_jvp(*_basis_vector(i, dyn)))  # noqa: E731
+            tangents = batch_vmap(push, batch_size=self.batch_size)(index)
+        else:  # a `jax.jvp` per chunk (the primal is part of every chunk)
 
-        def push(i, primal):
-            out = jax.jvp(f, primal, _basis_vector(i, primal), has_aux=self.has_aux)
-            return _no_float0(out[1]), (out[2] if self.has_aux else None)
+            def push(i, primal):
+                out = jax.jvp(f, primal, _basis_vector(i, primal), has_aux=self.has_aux)
+                return _no_float0(out[1]), out[2:]
 
-        n = sum(k for _, k in _offsets(dyn))
-        tangents, aux = batch_vmap(push, (0, None), batch_size=self.batch_size)(jnp.arange(n), dyn)
-        aux = jax.tree_util.tree_map(lambda x: x[0], aux)
-        # the primal's structs (a primal per column would be `n` copies of the output)
-        y = jax.eval_shape(f, *dyn)
-        return tangents, aux, ((y[0], aux) if self.has_aux else y)
-
-    def _linearized(self, f: Callable, dyn: tuple) -> tuple:
-        """`jax.linearize` once; only the linear map runs per chunk."""
-        out = jax.linearize(f, *dyn, has_aux=self.has_aux)
-        f_jvp, aux = out[1], (out[2] if self.has_aux else None)
-
-        def push(i):
-            return _no_float0(f_jvp(*_basis_vector(i, dyn)))
-
-        n = sum(k for _, k in _offsets(dyn))
-        tangents = batch_vmap(push, batch_size=self.batch_size)(jnp.arange(n))
-        return tangents, aux, ((out[0], aux) if self.has_aux else out[0])
+            tangents, aux = batch_vmap(push, (0, None), batch_size=self.batch_size)(index, dyn)
+            aux = jax.tree_util.tree_map(lambda x: x[0], aux)
+            # the primal's structs (a primal per column would be `n` copies of the output)
+            y = jax.eval_shape(f, *dyn)
+            y = y[0] if self.has_aux else y
+        return tangents, (aux[0] if aux else None), ((y, aux[0]) if self.has_aux else y)
 
 
 def _basis_vector(i: Any, tree: Any) -> Any:
@@ -196,17 +193,13 @@ class BatchJacrev(eqx.Module):
         ref = _jax_jacobian(jax.jacrev, nums, dyn, out, self.has_aux,
                             holomorphic=self.holomorphic, allow_int=self.allow_int)
         ref_jac = ref[0] if self.has_aux else ref
-        rows_of = _offsets(y)
-        n = sum(k for _, k in rows_of)
-        if n == 0:
-            blocks = [None] * len(jax.tree_util.tree_leaves(ref_jac))
-        else:
 
-            def pull(i):  # the basis cotangent built inside the chunk, as for batch_jacfwd
-                return _no_float0(pullback(_basis_vector(i, y)))
+        def pull(i):  # the basis cotangent built inside the chunk, as for batch_jacfwd
+            return _no_float0(pullback(_basis_vector(i, y)))
 
-            rows = batch_vmap(pull, batch_size=self.batch_size)(jnp.arange(n))
-            blocks = [None if r is None else r[s : s + k] for s, k in rows_of for r in rows]
+        # no output entries (n = 0): zero rows, every block empty
+        rows = batch_vmap(pull, batch_size=self.batch_size)(jnp.arange(_size(y)))
+        blocks = [None if r is None else r[s : s + k] for s, k in _offsets(y) for r in rows]
         jac = _assemble(ref_jac, blocks)
         return (jac, *aux) if self.has_aux else jac
 

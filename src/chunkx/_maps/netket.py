@@ -1,6 +1,7 @@
 """`vmap_chunked`, `apply_chunked`, `vjp_chunked`: netket 3.23 semantics, composed from the
 combinators (`Vmap`, `Chunk`, `Shard` with the `Concat` and `Sum` reducers)."""
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -17,9 +18,11 @@ from .._combinators.vmap import Vmap
 from .._public import public
 from .._types import InAxes, Size
 from ._bind import Bound, argnums_tuple, check_argnums
+from .pipeline import Options, compose
 from .quantax import Checked
 
 Argnums = int | tuple  # entries checked by `_argnums` (beartype samples one of tuple[X, ...])
+_VJP = "vjp_chunked"
 
 
 # -- argument checks particular to netket's API (sizes: `chunkx._checks.check_positive`) -------
@@ -46,14 +49,6 @@ def _sharded(axis_0_is_sharded: bool | None) -> bool:
     return axis_0_is_sharded
 
 
-def _pipeline(fn, size, reducer, in_axes, shard):
-    """[Shard ∘] Chunk ∘ fn: every chunk in one scan, the last one shifted back over rows
-    already done (one compiled program for any number of rows). The Shard runs on the mesh
-    it finds when called: the one set with `jax.set_mesh` (netket sets one), else all devices."""
-    piece = Chunk(fn, size, reducer=reducer, in_axes=in_axes)
-    return Shard(piece) if shard else piece
-
-
 # -- vmap_chunked / apply_chunked ---------------------------------------------------------------
 
 
@@ -65,8 +60,11 @@ def _apply(who, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums, lift):
     fn = Vmap(f, in_axes) if lift else f
     if chunk_size is None:
         return fn
-    return Checked(_pipeline(fn, chunk_size, Concat(), in_axes, _sharded(axis_0_is_sharded)),
-                  in_axes, who)
+    # [Shard ∘] Chunk ∘ fn: every chunk in one scan, the last one shifted back over rows
+    # already done (one compiled program for any number of rows). The Shard runs on the mesh
+    # it finds when called: the one set with `jax.set_mesh` (netket sets one), else all devices.
+    piece = Chunk(fn, chunk_size, in_axes=in_axes)  # in_axes: an int maps every argument
+    return Checked(Shard(piece) if _sharded(axis_0_is_sharded) else piece, in_axes, who)
 
 
 @public
@@ -186,34 +184,26 @@ def _float0(x) -> bool:
     return x.dtype == jax.dtypes.float0
 
 
-def _real_cotangents(ys, ct):
-    """Cotangents `(a, b)` with `pull(a) + 1j * pull(b) == J^T ct` for real primals.
+def _part(y, c, imag: bool):
+    """The real (`imag=False`) or imaginary part of the cotangent `c` of an output leaf `y`,
+    for a pullback from real primals, with `pull(re) + 1j * pull(im) == J^T c`.
 
     JAX's pullback from real primals keeps the real part, `pull(c) == Re(J^T c)`; for a complex
     output leaf `Im(J^T c) == Re(J^T (-1j c))`, for a real one `J^T c == J^T Re c + 1j J^T Im c`.
     """
-
-    def split(y, c):
-        c = jnp.asarray(c)
-        if jnp.iscomplexobj(y):
-            return c.astype(y.dtype), (-1j * c).astype(y.dtype)
-        return jnp.real(c).astype(y.dtype), jnp.imag(c).astype(y.dtype)
-
-    pairs = jax.tree_util.tree_map(split, ys, ct)
-    first = jax.tree_util.tree_map(lambda _, p: p[0], ys, pairs)
-    second = jax.tree_util.tree_map(lambda _, p: p[1], ys, pairs)
-    return first, second
+    if jnp.iscomplexobj(y):
+        return jnp.asarray(-1j * c if imag else c, y.dtype)
+    return jnp.asarray(jnp.imag(c) if imag else jnp.real(c), y.dtype)
 
 
 def _pull(pull, ys, ct, real_in: bool):
     """netket's `vjp` product: `J^T ct` (complex whenever the output or `ct` is)."""
     if not real_in:
         return pull(jax.tree_util.tree_map(lambda y, c: jnp.asarray(c, y.dtype), ys, ct))
-    a, b = _real_cotangents(ys, ct)
-    g = pull(a)
+    g = pull(jax.tree_util.tree_map(lambda y, c: _part(y, c, False), ys, ct))
     if not (_is_complex(ys) or _is_complex(ct)):
         return g
-    gi = pull(b)
+    gi = pull(jax.tree_util.tree_map(lambda y, c: _part(y, c, True), ys, ct))
     return jax.tree_util.tree_map(lambda r, i: r if _float0(r) else r + 1j * i, g, gi)
 
 
@@ -223,7 +213,8 @@ class _ChunkVjp(eqx.Module):
     `rows` (the forward output, the cotangents of chunked primals, aux) keep the mapped axis;
     `sums` (the cotangents of unchunked primals) are already summed over the chunk's rows.
     With `scatter=n`, rows are written at their row indices into zeros of `n` rows, so one
-    `Sum` reducer joins rows and sums in the same pass.
+    `Sum` reducer joins rows and sums in the same pass. With every primal in
+    `nondiff_argnums`, it is the forward pass alone.
     """
 
     fun: Callable[..., Any]
@@ -239,18 +230,16 @@ class _ChunkVjp(eqx.Module):
         if valid is not None:  # repeated rows of a shifted chunk: no cotangent, nothing kept
             ct = _mask_rows(ct, valid)
         nd = self.nondiff_argnums
-        fixed = tuple(p for i, p in enumerate(primals) if i in nd)
-        free = tuple(p for i, p in enumerate(primals) if i not in nd)
-        out = jax.vjp(Bound(self.fun, fixed, nd), *free, has_aux=self.has_aux)
-        ys, pull = out[0], out[1]
+        diff = [i for i in range(len(primals)) if i not in nd]
+        free = tuple(primals[i] for i in diff)
+        fixed = Bound(self.fun, tuple(primals[i] for i in nd), nd)
+        ys, pull, *aux = jax.vjp(fixed, *free, has_aux=self.has_aux)
         g = _pull(pull, ys, ct, not _is_complex(free))
         if self.conjugate:
             g = jax.tree_util.tree_map(lambda x: x if _float0(x) else jnp.conj(x), g)
-        diff = [i for i in range(len(primals)) if i not in nd]
         chunked = tuple(gi if i in self.chunk_argnums else None for i, gi in zip(diff, g))
         sums = tuple(None if i in self.chunk_argnums else gi for i, gi in zip(diff, g))
-        aux = out[2] if self.keep_aux else None
-        rows = (ys if self.keep_y else None, chunked, aux)
+        rows = (ys if self.keep_y else None, chunked, aux[0] if self.keep_aux else None)
         if valid is not None:
             rows = _mask_rows(rows, valid)
         if self.scatter is not None:
@@ -267,17 +256,6 @@ def _scatter(rows, idx, n):
     """`rows` added at their row indices `idx` into zeros of `n` rows: a masked (zeroed) row
     adds nothing where it repeats an index (a shifted chunk, rows padded over the devices)."""
     return jnp.zeros((n,) + rows.shape[1:], rows.dtype).at[idx].add(rows)
-
-
-class _Forward(eqx.Module):
-    """The forward pass alone, `(fun(*primals), None, aux)`, in the layout of `_ChunkVjp`."""
-
-    fun: Callable[..., Any]
-    has_aux: bool = eqx.field(static=True)
-
-    def __call__(self, ct, idx, *primals):
-        out = self.fun(*primals)
-        return (out[0], None, out[1]) if self.has_aux else (out, None, None)
 
 
 # -- vjp_chunked: the pullback Module ------------------------------------------------------------
@@ -314,12 +292,11 @@ class ChunkedVjp(eqx.Module):
     primals: tuple
     chunk_argnums: tuple[int, ...] = eqx.field(static=True)
     nondiff_argnums: tuple[int, ...] = eqx.field(static=True)
-    chunk_size: int | None = eqx.field(static=True, converter=as_size)
+    opts: Options  # the forward chunk size (`size`) and `shard`
     chunk_size_bwd: int | None = eqx.field(static=True, converter=as_size)
     return_forward: bool = eqx.field(static=True)
     conjugate: bool = eqx.field(static=True)
     has_aux: bool = eqx.field(static=True)
-    shard: bool = eqx.field(static=True)
 
     # netket's pullback, a `Partial`, is accepted as `jax.jit`'s function, which is hashed: by
     # identity here, as a function is (the fields hold arrays, which have no hash).
@@ -330,44 +307,35 @@ class ChunkedVjp(eqx.Module):
         return eqx.combine(self.fun_arrays, self.fun_static)
 
     def __call__(self, cotangents: PyTree[Any]) -> Any:
-        fwd = self.chunk_size
+        fwd = self.opts.size
         bwd = fwd if self.chunk_size_bwd is None else self.chunk_size_bwd
         split = self.return_forward and fwd != bwd  # the forward pass gets its own Chunk
         # netket: no chunk size, no chunking and no sharding (the cotangents need no rows)
         direct = not self.chunk_argnums or (fwd is None and bwd is None)
         n = None if direct else _check_rows(self.primals, self.chunk_argnums, cotangents)
-        args = (cotangents, None) + tuple(self.primals)  # None: the row indices, if needed
-        axes = (0, 0) + tuple(0 if i in self.chunk_argnums else None for i in range(len(args) - 2))
-        rows, sums = self._backward(split, direct, args, axes, bwd, n)
-        if split:
-            forward = _pipeline(_Forward(self.fun, self.has_aux), fwd, Concat(), axes, self.shard)
-            y, _, aux = forward(*args)
-            rows = (y, rows[1], aux)
-        return self._assemble(rows, sums)
-
-    def _backward(self, split, direct, args, axes, size, n):
-        diff = [i for i in range(len(self.primals)) if i not in self.nondiff_argnums]
+        every = range(len(self.primals))
+        diff = [i for i in every if i not in self.nondiff_argnums]
         has_sums = any(i not in self.chunk_argnums for i in diff)
-        keep_y = self.return_forward and not split
-        keep_aux = self.has_aux and not split
-        has_rows = keep_y or keep_aux or any(i in self.chunk_argnums for i in diff)
         # rows and sums from one pass: rows are scattered into n-row zeros and summed
-        scatter = n if has_rows and has_sums and not direct else None
+        scatter = n if has_sums else None
         piece = _ChunkVjp(
             self.fun, self.chunk_argnums, self.nondiff_argnums, self.conjugate, self.has_aux,
-            keep_y=keep_y, keep_aux=keep_aux, scatter=scatter,
+            keep_y=self.return_forward and not split, keep_aux=self.has_aux and not split,
+            scatter=scatter,
         )
+        idx = None if scatter is None else jnp.arange(n, dtype=jnp.int32)
+        args = (cotangents, idx) + tuple(self.primals)
+        axes = (0, 0) + tuple(0 if i in self.chunk_argnums else None for i in every)
         if direct:
-            return piece(*args)
-        reducer = Sum(presummed=True, mask_in_fn=True) if has_sums else Concat()
-        if scatter is not None:
-            args = (args[0], jnp.arange(n, dtype=jnp.int32)) + args[2:]
-        return _pipeline(piece, size, reducer, axes, self.shard)(*args)
-
-    def _assemble(self, rows, sums):
-        y, chunked, aux = rows
-        grads = tuple(c if i in self.chunk_argnums else s for i, c, s in zip(
-            [i for i in range(len(self.primals)) if i not in self.nondiff_argnums], chunked, sums))
+            (y, chunked, aux), sums = piece(*args)
+        else:
+            reducer = Sum(presummed=True, mask_in_fn=True) if has_sums else Concat()
+            opts = dataclasses.replace(self.opts, size=bwd)
+            (y, chunked, aux), sums = compose(piece, axes, reducer, opts, _VJP)(*args)
+        if split:  # the forward pass alone: every primal nondifferentiable
+            forward = _ChunkVjp(self.fun, (), tuple(every), False, self.has_aux, True, self.has_aux)
+            (y, _, aux), _ = compose(forward, axes, Concat(), self.opts, _VJP)(*args)
+        grads = tuple(c if i in self.chunk_argnums else s for i, c, s in zip(diff, chunked, sums))
         if self.return_forward:
             return (y, grads, aux) if self.has_aux else (y, grads)
         return (grads, aux) if self.has_aux else grads
@@ -469,7 +437,7 @@ def vjp_chunked(
         (g_w,) = pullback(jnp.ones(10))   # == jax.vjp(f, w, x)[1](jnp.ones(10))[0]
         ```
     """
-    who = "vjp_chunked"
+    who = _VJP
     chunk_size = check_positive(who, "chunk_size", chunk_size)
     chunk_size_bwd = check_positive(who, "chunk_size_bwd", chunk_size_bwd)
     chunk_argnums = _argnums(who, "chunk_argnums", chunk_argnums, len(primals))
@@ -482,7 +450,7 @@ def vjp_chunked(
     fun_arrays, fun_static = eqx.partition(fun, eqx.is_array)
     return ChunkedVjp(
         fun_arrays=fun_arrays, fun_static=fun_static, primals=tuple(primals),
-        chunk_argnums=chunk_argnums, nondiff_argnums=nondiff_argnums, chunk_size=chunk_size,
-        chunk_size_bwd=chunk_size_bwd, return_forward=return_forward, conjugate=conjugate,
-        has_aux=has_aux, shard=shard,
+        chunk_argnums=chunk_argnums, nondiff_argnums=nondiff_argnums,
+        opts=Options(who, chunk_size, shard=shard), chunk_size_bwd=chunk_size_bwd,
+        return_forward=return_forward, conjugate=conjugate, has_aux=has_aux,
     )

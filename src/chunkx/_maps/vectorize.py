@@ -24,16 +24,12 @@ _SIGNATURE = re.compile(rf"^{_OPERANDS}->{_OPERANDS}$")
 CoreDims = tuple[str, ...]
 
 
-def parse_signature(signature: str) -> tuple[list[CoreDims], list[CoreDims]]:
-    """Core dimension names of every input and output of a gufunc signature."""
+def parse_signature(signature: str) -> list[list[CoreDims]]:
+    """Core dimension names of every input and of every output of a gufunc signature."""
     if not _SIGNATURE.match(signature):
         raise ValueError(f"`{_WHO}(signature=...)`: not a valid gufunc signature: {signature}")
-    inputs, outputs = signature.split("->")
-    return _operands(inputs), _operands(outputs)
-
-
-def _operands(text: str) -> list[CoreDims]:
-    return [tuple(re.findall(r"\w+", op)) for op in re.findall(_OPERAND, text)]
+    sides = signature.split("->")
+    return [[tuple(re.findall(r"\w+", op)) for op in re.findall(_OPERAND, t)] for t in sides]
 
 
 def _record_sizes(sizes: dict, shape: tuple, core: CoreDims, context: str, is_input: bool):
@@ -129,13 +125,10 @@ class BatchVectorize(eqx.Module):
         else:
             in_core, out_core = parse_signature(signature)
         nones = {i for i, a in enumerate(args) if a is None}
-        if nones:
-            if any(i < len(in_core) and in_core[i] != () for i in nones):
-                raise ValueError(
-                    f"`{_WHO}`: Cannot pass None at locations {nones} with {signature=}"
-                )
-            fn, args, _ = _split_excluded(fn, nones, args, {})
-            in_core = [c for i, c in enumerate(in_core) if i not in nones]
+        if any(i < len(in_core) and in_core[i] != () for i in nones):
+            raise ValueError(f"`{_WHO}`: Cannot pass None at locations {nones} with {signature=}")
+        fn, args, _ = _split_excluded(fn, nones, args, {})  # None: passed through, as excluded
+        in_core = [c for i, c in enumerate(in_core) if i not in nones]
         args = [jnp.asarray(a) for a in args]
         if len(args) != len(in_core):
             raise TypeError(
@@ -147,32 +140,27 @@ class BatchVectorize(eqx.Module):
         for a, core in zip(args, in_core):
             _record_sizes(sizes, a.shape, core, context, is_input=True)
             loop_shapes.append(a.shape[: a.ndim - len(core)])
-        loop_shape = _broadcast(args, loop_shapes)
+        loop_shape = _loop_shape(args, loop_shapes, signature)
         if out_core is not None:
             fn = _CheckOutputs(fn, tuple(sizes.items()), tuple(out_core), context)
-        _check_rank_promotion(args, loop_shapes, signature)
         return _vectorize(fn, args, loop_shapes, loop_shape, self.batch_size)
 
 
-def _broadcast(args, loop_shapes) -> tuple:
-    """The common loop shape; jnp.vectorize's broadcasting error, named `batch_vectorize`."""
+def _loop_shape(args, loop_shapes, signature) -> tuple:
+    """The common loop shape, after jnp.vectorize's checks (named `batch_vectorize`): the loop
+    dimensions broadcast, and operands (not 0-d) with different numbers of loop dimensions
+    warn or raise as `jax_numpy_rank_promotion` says."""
     try:
-        return jnp.broadcast_shapes(*loop_shapes)
+        shape = jnp.broadcast_shapes(*loop_shapes)
     except ValueError as e:
         raise ValueError(
             f"`{_WHO}`: the loop dimensions of the arguments must broadcast, got shapes "
             f"{[tuple(a.shape) for a in args]} (loop dimensions {[tuple(s) for s in loop_shapes]})"
             f": {e}"
         ) from None
-
-
-def _check_rank_promotion(args, loop_shapes, signature):
-    """jnp.vectorize's check: operands (not 0-d) with different numbers of loop dimensions."""
     mode = jax.config.jax_numpy_rank_promotion
-    if mode == "allow":
-        return
     ranks = {len(s) for a, s in zip(args, loop_shapes) if a.ndim != 0}
-    if len(ranks) > 1:
+    if mode != "allow" and len(ranks) > 1:
         msg = (
             f"`{_WHO}`: operands with shapes {[a.shape for a in args]} require rank promotion "
             f"for jnp.vectorize function with signature {signature}. Set the "
@@ -183,6 +171,7 @@ def _check_rank_promotion(args, loop_shapes, signature):
             warnings.warn(msg, UserWarning, stacklevel=3)
         else:
             raise ValueError(msg)
+    return shape
 
 
 def _vectorize(fn, args, loop_shapes, loop_shape, batch_size):
@@ -193,19 +182,15 @@ def _vectorize(fn, args, loop_shapes, loop_shape, batch_size):
         for a, shape in zip(args, loop_shapes)
     ]
     padded = [(1,) * (ndim - len(s)) + tuple(s) for s in loop_shapes]
-    expand = []
-    for d in reversed(range(ndim)):  # innermost loop dim first
-        axes = tuple(None if shape[d] == 1 else 0 for shape in padded)
-        if all(a is None for a in axes):
-            expand.append(d)
-        else:
+    for d in reversed(range(ndim)):  # innermost loop dim first; size-1 dims are not mapped
+        if loop_shape[d] != 1:
+            axes = tuple(None if shape[d] == 1 else 0 for shape in padded)
             fn = batch_vmap(fn, axes, batch_size=batch_size)
     out = fn(*squeezed)
+    expand = [d for d in range(ndim) if loop_shape[d] == 1]
     if not expand:
         return out
-    if isinstance(out, tuple):
-        return tuple(jnp.expand_dims(o, axis=expand) for o in out)
-    return jnp.expand_dims(out, axis=expand)
+    return jax.tree_util.tree_map(lambda o: jnp.expand_dims(o, axis=expand), out)
 
 
 @public
