@@ -59,7 +59,7 @@ class BatchVmap(AbstractChunkedVmap):
     out_axes: ClassVar[Spec] = Spec.of(0)  # every output leaf mapped, along axis 0
     filtered: ClassVar[bool] = False
     axis_size: ClassVar[None] = None
-    _who: ClassVar[str] = "batch_vmap"  # also where `plan_chunk_size` builds one
+    _who: ClassVar[str] = "batch_vmap"  # in messages, also under `plan_chunk_size`
 
     @property
     def fun(self) -> Callable[..., Any]:
@@ -91,8 +91,7 @@ class BatchVmap(AbstractChunkedVmap):
         what = "the arguments"
         leaves, at, treedef, names = resolve(who, spec, (args, kwargs), what, self.in_axes)
         leaves = [x if a is None else jnp.moveaxis(x, a, 0) for x, a in zip(leaves, at)]
-        zero = tuple(None if a is None else 0 for a in axes)
-        mapped_length(jax.tree_util.tree_unflatten(treedef, leaves)[0], zero, who)
+        mapped_length(jax.tree_util.tree_unflatten(treedef, leaves)[0], axes, who)
         return leaves, [a if a is None else 0 for a in at], treedef, names
 
 

@@ -56,16 +56,13 @@ class Options(eqx.Module):
     def check_planned(self, method: str) -> None:
         """Raise unless the size `method` (`"memory_plan"`, `"grad_memory_plan"`) reports is
         planned ("auto")."""
-        if method == "memory_plan" and self.size != "auto":
-            raise ValueError(
-                f"`{self.who}(batch_size={self.size!r}).memory_plan`: only a map built with "
-                "batch_size='auto' has a memory plan."
-            )
-        if method == "grad_memory_plan" and self.grad_size != "auto":
-            raise ValueError(
-                f"`{self.who}(grad_batch_size={self.grad_size!r}).grad_memory_plan`: only a map "
-                "whose backward size is planned (batch_size='auto') has a gradient plan."
-            )
+        name, size, which = {
+            "memory_plan": ("batch_size", self.size, "built with batch_size='auto' has a memory"),
+            "grad_memory_plan": ("grad_batch_size", self.grad_size, "whose backward size is "
+                                 "planned (batch_size='auto') has a gradient"),
+        }[method]
+        if size != "auto":
+            raise ValueError(f"`{self.who}({name}={size!r}).{method}`: only a map {which} plan.")
 
     def devices(self, args: Any) -> int:
         """Devices the rows are split over: those of the mesh `Shard` will run on."""

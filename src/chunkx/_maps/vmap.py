@@ -1,5 +1,6 @@
 """`chunkx.vmap` and `chunkx.filter_vmap`: `jax.vmap`'s and `eqx.filter_vmap`'s own signatures,
-evaluated in chunks, composed from the combinators."""
+evaluated in chunks, composed from the combinators; `AbstractChunkedVmap`, the call they share
+with `batch_vmap`."""
 
 import abc
 import functools
@@ -95,7 +96,7 @@ class AbstractChunkedVmap(eqx.Module):
         With `batch_size="auto"` the backward chunk size is planned on the compiled VJP of the
         map with the forward size fixed at its own plan. Differentiating the map plans for what
         is differentiated; this method plans for the floating arguments that are not mapped and
-        the arrays `f` holds or closes over (every floating argument if there are none of
+        the arrays the function holds or closes over (every floating argument if there are none of
         those), which is the same plan when those are what the gradient is taken with respect
         to. Nothing is run; plans are cached, and differentiating the map follows a plan made
         here without compiling more for it. Raises `ValueError` where not even one row of the
@@ -295,12 +296,14 @@ class ChunkedVmap(AbstractChunkedVmap):
         return resolve(who, (spec, 0), (args, kwargs), what, self.in_axes)
 
 
-def _build(who: str, fun: Callable, filtered: bool, **opts: Any) -> ChunkedVmap:
+def _build(
+    who: str, fun: Callable, filtered: bool, *, in_axes: Any, out_axes: Any, axis_name: Any,
+    axis_size: Any, reducer: AbstractReducer | None, batch_size: Any, grad_batch_size: Any,
+    **opts: Any,
+) -> ChunkedVmap:
     """The map's axes checked, its options into one `Options`, and its `ChunkedVmap`."""
-    in_axes, out_axes, reducer = opts.pop("in_axes"), opts.pop("out_axes"), opts.pop("reducer")
     check_spec(who, "in_axes", in_axes, filtered, not filtered)
     check_spec(who, "out_axes", out_axes, filtered, False)
-    axis_name = opts.pop("axis_name")
     if axis_name is not None:
         raise ValueError(
             f"`{who}(axis_name={axis_name!r})`: collectives over the mapped axis (psum, "
@@ -313,10 +316,8 @@ def _build(who: str, fun: Callable, filtered: bool, **opts: Any) -> ChunkedVmap:
             f"`{who}(out_axes={out_axes!r}, reducer={reducer!r})`: a reducer removes the mapped "
             f"axis, so out_axes has nothing to place; leave out_axes at its default {default!r}."
         )
-    axis_size = opts.pop("axis_size")
     check_positive(who, "axis_size", axis_size)
-    opts["grad_size"] = opts.pop("grad_batch_size")
-    checked = check_options(who, opts.pop("batch_size"), **opts)
+    checked = check_options(who, batch_size, grad_size=grad_batch_size, **opts)
     in_axes = tuple(in_axes) if isinstance(in_axes, list) and not filtered else in_axes
     spec_in, spec_out = Spec.of(in_axes), Spec.of(out_axes)
     return ChunkedVmap(fun, spec_in, spec_out, filtered, reducer or Concat(), axis_size, checked)
