@@ -55,12 +55,12 @@ def check_argnums(
     with `negative=False`, be non-negative: anything else is a `ValueError` that says the
     range. Messages name `who` and the argument `name`.
     """
-    many = not _is_index(value)
+    many = not is_index(value)
     entries = _entries(value) if many else (value,)
     ranged = nargs is not None or not negative
     nums = []
     for i in entries:
-        if not _is_index(i):
+        if not is_index(i):
             if ranged:
                 _out_of_range(who, name, value, i, nargs, negative)
             raise TypeError(
@@ -80,7 +80,8 @@ def argnums_tuple(argnums: int | tuple[int, ...]) -> tuple[int, ...]:
     return (argnums,) if isinstance(argnums, int) else argnums
 
 
-def _is_index(x: Any) -> bool:
+def is_index(x: Any) -> bool:
+    """Whether `x` is an integer of any integer type (`operator.index`), not a bool."""
     if isinstance(x, bool):
         return False
     try:

@@ -3,34 +3,25 @@ on the shared call layout (`pipeline`)."""
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import equinox as eqx
+import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from .._checks import as_in_axes, check_in_axes
+from .._checks import as_in_axes, check_in_axes, in_axes_tuple
 from .._combinators._rows import mapped_length
 from .._combinators._sharding import auto_twin, on_inputs_mesh, to_mesh
-from .._combinators.reduce import AbstractReducer, Monoid, identity
-from .._combinators.vmap import Vmap
-from .._plan.search import MemoryPlan
+from .._combinators.reduce import AbstractReducer, identity
 from .._public import public
 from .._types import Budget, GradPolicy, InAxes, Size
-from .pipeline import (
-    Options,
-    check_options,
-    check_strip,
-    compose,
-    fn_name,
-    plan_call,
-    plan_of,
-    prepare_args,
-    reducer_for,
-    run_one_input,
-)
+from ._vmap_axes import Spec, resolve
+from .pipeline import Options, check_options, check_strip, reducer_for, run_one_input
+from .vmap import AbstractChunkedVmap
 
 
-class BatchVmap(eqx.Module):
+class BatchVmap(AbstractChunkedVmap):
     """The callable returned by [`chunkx.batch_vmap`][]; an equinox Module (a pytree).
 
     !!! Example
@@ -65,72 +56,43 @@ class BatchVmap(eqx.Module):
     reducer: AbstractReducer
     post: Callable | None = eqx.field(static=True)
     opts: Options
+    out_axes: ClassVar[Spec] = Spec.of(0)  # every output leaf mapped, along axis 0
+    filtered: ClassVar[bool] = False
+    axis_size: ClassVar[None] = None
+    _who: ClassVar[str] = "batch_vmap"  # in messages, also under `plan_chunk_size`
 
     @property
-    def batch_size(self) -> int | Literal["auto"] | None:
-        return self.opts.size
-
-    @property
-    def grad_batch_size(self) -> int | Literal["auto"] | None:
-        return self.opts.grad_size
-
-    @property
-    def mesh(self) -> Mesh | None:
-        return self.opts.mesh
-
-    @property
-    def shard(self) -> bool:
-        return self.opts.shard
-
-    @property
-    def memory_budget(self) -> int | None:
-        return self.opts.memory_budget
+    def fun(self) -> Callable[..., Any]:
+        return self.f
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         twin = auto_twin((args, kwargs), self.opts.mesh) if self.opts.shard else None
         if twin is not None:  # an Explicit mesh, no context mesh: as adv, on an Auto mesh
             args, kwargs = to_mesh((args, kwargs), twin)
             opts = dataclasses.replace(self.opts, mesh=twin)
-            return dataclasses.replace(self, opts=opts)._call(args, kwargs)
+            return dataclasses.replace(self, opts=opts)(*args, **kwargs)
         with on_inputs_mesh((args, kwargs)):
-            return self._call(args, kwargs)
+            out = self._call(args, kwargs)
+            return out if self.post is None else self.post(out)
 
-    def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
-        """The map's value, or with `plan` (`"memory_plan"`, `"grad_memory_plan"`) the plan
-        its Chunk follows for these arguments."""
-        f, zero, args = prepare_args("batch_vmap", self.f, self.in_axes, args, kwargs)
-        what = f"batch_vmap({fn_name(self.f)})"
-        pipeline = compose(Vmap(f, zero), zero, self.reducer, self.opts, what)
-        if plan is not None:
-            return plan_of(pipeline, plan, args, zero, self.opts)
-        if isinstance(self.reducer, Monoid):  # checked in the name the user called
-            self.reducer.check_rows(eqx.filter_eval_shape(Vmap(f, zero), *args), "batch_vmap")
-        out = pipeline(*args)
-        return out if self.post is None else self.post(out)
-
-    def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
-        """The [`chunkx.MemoryPlan`][] of the reverse pass: its `chunk_size` is the backward size.
-
-        With `batch_size="auto"` the backward chunk size is planned on the compiled VJP of the
-        map with the forward size fixed at its own plan. Differentiating the map plans for what
-        is differentiated; this method plans for the floating arguments that are not mapped and
-        the arrays `f` holds or closes over (every floating argument if there are none of
-        those), which is the same plan when those are what the gradient is taken with respect
-        to. Nothing is run; plans are cached, and differentiating the map follows a plan made
-        here without compiling more for it. Raises `ValueError` where not even one row of the
-        reverse pass fits the budget (differentiating the map raises it too). With
-        `shard=True` the plan is one device's.
-        """
-        return plan_call(self._call, self.opts, "grad_memory_plan", args, kwargs)
-
-    def memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
-        """The [`chunkx.MemoryPlan`][] that `batch_size="auto"` follows for these arguments.
-
-        Arrays or `jax.ShapeDtypeStruct`s; nothing is run. Plans are cached, so calling the
-        map afterwards compiles nothing more for planning. With `shard=True` the plan is one
-        device's (its rows are `n // D`, or the leftover rows where those are more).
-        """
-        return plan_call(self._call, self.opts, "memory_plan", args, kwargs)
+    def _resolve(self, args: tuple, kwargs: dict) -> tuple:
+        """adv's `in_axes` (one int/`None` per argument): an entry `k` maps every array leaf
+        of its argument along `k` (negative: from the end of that leaf's shape) and passes the
+        other leaves whole, as `eqx.if_array(k)` does; keywords pass whole. The mapped leaves
+        come back with their axis moved to the front."""
+        who = self._who
+        axes = in_axes_tuple(who, self.in_axes, len(args))
+        if all(a is None for a in axes):
+            raise ValueError(
+                f"`{who}(in_axes={self.in_axes!r})`: at least one argument must be mapped; "
+                "every in_axes entry is None."
+            )
+        spec = (tuple(None if a is None else eqx.if_array(a) for a in axes), None)
+        what = "the arguments"
+        leaves, at, treedef, names = resolve(who, spec, (args, kwargs), what, self.in_axes)
+        leaves = [x if a is None else jnp.moveaxis(x, a, 0) for x, a in zip(leaves, at)]
+        mapped_length(jax.tree_util.tree_unflatten(treedef, leaves)[0], axes, who)
+        return leaves, [a if a is None else 0 for a in at], treedef, names
 
 
 @public

@@ -12,6 +12,7 @@ from .._combinators.reduce import Concat
 from .._combinators.vmap import Vmap
 from .._public import public
 from .._types import Budget, Size
+from ._bind import is_index
 from .pipeline import Strip, check_options, compose
 
 WHO = "chunkx.map"
@@ -22,17 +23,13 @@ def _chunk_size(batch_size: Any) -> Any:
     row in one batch, as `jax.lax.map` runs it) is `None`."""
     if batch_size is None or batch_size == "auto":
         return 1 if batch_size is None else "auto"
-    try:
-        size = None if isinstance(batch_size, bool) else operator.index(batch_size)
-    except TypeError:
-        size = None
-    if size is None or size < 0:
+    if not is_index(batch_size) or operator.index(batch_size) < 0:
         raise ValueError(
             f"`{WHO}(batch_size={batch_size!r})`: batch_size must be a non-negative int (0: every "
             f"row at once, as jax.lax.map), None (a row at a time) or 'auto', got {batch_size!r} "
             f"({type(batch_size).__name__})."
         )
-    return size or None
+    return operator.index(batch_size) or None
 
 
 @public(name=WHO)

@@ -7,7 +7,6 @@ from typing import Any, Literal
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
@@ -16,7 +15,6 @@ from .._checks import (
     check_choice,
     check_mesh_1d,
     check_positive,
-    in_axes_tuple,
     resolve_batch_size,
 )
 from .._combinators._rows import mapped_length
@@ -26,8 +24,6 @@ from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
 from .._combinators.shard import Shard
 from .._plan.measure import per_device_rows
 from .._types import GradPolicy, Remainder
-from ._bind import Bound
-from ._vmap_axes import resolve
 
 Planned = int | Literal["auto"] | None
 
@@ -60,16 +56,13 @@ class Options(eqx.Module):
     def check_planned(self, method: str) -> None:
         """Raise unless the size `method` (`"memory_plan"`, `"grad_memory_plan"`) reports is
         planned ("auto")."""
-        if method == "memory_plan" and self.size != "auto":
-            raise ValueError(
-                f"`{self.who}(batch_size={self.size!r}).memory_plan`: only a map built with "
-                "batch_size='auto' has a memory plan."
-            )
-        if method == "grad_memory_plan" and self.grad_size != "auto":
-            raise ValueError(
-                f"`{self.who}(grad_batch_size={self.grad_size!r}).grad_memory_plan`: only a map "
-                "whose backward size is planned (batch_size='auto') has a gradient plan."
-            )
+        name, size, which = {
+            "memory_plan": ("batch_size", self.size, "built with batch_size='auto' has a memory"),
+            "grad_memory_plan": ("grad_batch_size", self.grad_size, "whose backward size is "
+                                 "planned (batch_size='auto') has a gradient"),
+        }[method]
+        if size != "auto":
+            raise ValueError(f"`{self.who}({name}={size!r}).{method}`: only a map {which} plan.")
 
     def devices(self, args: Any) -> int:
         """Devices the rows are split over: those of the mesh `Shard` will run on."""
@@ -206,28 +199,6 @@ def local_args(args: tuple, axes: tuple, who: str, ndev: int) -> tuple:
 def the_chunk(pipeline: Any) -> Chunk:
     """The Chunk of a pipeline (inside its Shard, if any)."""
     return pipeline.fn if isinstance(pipeline, Shard) else pipeline
-
-
-def prepare_args(who: str, f: Callable, in_axes: Any, args: tuple, kwargs: dict):
-    """`(f, axes, args)` with every mapped axis moved to the front (keywords: bound whole).
-
-    adv's `in_axes` (one int/`None` per argument) read by the resolver `chunkx.vmap` uses:
-    an entry `k` maps every array leaf of its argument along `k` (negative: from the end of
-    that leaf's shape) and passes the other leaves whole, as `eqx.if_array(k)` does.
-    """
-    axes = in_axes_tuple(who, in_axes, len(args))
-    if all(a is None for a in axes):
-        raise ValueError(
-            f"`{who}(in_axes={in_axes!r})`: at least one argument must be mapped; "
-            "every in_axes entry is None."
-        )
-    spec = (tuple(None if a is None else eqx.if_array(a) for a in axes), None)
-    leaves, at, treedef, _ = resolve(who, spec, (args, {}), "the arguments", in_axes)
-    moved = [x if a is None else jnp.moveaxis(x, a, 0) for x, a in zip(leaves, at)]
-    args = jax.tree_util.tree_unflatten(treedef, moved)[0]
-    zero = tuple(None if a is None else 0 for a in axes)
-    mapped_length(args, zero, who)  # lengths and leaves checked here, named `who`
-    return (Bound(f, kwargs=kwargs) if kwargs else f), zero, args
 
 
 def fn_name(f: Any) -> str:

@@ -1,6 +1,8 @@
 """`chunkx.vmap` and `chunkx.filter_vmap`: `jax.vmap`'s and `eqx.filter_vmap`'s own signatures,
-evaluated in chunks, composed from the combinators."""
+evaluated in chunks, composed from the combinators; `AbstractChunkedVmap`, the call they share
+with `batch_vmap`."""
 
+import abc
 import functools
 from collections.abc import Callable, Hashable
 from typing import Any, Literal
@@ -8,12 +10,13 @@ from typing import Any, Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from equinox import AbstractVar
 from jax.sharding import Mesh
 from jaxtyping import PyTree
 
 from .._checks import check_entries, check_positive
 from .._combinators._sharding import on_inputs_mesh
-from .._combinators.reduce import AbstractReducer, Concat
+from .._combinators.reduce import AbstractReducer, Concat, Monoid
 from .._combinators.vmap import Vmap
 from .._plan.search import MemoryPlan
 from .._public import public
@@ -49,61 +52,67 @@ class _Body(eqx.Module):
         return jax.tree_util.tree_unflatten(treedef, kept)
 
 
-class ChunkedVmap(eqx.Module):
-    """The callable returned by [`chunkx.vmap`][] and [`chunkx.filter_vmap`][]; an equinox
-    Module (a pytree: the arrays `fun` holds are its leaves).
+class AbstractChunkedVmap(eqx.Module):
+    """The call [`chunkx.ChunkedVmap`][] and [`chunkx.BatchVmap`][] share: the arguments
+    resolved once into the rows of the mapped leaves and the fixed ones (`_resolve`, the map's
+    own reading of `in_axes`), then `[Shard ∘] (Chunk | Reduce) ∘ Vmap` over them."""
 
-    !!! Example
+    fun: AbstractVar[Callable[..., Any]]
+    in_axes: AbstractVar[Any]
+    out_axes: AbstractVar[Spec]
+    filtered: AbstractVar[bool]
+    reducer: AbstractVar[AbstractReducer]
+    axis_size: AbstractVar[int | None]
+    opts: AbstractVar[Options]
+    _who: AbstractVar[str]  # the map named in messages
 
-        ```python
-        import equinox as eqx, jax, jax.numpy as jnp, chunkx
-        g = chunkx.vmap(lambda x, w: jnp.sin(x) * w, (1, None), batch_size=4)
-        assert isinstance(g, chunkx.ChunkedVmap)
-        x, w = jnp.ones((3, 10)), 2.0
-        y = eqx.filter_jit(g)(x, w)
-        assert jnp.allclose(y, jax.vmap(lambda x, w: jnp.sin(x) * w, (1, None))(x, w))
-        ```
-    """
-
-    fun: Callable[..., Any]
-    in_axes: Spec = eqx.field(static=True)
-    out_axes: Spec = eqx.field(static=True)
-    filtered: bool = eqx.field(static=True)
-    reducer: AbstractReducer
-    axis_size: int | None = eqx.field(static=True)
-    opts: Options
+    @abc.abstractmethod
+    def _resolve(self, args: tuple, kwargs: dict) -> tuple:
+        """`(leaves, axes, treedef, names)` of `(args, kwargs)`, as `_vmap_axes.resolve`."""
 
     @property
-    def _who(self) -> str:
-        return self.opts.who
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.filtered and kwargs:
-            raise TypeError(
-                f"`{self._who}`: keyword arguments cannot be passed to a function it wraps (as "
-                f"with eqx.filter_vmap), got {sorted(kwargs)}; pass them positionally."
-            )
-        with on_inputs_mesh((args, kwargs)):
-            return self._call(args, kwargs)
+    def batch_size(self) -> int | Literal["auto"] | None:
+        return self.opts.size
 
     @property
-    def __wrapped__(self) -> Callable[..., Any]:  # `inspect.signature` reads fun's
-        return self.fun
+    def grad_batch_size(self) -> int | Literal["auto"] | None:
+        return self.opts.grad_size
 
-    def __get__(self, instance: Any, owner: Any) -> Any:
-        # As a method decorator (like eqx.filter_vmap's): bind the instance.
-        return self if instance is None else jax.tree_util.Partial(self, instance)
+    @property
+    def mesh(self) -> Mesh | None:
+        return self.opts.mesh
 
-    def memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
-        """The [`chunkx.MemoryPlan`][] that `batch_size="auto"` follows for these arguments
-        (one device's rows with `shard=True`). Arrays or `jax.ShapeDtypeStruct`s; nothing is
-        run, and the plan is cached, so calling the map afterwards compiles nothing more."""
-        return plan_call(self._call, self.opts, "memory_plan", args, kwargs)
+    @property
+    def shard(self) -> bool:
+        return self.opts.shard
+
+    @property
+    def memory_budget(self) -> int | None:
+        return self.opts.memory_budget
 
     def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
-        """The [`chunkx.MemoryPlan`][] of the reverse pass of `batch_size="auto"` (planned
-        for the floating unmapped arguments, as [`chunkx.BatchVmap`][]'s is)."""
+        """The [`chunkx.MemoryPlan`][] of the reverse pass: its `chunk_size` is the backward size.
+
+        With `batch_size="auto"` the backward chunk size is planned on the compiled VJP of the
+        map with the forward size fixed at its own plan. Differentiating the map plans for what
+        is differentiated; this method plans for the floating arguments that are not mapped and
+        the arrays the function holds or closes over (every floating argument if there are none of
+        those), which is the same plan when those are what the gradient is taken with respect
+        to. Nothing is run; plans are cached, and differentiating the map follows a plan made
+        here without compiling more for it. Raises `ValueError` where not even one row of the
+        reverse pass fits the budget (differentiating the map raises it too). With
+        `shard=True` the plan is one device's.
+        """
         return plan_call(self._call, self.opts, "grad_memory_plan", args, kwargs)
+
+    def memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
+        """The [`chunkx.MemoryPlan`][] that `batch_size="auto"` follows for these arguments.
+
+        Arrays or `jax.ShapeDtypeStruct`s; nothing is run. Plans are cached, so calling the
+        map afterwards compiles nothing more for planning. With `shard=True` the plan is one
+        device's (its rows are `n // D`, or the leftover rows where those are more).
+        """
+        return plan_call(self._call, self.opts, "memory_plan", args, kwargs)
 
     def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
         """The map's value, or with `plan` (`"memory_plan"`, `"grad_memory_plan"`) the plan
@@ -123,19 +132,11 @@ class ChunkedVmap(eqx.Module):
             body = body if every else self._sorted(body, rows, fixed, n)[0]
             return plan_of(self._pipeline(body), plan, (rows, fixed), _AXES, self.opts)
         if every:
+            if isinstance(self.reducer, Monoid):  # checked in the name the user called
+                self.reducer.check_rows(eqx.filter_eval_shape(Vmap(body, _AXES), rows, fixed), who)
             out = self._pipeline(body)(rows, fixed)
             return self._move(out, lambda o: out_axis(who, o.shape[1:], self.out_axes.tree))
         return self._general(body, rows, fixed, n)
-
-    def _resolve(self, args: tuple, kwargs: dict) -> tuple:
-        who, spec = self._who, self.in_axes.tree
-        if self.filtered:
-            spec = by_name(who, self.fun, spec, len(args))
-            return resolve(who, (spec, None), (args, kwargs), "the arguments", self.in_axes)
-        if type(spec) is tuple:
-            check_entries(who, spec, len(args))
-        what = "the positional arguments"
-        return resolve(who, (spec, 0), (args, kwargs), what, self.in_axes)
 
     def _length(self, rows: list, names: list, axes: list) -> int:
         sizes = {}
@@ -239,12 +240,70 @@ class ChunkedVmap(eqx.Module):
         return compose(Vmap(body, _AXES), _AXES, self.reducer, self.opts, what)
 
 
-def _build(who: str, fun: Callable, filtered: bool, **opts: Any) -> ChunkedVmap:
+class ChunkedVmap(AbstractChunkedVmap):
+    """The callable returned by [`chunkx.vmap`][] and [`chunkx.filter_vmap`][]; an equinox
+    Module (a pytree: the arrays `fun` holds are its leaves).
+
+    !!! Example
+
+        ```python
+        import equinox as eqx, jax, jax.numpy as jnp, chunkx
+        g = chunkx.vmap(lambda x, w: jnp.sin(x) * w, (1, None), batch_size=4)
+        assert isinstance(g, chunkx.ChunkedVmap)
+        x, w = jnp.ones((3, 10)), 2.0
+        y = eqx.filter_jit(g)(x, w)
+        assert jnp.allclose(y, jax.vmap(lambda x, w: jnp.sin(x) * w, (1, None))(x, w))
+        ```
+    """
+
+    fun: Callable[..., Any]
+    in_axes: Spec = eqx.field(static=True)
+    out_axes: Spec = eqx.field(static=True)
+    filtered: bool = eqx.field(static=True)
+    reducer: AbstractReducer
+    axis_size: int | None = eqx.field(static=True)
+    opts: Options
+
+    @property
+    def _who(self) -> str:
+        return self.opts.who
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.filtered and kwargs:
+            raise TypeError(
+                f"`{self._who}`: keyword arguments cannot be passed to a function it wraps (as "
+                f"with eqx.filter_vmap), got {sorted(kwargs)}; pass them positionally."
+            )
+        with on_inputs_mesh((args, kwargs)):
+            return self._call(args, kwargs)
+
+    @property
+    def __wrapped__(self) -> Callable[..., Any]:  # `inspect.signature` reads fun's
+        return self.fun
+
+    def __get__(self, instance: Any, owner: Any) -> Any:
+        # As a method decorator (like eqx.filter_vmap's): bind the instance.
+        return self if instance is None else jax.tree_util.Partial(self, instance)
+
+    def _resolve(self, args: tuple, kwargs: dict) -> tuple:
+        who, spec = self._who, self.in_axes.tree
+        if self.filtered:
+            spec = by_name(who, self.fun, spec, len(args))
+            return resolve(who, (spec, None), (args, kwargs), "the arguments", self.in_axes)
+        if type(spec) is tuple:
+            check_entries(who, spec, len(args))
+        what = "the positional arguments"
+        return resolve(who, (spec, 0), (args, kwargs), what, self.in_axes)
+
+
+def _build(
+    who: str, fun: Callable, filtered: bool, *, in_axes: Any, out_axes: Any, axis_name: Any,
+    axis_size: Any, reducer: AbstractReducer | None, batch_size: Any, grad_batch_size: Any,
+    **opts: Any,
+) -> ChunkedVmap:
     """The map's axes checked, its options into one `Options`, and its `ChunkedVmap`."""
-    in_axes, out_axes, reducer = opts.pop("in_axes"), opts.pop("out_axes"), opts.pop("reducer")
     check_spec(who, "in_axes", in_axes, filtered, not filtered)
     check_spec(who, "out_axes", out_axes, filtered, False)
-    axis_name = opts.pop("axis_name")
     if axis_name is not None:
         raise ValueError(
             f"`{who}(axis_name={axis_name!r})`: collectives over the mapped axis (psum, "
@@ -257,10 +316,8 @@ def _build(who: str, fun: Callable, filtered: bool, **opts: Any) -> ChunkedVmap:
             f"`{who}(out_axes={out_axes!r}, reducer={reducer!r})`: a reducer removes the mapped "
             f"axis, so out_axes has nothing to place; leave out_axes at its default {default!r}."
         )
-    axis_size = opts.pop("axis_size")
     check_positive(who, "axis_size", axis_size)
-    opts["grad_size"] = opts.pop("grad_batch_size")
-    checked = check_options(who, opts.pop("batch_size"), **opts)
+    checked = check_options(who, batch_size, grad_size=grad_batch_size, **opts)
     in_axes = tuple(in_axes) if isinstance(in_axes, list) and not filtered else in_axes
     spec_in, spec_out = Spec.of(in_axes), Spec.of(out_axes)
     return ChunkedVmap(fun, spec_in, spec_out, filtered, reducer or Concat(), axis_size, checked)
