@@ -2,7 +2,7 @@
 `reshape_batch_axis` are in `optax_grad`).
 
 Each is a `Plan` over chunkx's combinators (`Pad(Shard(Interleave(Chunk(...))))`, see
-`_micro_run`), with the accumulations as reducers (`_micro`).
+`_microbatching`), with the accumulations as reducers (`_accumulations`).
 """
 
 from collections.abc import Callable, Sequence
@@ -14,9 +14,9 @@ from jax.sharding import Mesh
 
 from .._public import public
 from .._types import Budget
+from ._accumulations import AccumulationType
 from ._bind import argnums_tuple, check_argnums
-from ._micro import AccumulationType
-from ._micro_run import Plan
+from ._microbatching import Plan, micro_plan
 
 MicrobatchSize = int | Literal["auto"] | None
 
@@ -37,7 +37,7 @@ class Microbatched(eqx.Module):
     argnames: tuple[str, ...] | None = eqx.field(static=True, default=None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.plan(self.fun, self._slots(args, kwargs), args, kwargs)
+        return self.plan(self.fun, self._spec(args, kwargs), args, kwargs)
 
     def memory_plan(self, *args: Any, **kwargs: Any) -> Any:
         """The [`chunkx.MemoryPlan`][] that `microbatch_size="auto"` follows for these
@@ -53,30 +53,38 @@ class Microbatched(eqx.Module):
 
     def _planned(self, method: str, args: tuple, kwargs: dict) -> Any:
         def plan(a, k):
-            return self.plan.memory_plan(method, self.fun, self._slots(a, k), a, k)
+            return self.plan.memory_plan(method, self.fun, self._spec(a, k), a, k)
 
         return eqx.filter_eval_shape(plan, args, kwargs)
 
-    def _slots(self, args: tuple, kwargs: dict) -> tuple:
-        who, axes = self.plan.who, self.in_axes
-        nums = range(len(args)) if self.argnums is None else self.argnums
-        if axes is None or isinstance(axes, int):
-            axes = (axes,) * len(args)
-        if self.argnums is None and len(axes) != len(args):
-            raise ValueError(
-                f"`{who}(in_axes={self.in_axes!r})`: in_axes has {len(axes)} entries "
-                f"but the function was called with {len(args)} positional arguments."
-            )
-        if max(nums, default=-1) >= len(args):
+    def _spec(self, args: tuple, kwargs: dict) -> tuple:
+        """`(args, kwargs)`'s `in_axes` as `resolve` reads them: each batch argument's axis
+        for its array leaves (the others, and the other arguments, passed whole)."""
+        who, axes, nums = self.plan.opts.who, self.in_axes, self.argnums
+        if nums is None:  # every positional argument at in_axes
+            nums = range(len(args))
+            axes = (axes,) * len(args) if axes is None or isinstance(axes, int) else axes
+            if len(axes) != len(args):
+                raise ValueError(
+                    f"`{who}(in_axes={self.in_axes!r})`: in_axes has {len(axes)} entries "
+                    f"but the function was called with {len(args)} positional arguments."
+                )
+        elif any(not -len(args) <= i < len(args) for i in nums):
             name = "batch_argnums" if self.plan.per_example else "argnums"
             raise ValueError(
                 f"`{who}({name}={self.argnums})`: the function was called "
                 f"with {len(args)} positional arguments."
             )
-        slots = tuple(("arg", i, a) for i, a in zip(nums, axes) if a is not None)
+        at = {i % len(args): a for i, a in zip(nums, axes)}
         if self.argnames is None:  # keywords map along axis 0
-            return slots + tuple(("kw", k, 0) for k in kwargs)
-        return slots + tuple(("kw", k, a) for k, a in zip(self.argnames, axes[len(nums):]))
+            at.update((k, 0) for k in kwargs)
+        else:
+            at.update(zip(self.argnames, axes[len(nums):]))
+
+        def entry(key):
+            return None if at.get(key) is None else eqx.if_array(at[key])
+
+        return tuple(entry(i) for i in range(len(args))), {k: entry(k) for k in kwargs}
 
 
 @public
@@ -147,15 +155,15 @@ def microbatch(
         return fun
     argnums = argnums_tuple(check_argnums("microbatch", "argnums", argnums))
     names = (argnames,) if isinstance(argnames, str) else tuple(argnames)
-    axes = argnums_tuple(check_argnums("microbatch", "in_axes", in_axes))
-    axes = axes * (len(argnums) + len(names)) if isinstance(in_axes, int) else axes
+    axes = check_argnums("microbatch", "in_axes", in_axes)
+    axes = (axes,) * (len(argnums) + len(names)) if isinstance(axes, int) else axes
     if len(axes) != len(argnums) + len(names):
         raise ValueError(
             f"`microbatch(in_axes={in_axes!r})`: in_axes needs one entry per batch argument "
             f"(argnums {argnums} and argnames {names}), got {len(axes)}."
         )
-    plan = Plan(
-        "microbatch", accumulator, False, microbatch_size, num_real_microbatches,
+    plan = micro_plan(
+        "microbatch", accumulator, microbatch_size, num_real_microbatches,
         memory_budget=memory_budget, compensated=compensated,
     )
     return Microbatched(fun, plan, axes, argnums, names)
@@ -231,8 +239,8 @@ def micro_vmap(
             "(accumulations join along it); out_axes must be 0."
         )
     axes = in_axes if in_axes is None or isinstance(in_axes, int) else tuple(in_axes)
-    plan = Plan(
-        "micro_vmap", accumulator, True, microbatch_size, num_real_microbatches,
+    plan = micro_plan(
+        "micro_vmap", accumulator, microbatch_size, num_real_microbatches, per_example=True,
         vmap_fn=vmap_fn, grad_size=grad_microbatch_size, memory_budget=memory_budget,
         shard=shard, mesh=mesh, compensated=compensated,
     )

@@ -13,9 +13,9 @@ from jax.sharding import Mesh
 from .._checks import check_positive
 from .._public import public
 from .._types import Budget
+from ._accumulations import AccumulationType
 from ._bind import argnums_tuple, check_argnums
-from ._micro import AccumulationType
-from ._micro_run import Plan
+from ._microbatching import micro_plan
 from .optax import Microbatched, MicrobatchSize
 
 #: The auxiliary result of `micro_grad`: per-example values, metrics and `fun`'s aux.
@@ -121,9 +121,9 @@ def micro_grad(
     grad_fn = _GradFn(
         fun, has_aux, argnums, transform_fn, metrics_fn, batch if keep_batch_dim else ()
     )
-    plan = Plan(
-        who, (accumulator, AccumulationType.CONCAT), True, microbatch_size,
-        num_real_microbatches, grad_size=grad_microbatch_size, memory_budget=memory_budget,
+    plan = micro_plan(
+        who, (accumulator, AccumulationType.CONCAT), microbatch_size, num_real_microbatches,
+        per_example=True, grad_size=grad_microbatch_size, memory_budget=memory_budget,
         shard=shard, mesh=mesh, compensated=compensated,
     )
     return Microbatched(grad_fn, plan, (0,) * len(batch), batch)
