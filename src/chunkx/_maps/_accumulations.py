@@ -184,10 +184,12 @@ class UserAccumulate(_LoopOnly):
 
 
 class Leaves(AbstractReducer):
-    """One reducer per leaf of a pytree prefix (`treedef`) of the outputs."""
+    """One reducer per leaf of a pytree prefix (`treedef`) of the outputs, and what each leaf
+    is (`kinds`: an AccumulationType, or the user's accumulator)."""
 
     reducers: tuple[AbstractReducer, ...]
     treedef: Any = eqx.field(static=True)
+    kinds: tuple = ()
 
     def _each(self, method: str, *trees: Tree, extra: tuple = ()) -> list:
         split = [self.treedef.flatten_up_to(t) for t in trees]
@@ -245,9 +247,8 @@ class Leaves(AbstractReducer):
 
 
 def plan_leaves(who: str, accumulator: Any, per_example: bool, num_real: Any, compensated: bool):
-    """`(Leaves reducer, kinds)`: the reducer per leaf of the accumulator prefix and what
-    each leaf is (an AccumulationType, or the user's accumulator); SUM, MEAN and
-    RUNNING_MEAN add with compensation unless `compensated` is off."""
+    """The `Leaves` reducer of the accumulator prefix; SUM, MEAN and RUNNING_MEAN add with
+    compensation unless `compensated` is off."""
     kinds, treedef = jax.tree_util.tree_flatten(accumulator, is_leaf=is_accumulation)
     reducers, out = [], []
     for k in kinds:
@@ -264,15 +265,15 @@ def plan_leaves(who: str, accumulator: Any, per_example: bool, num_real: Any, co
         else:
             reducers.append(Sum(presummed=not per_example, compensated=compensated))
         out.append(k if t is None else t)
-    return Leaves(tuple(reducers), treedef), tuple(out)
+    return Leaves(tuple(reducers), treedef, tuple(out))
 
 
-def finalize(who: str, kinds: tuple, leaves: Leaves, carry: Tree, mean_n: Any, run_n: Any):
+def finalize(who: str, leaves: Leaves, carry: Tree, mean_n: Any, run_n: Any):
     """The result from the loop's carry: MEAN divides by `mean_n`, RUNNING_MEAN by `run_n`
     (what was run; zero where nothing ran), a user's Accumulator finalizes."""
     parts = leaves.treedef.flatten_up_to(carry)
     out = []
-    for k, c in zip(kinds, parts):
+    for k, c in zip(leaves.kinds, parts):
         if k in (AccumulationType.MEAN, AccumulationType.RUNNING_MEAN):
             _check_floating(who, k, c)
             n = mean_n if k is AccumulationType.MEAN else run_n

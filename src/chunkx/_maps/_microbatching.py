@@ -148,7 +148,7 @@ def micro_plan(
         )
     if size == "auto" and grad_size is None:  # the reverse pass gets its own plan
         grad_size = "auto"
-    leaves, kinds = plan_leaves(who, accumulator, per_example, num_real, compensated)
+    leaves = plan_leaves(who, accumulator, per_example, num_real, compensated)
     refuse_user(who, leaves, {'microbatch_size="auto"': size == "auto", "shard=True": shard,
                               "grad_microbatch_size": grad_size is not None})
     opts = Options(
@@ -156,7 +156,7 @@ def micro_plan(
         remainder="shift" if size == "auto" and per_example else "call",
         names=("microbatch_size" if size == "auto" else "grad_microbatch_size", "memory_budget"),
     )
-    return Plan(opts, leaves, kinds, per_example, num_real, vmap_fn)
+    return Plan(opts, leaves, per_example, num_real, vmap_fn)
 
 
 def refuse_user(who: str, leaves: Leaves, needs: dict) -> None:
@@ -175,10 +175,14 @@ class Plan(eqx.Module):
 
     opts: Options
     leaves: Leaves
-    kinds: tuple
     per_example: bool = eqx.field(static=True)
     num_real: Any = None
     vmap_fn: Callable[..., Any] = jax.vmap
+
+    @property
+    def memory_budget(self) -> int | None:
+        """The checked budget (`opts.memory_budget`)."""
+        return self.opts.memory_budget
 
     def __call__(self, fun: Callable, spec: Any, args: tuple, kwargs: dict, plan: Any = None):
         """`fun` on the batch `(args, kwargs)` mapped by `spec` (`resolve`'s `in_axes`); with
@@ -218,7 +222,7 @@ class Plan(eqx.Module):
             core = Interleave(chunk, leaves, local, r, masked)
             core = Shard(core, opts.mesh, in_axes=_AXES) if opts.shard else core
         core = Pad(core, mb, in_axes=_AXES) if padded else core
-        return finalize(who, self.kinds, leaves, core(*pair), *self._counts(n, k, r))
+        return finalize(who, leaves, core(*pair), *self._counts(n, k, r))
 
     def _whole(self, row_fn: RowFn, pair: tuple, n: int) -> MemoryPlan:
         """`microbatch_size="auto"` where `fun` sees whole microbatches: the plan of a Chunk of

@@ -38,11 +38,9 @@ class _GradFn(eqx.Module):
             for i, a in enumerate(args)
         )
 
-        def f(*a, **k):
-            out = self.fun(*a, **k)
-            return out if self.has_aux else (out, None)
-
-        (value, aux), grad = jax.value_and_grad(f, self.argnums, has_aux=True)(*args, **kwargs)
+        grad_fn = jax.value_and_grad(self.fun, self.argnums, has_aux=self.has_aux)
+        out, grad = grad_fn(*args, **kwargs)
+        value, aux = out if self.has_aux else (out, None)
         return self.transform_fn(grad), IndividualOutputs(value, self.metrics_fn(grad), aux)
 
 
