@@ -239,11 +239,10 @@ class Leaves(AbstractReducer):
     def shard_collect(self, gathered: Tree, mesh: Any) -> Tree:
         return self.treedef.unflatten(self._each("shard_collect", gathered, extra=(mesh,)))
 
-    def single(self, part: Tree) -> Tree:
-        """The loop's result when it ran one microbatch (the chunk loop returns `part`)."""
-        parts = self.treedef.flatten_up_to(part)
-        out = [r.single(p) if hasattr(r, "single") else p for r, p in zip(self.reducers, parts)]
-        return self.treedef.unflatten(out)
+    def each_leaf(self, fn: Callable, out: Tree) -> Tree:
+        """`fn(reducer, kind, part)` on each leaf's part of `out`."""
+        parts = self.treedef.flatten_up_to(out)
+        return self.treedef.unflatten(list(map(fn, self.reducers, self.kinds, parts)))
 
 
 def plan_leaves(who: str, accumulator: Any, per_example: bool, num_real: Any, compensated: bool):
@@ -271,17 +270,15 @@ def plan_leaves(who: str, accumulator: Any, per_example: bool, num_real: Any, co
 def finalize(who: str, leaves: Leaves, carry: Tree, mean_n: Any, run_n: Any):
     """The result from the loop's carry: MEAN divides by `mean_n`, RUNNING_MEAN by `run_n`
     (what was run; zero where nothing ran), a user's Accumulator finalizes."""
-    parts = leaves.treedef.flatten_up_to(carry)
-    out = []
-    for k, c in zip(leaves.kinds, parts):
-        if k in (AccumulationType.MEAN, AccumulationType.RUNNING_MEAN):
-            _check_floating(who, k, c)
-            n = mean_n if k is AccumulationType.MEAN else run_n
-            c = jax.tree_util.tree_map(lambda x, n=n: jnp.where(n > 0, x / n, 0).astype(x.dtype), c)
-        elif not isinstance(k, AccumulationType):
-            c = k.finalize(c)
-        out.append(c)
-    return leaves.treedef.unflatten(out)
+
+    def leaf(reducer, kind, c):
+        if kind in (AccumulationType.MEAN, AccumulationType.RUNNING_MEAN):
+            _check_floating(who, kind, c)
+            n = mean_n if kind is AccumulationType.MEAN else run_n
+            return jax.tree_util.tree_map(lambda x: jnp.where(n > 0, x / n, 0).astype(x.dtype), c)
+        return c if isinstance(kind, AccumulationType) else kind.finalize(c)
+
+    return leaves.each_leaf(leaf, carry)
 
 
 def _check_floating(who: str, kind: AccumulationType, tree: Tree) -> None:

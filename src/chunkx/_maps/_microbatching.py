@@ -106,15 +106,15 @@ class Interleave(eqx.Module):
                 m = m & (jnp.arange(n) % k < self.num_real)
             head = (perm(m),)
         out = self.fn(*head, jax.tree_util.tree_map(lambda x: perm(replicated(x)), rows), fixed)
-        if k == 1:  # the chunk loop ran one piece and returned its partial
-            out = self.reducer.single(out)
-        parts = self.reducer.treedef.flatten_up_to(out)
-        parts = [
-            jax.tree_util.tree_map(lambda y: _swap_blocks(y, k, s), p) if isinstance(r, Concat)
-            else p
-            for r, p in zip(self.reducer.reducers, parts)
-        ]
-        return self.reducer.treedef.unflatten(parts)
+
+        def leaf(reducer, kind, part):  # concatenated rows back in batch order
+            if k == 1 and hasattr(reducer, "single"):  # the loop ran one piece: its partial
+                part = reducer.single(part)
+            if isinstance(reducer, Concat):
+                return jax.tree_util.tree_map(lambda y: _swap_blocks(y, k, s), part)
+            return part
+
+        return self.reducer.each_leaf(leaf, out)
 
 
 def micro_plan(
