@@ -184,10 +184,12 @@ class UserAccumulate(_LoopOnly):
 
 
 class Leaves(AbstractReducer):
-    """One reducer per leaf of a pytree prefix (`treedef`) of the outputs."""
+    """One reducer per leaf of a pytree prefix (`treedef`) of the outputs, and what each leaf
+    is (`kinds`: an AccumulationType, or the user's accumulator)."""
 
     reducers: tuple[AbstractReducer, ...]
     treedef: Any = eqx.field(static=True)
+    kinds: tuple = ()
 
     def _each(self, method: str, *trees: Tree, extra: tuple = ()) -> list:
         split = [self.treedef.flatten_up_to(t) for t in trees]
@@ -237,17 +239,15 @@ class Leaves(AbstractReducer):
     def shard_collect(self, gathered: Tree, mesh: Any) -> Tree:
         return self.treedef.unflatten(self._each("shard_collect", gathered, extra=(mesh,)))
 
-    def single(self, part: Tree) -> Tree:
-        """The loop's result when it ran one microbatch (the chunk loop returns `part`)."""
-        parts = self.treedef.flatten_up_to(part)
-        out = [r.single(p) if hasattr(r, "single") else p for r, p in zip(self.reducers, parts)]
-        return self.treedef.unflatten(out)
+    def each_leaf(self, fn: Callable, out: Tree) -> Tree:
+        """`fn(reducer, kind, part)` on each leaf's part of `out`."""
+        parts = self.treedef.flatten_up_to(out)
+        return self.treedef.unflatten(list(map(fn, self.reducers, self.kinds, parts)))
 
 
 def plan_leaves(who: str, accumulator: Any, per_example: bool, num_real: Any, compensated: bool):
-    """`(Leaves reducer, kinds)`: the reducer per leaf of the accumulator prefix and what
-    each leaf is (an AccumulationType, or the user's accumulator); SUM, MEAN and
-    RUNNING_MEAN add with compensation unless `compensated` is off."""
+    """The `Leaves` reducer of the accumulator prefix; SUM, MEAN and RUNNING_MEAN add with
+    compensation unless `compensated` is off."""
     kinds, treedef = jax.tree_util.tree_flatten(accumulator, is_leaf=is_accumulation)
     reducers, out = [], []
     for k in kinds:
@@ -264,23 +264,21 @@ def plan_leaves(who: str, accumulator: Any, per_example: bool, num_real: Any, co
         else:
             reducers.append(Sum(presummed=not per_example, compensated=compensated))
         out.append(k if t is None else t)
-    return Leaves(tuple(reducers), treedef), tuple(out)
+    return Leaves(tuple(reducers), treedef, tuple(out))
 
 
-def finalize(who: str, kinds: tuple, leaves: Leaves, carry: Tree, mean_n: Any, run_n: Any):
+def finalize(who: str, leaves: Leaves, carry: Tree, mean_n: Any, run_n: Any):
     """The result from the loop's carry: MEAN divides by `mean_n`, RUNNING_MEAN by `run_n`
     (what was run; zero where nothing ran), a user's Accumulator finalizes."""
-    parts = leaves.treedef.flatten_up_to(carry)
-    out = []
-    for k, c in zip(kinds, parts):
-        if k in (AccumulationType.MEAN, AccumulationType.RUNNING_MEAN):
-            _check_floating(who, k, c)
-            n = mean_n if k is AccumulationType.MEAN else run_n
-            c = jax.tree_util.tree_map(lambda x, n=n: jnp.where(n > 0, x / n, 0).astype(x.dtype), c)
-        elif not isinstance(k, AccumulationType):
-            c = k.finalize(c)
-        out.append(c)
-    return leaves.treedef.unflatten(out)
+
+    def leaf(reducer, kind, c):
+        if kind in (AccumulationType.MEAN, AccumulationType.RUNNING_MEAN):
+            _check_floating(who, kind, c)
+            n = mean_n if kind is AccumulationType.MEAN else run_n
+            return jax.tree_util.tree_map(lambda x: jnp.where(n > 0, x / n, 0).astype(x.dtype), c)
+        return c if isinstance(kind, AccumulationType) else kind.finalize(c)
+
+    return leaves.each_leaf(leaf, carry)
 
 
 def _check_floating(who: str, kind: AccumulationType, tree: Tree) -> None:
