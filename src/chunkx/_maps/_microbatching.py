@@ -81,21 +81,24 @@ class RowFn(eqx.Module):
 class Interleave(eqx.Module):
     """Permute the rows so that chunk `k` of `fn`'s loop is optax's microbatch `k` (rows
     `k::K`), flag the rows to run (real, and of a microbatch below `num_real`), and permute
-    concatenated outputs back."""
+    concatenated outputs back. `rowwise`: every row is its own output (a per-example map whose
+    outputs are all concatenated, no row masked), so which rows share a chunk changes nothing
+    and the rows stay in batch order (no permutation to compile or run)."""
 
     fn: Callable[..., Any]
     reducer: Leaves
     size: int | None = eqx.field(static=True)  # None: the rows are one microbatch
     num_real: Any = None
     masked: bool = eqx.field(static=True, default=False)
+    rowwise: bool = eqx.field(static=True, default=False)  # rows kept in batch order
 
     def __call__(self, rows: Any, fixed: Any, *, valid: RowMask | None = None) -> Any:
         n = mapped_length((rows,), (0,), "Interleave")
         s = n if self.size is None else self.size
         k = n // s
 
-        def perm(x):  # chunk j of the loop: rows j::k
-            return _swap_blocks(x, s, k)
+        def perm(x, a=s, b=k):  # chunk j of the loop: rows j::k (and back: a=k, b=s)
+            return x if self.rowwise else _swap_blocks(x, a, b)
 
         head = ()
         if valid is not None and not self.masked:
@@ -111,10 +114,14 @@ class Interleave(eqx.Module):
             if k == 1 and hasattr(reducer, "single"):  # the loop ran one piece: its partial
                 part = reducer.single(part)
             if isinstance(reducer, Concat):
-                return jax.tree_util.tree_map(lambda y: _swap_blocks(y, k, s), part)
+                return jax.tree_util.tree_map(lambda y: perm(y, k, s), part)
             return part
 
         return self.reducer.each_leaf(leaf, out)
+
+
+def _all_concat(leaves: Leaves) -> bool:
+    return all(isinstance(r, Concat) for r in leaves.reducers)
 
 
 def micro_plan(
@@ -219,7 +226,9 @@ class Plan(eqx.Module):
             local = None if opts.size is None else mb // d  # None: all rows at once
             inner = dataclasses.replace(opts, size=local, grad_size=g, shard=False)
             chunk = compose(row_fn, (0,) * masked + _AXES, leaves, inner, who)
-            core = Interleave(chunk, leaves, local, r, masked)
+            # rows that are each their own output need not be grouped into optax's microbatches
+            rowwise = self.per_example and not masked and _all_concat(leaves)
+            core = Interleave(chunk, leaves, local, r, masked, rowwise)
             core = Shard(core, opts.mesh, in_axes=_AXES) if opts.shard else core
         core = Pad(core, mb, in_axes=_AXES) if padded else core
         return finalize(who, leaves, core(*pair), *self._counts(n, k, r))
