@@ -97,6 +97,15 @@ def fresh_rows(size: int, start, index):
     return jax.lax.iota(jnp.int32, size) + start >= index * size
 
 
+def moveaxis(x, src: int, dst: int):
+    """`jnp.moveaxis(x, src, dst)`, or `x` itself where the axis stays put: an eager call then
+    copies nothing and compiles no program."""
+    nd = jnp.ndim(x)
+    if -nd <= src < nd and -nd <= dst < nd and src % nd == dst % nd:
+        return jnp.asarray(x)
+    return jnp.moveaxis(x, src, dst)
+
+
 def where_rows(valid, x, y):
     """`x`'s rows where `valid` (a mask of the leading axis), `y`'s elsewhere (`x` and `y`
     of one shape and dtype; `lax.select` traces no `jnp.where` wrapper)."""

@@ -54,9 +54,11 @@ def chunk_loop(
     """
     shift = remainder_of(opts) == "shift" and n % s != 0
     k, r = (-(-n // s), 0) if shift else divmod(n, s)
-    mapped, valid = struct_of(rows(source, 0, s))
-    if shift and valid is None:  # a shifted loop passes every chunk its fresh-row mask
-        valid = struct_of(fresh_rows(s, 0, 0))
+    # the structs of one chunk's rows (and of its fresh-row mask, which a shifted loop passes)
+    # as the loop's slicing makes them, traced only: an eager call slices nothing here
+    mapped, valid = jax.eval_shape(lambda src: rows(src, 0, s), source)
+    if shift and valid is None:
+        valid = jax.eval_shape(lambda: fresh_rows(s, 0, 0))
     step, part = _traced_once(piece, mapped, valid)
     acc = reducer.init(part, n)
     tick = ticker(k + (r > 0), desc) if opts.progress else None

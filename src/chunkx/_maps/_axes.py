@@ -4,10 +4,11 @@ from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
+
+from .._combinators._rows import moveaxis
 
 
 def move_axis(tree: Any, src: int, dst: int) -> Any:
     return jax.tree_util.tree_map(
-        lambda x: jnp.moveaxis(x, src, dst) if eqx.is_array(x) else x, tree
+        lambda x: moveaxis(x, src, dst) if eqx.is_array(x) else x, tree
     )

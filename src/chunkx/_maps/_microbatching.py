@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from .._checks import check_budget, check_positive
-from .._combinators._rows import mapped_length
+from .._combinators._rows import mapped_length, moveaxis
 from .._combinators.groups import _swap_blocks
 from .._combinators.pad import Pad
 from .._combinators.reduce import Concat
@@ -56,7 +56,7 @@ class RowFn(eqx.Module):
             if self.per_example:
                 return self.vmap_fn(call, (0,), 0)(rows)
             leaves, treedef = jax.tree_util.tree_flatten(rows)
-            moved = [jnp.moveaxis(x, 0, a) for x, a in zip(leaves, self.axes)]
+            moved = [moveaxis(x, 0, a) for x, a in zip(leaves, self.axes)]
             return call(jax.tree_util.tree_unflatten(treedef, moved))
 
         if not self.masked:
@@ -196,7 +196,7 @@ class Plan(eqx.Module):
         `plan` (`"memory_plan"`, `"grad_memory_plan"`), the plan its "auto" size follows."""
         opts, who, leaves = self.opts, self.opts.who, self.leaves
         flat, at, treedef, _ = resolve(who, spec, (args, kwargs), "the arguments")
-        moved = [x if a is None else jnp.moveaxis(x, a, 0) for x, a in zip(flat, at)]
+        moved = [x if a is None else moveaxis(x, a, 0) for x, a in zip(flat, at)]
         mapped = jax.tree_util.tree_unflatten(treedef, [a is not None for a in at])
         pair = eqx.partition(jax.tree_util.tree_unflatten(treedef, moved), mapped)
         n = mapped_length(pair, _AXES, who)

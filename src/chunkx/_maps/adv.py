@@ -7,11 +7,10 @@ from typing import Any, ClassVar, Literal
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from .._checks import as_in_axes, check_in_axes, in_axes_tuple
-from .._combinators._rows import mapped_length
+from .._combinators._rows import mapped_length, moveaxis
 from .._combinators._sharding import auto_twin, on_inputs_mesh, to_mesh
 from .._combinators.reduce import AbstractReducer, identity
 from .._public import public
@@ -90,7 +89,7 @@ class BatchVmap(AbstractChunkedVmap):
         spec = (tuple(None if a is None else eqx.if_array(a) for a in axes), None)
         what = "the arguments"
         leaves, at, treedef, names = resolve(who, spec, (args, kwargs), what, self.in_axes)
-        leaves = [x if a is None else jnp.moveaxis(x, a, 0) for x, a in zip(leaves, at)]
+        leaves = [x if a is None else moveaxis(x, a, 0) for x, a in zip(leaves, at)]
         mapped_length(jax.tree_util.tree_unflatten(treedef, leaves)[0], axes, who)
         return leaves, [a if a is None else 0 for a in at], treedef, names
 

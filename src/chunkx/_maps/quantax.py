@@ -6,7 +6,6 @@ from typing import Any, Literal
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from .._checks import (
@@ -17,7 +16,7 @@ from .._checks import (
     in_axes_tuple,
     resolve_batch_size,
 )
-from .._combinators._rows import mapped_length
+from .._combinators._rows import mapped_length, moveaxis
 from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.chunk import Chunk
 from .._combinators.groups import Groups
@@ -141,7 +140,7 @@ def _layout(in_axes: InAxes, args: tuple, who: str = "chunk_map") -> tuple:
     axes = in_axes_tuple(who, in_axes, len(args))
     spec = (_if_array(axes), None)
     leaves, at, treedef, _ = resolve(who, spec, (args, {}), "the arguments", in_axes)
-    moved = [x if a is None else jnp.moveaxis(x, a, 0) for x, a in zip(leaves, at)]
+    moved = [x if a is None else moveaxis(x, a, 0) for x, a in zip(leaves, at)]
     moved = jax.tree_util.tree_unflatten(treedef, moved)[0]
     return tuple(at), moved, tuple(None if a is None else 0 for a in axes)
 
@@ -156,7 +155,7 @@ class _Moved(eqx.Module):
 
     def __call__(self, *args: Any) -> Any:
         leaves, treedef = jax.tree_util.tree_flatten(args)
-        leaves = [x if a is None else jnp.moveaxis(x, 0, a) for x, a in zip(leaves, self.at)]
+        leaves = [x if a is None else moveaxis(x, 0, a) for x, a in zip(leaves, self.at)]
         out = self.fn(*jax.tree_util.tree_unflatten(treedef, leaves))
         return _per_output(out, self.out_axes, lambda o, ax: move_axis(o, ax, 0))
 

@@ -15,6 +15,7 @@ from jax.sharding import Mesh
 from jaxtyping import PyTree
 
 from .._checks import check_entries, check_positive
+from .._combinators._rows import moveaxis
 from .._combinators._sharding import on_inputs_mesh
 from .._combinators.reduce import AbstractReducer, Concat, Monoid
 from .._combinators.vmap import Vmap
@@ -123,7 +124,7 @@ class AbstractChunkedVmap(eqx.Module):
             if plan is not None:
                 raise ValueError(f"`{who}.{plan}`: no argument is mapped; nothing to plan.")
             return self._unmapped(args, kwargs)
-        rows = [jnp.moveaxis(x, a, 0) for x, a in zip(leaves, axes) if a is not None]
+        rows = [moveaxis(x, a, 0) for x, a in zip(leaves, axes) if a is not None]
         fixed = [x for x, a in zip(leaves, axes) if a is None]
         n = self._length(rows, [nm for nm, a in zip(names, axes) if a is not None], axes)
         body = _Body(self.fun, treedef, tuple(a is not None for a in axes))
@@ -232,7 +233,7 @@ class AbstractChunkedVmap(eqx.Module):
         """Put the mapped axis (at 0 after the pipeline) where out_axes says."""
         if not isinstance(self.reducer, Concat):
             return out  # reduced: no mapped axis left (out_axes is the default)
-        return jax.tree_util.tree_map(lambda o: jnp.moveaxis(o, 0, axis(o)), out)
+        return jax.tree_util.tree_map(lambda o: moveaxis(o, 0, axis(o)), out)
 
     def _pipeline(self, body: _Body) -> Callable:
         """[Shard ∘] (Chunk | Reduce) ∘ Vmap; an "auto" size is the Chunk's to plan."""
