@@ -68,11 +68,17 @@ def join_args(mapped: tuple, fixed: tuple, static: object) -> tuple:
     return eqx.combine(mapped, fixed, static)
 
 
+#: a chunk's start row is never negative: no index wrap-around to compile
+IN_RANGE = {"allow_negative_indices": False}
+
+
 def rows(tree, start, size: int):
     """Rows `[start, start + size)` of every leaf (`start` may be traced)."""
     if isinstance(start, int):
         return jax.tree_util.tree_map(lambda x: x[start : start + size], tree)
-    return jax.tree_util.tree_map(lambda x: jax.lax.dynamic_slice_in_dim(x, start, size), tree)
+    return jax.tree_util.tree_map(
+        lambda x: jax.lax.dynamic_slice_in_dim(x, start, size, **IN_RANGE), tree
+    )
 
 
 def struct_of(tree):

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
 from . import compensated as comp
-from ._rows import join_args, rows, struct_of
+from ._rows import IN_RANGE, join_args, rows, struct_of
 from ._sharding import typed_like
 from .loop import chunk_loop, evaluate, remainder_of
 from .reduce import AbstractAccumulation, Sum, zero_masked
@@ -222,8 +222,8 @@ class _FusedAcc(AbstractAccumulation):
 
         def add_rows(buf, j):
             buf = typed_like(buf, j)
-            old = jax.lax.dynamic_slice_in_dim(buf, start, j.shape[1], axis=1)
-            return jax.lax.dynamic_update_slice_in_dim(buf, old + j, start, axis=1)
+            old = jax.lax.dynamic_slice_in_dim(buf, start, j.shape[1], 1, **IN_RANGE)
+            return jax.lax.dynamic_update_slice_in_dim(buf, old + j, start, 1, **IN_RANGE)
 
         return (vec, jw, [add_rows(b, j) for b, j in zip(acc[2], part[2])]), None
 

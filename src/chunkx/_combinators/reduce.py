@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from .._types import RowMask, Tree
 from . import compensated as comp
-from ._rows import call_with_valid, fresh_rows, where_rows, zeros_like_struct
+from ._rows import IN_RANGE, call_with_valid, fresh_rows, where_rows, zeros_like_struct
 from ._sharding import is_explicit, place
 
 #: Reductions known to be `+`: a Monoid folding with one of them sums its chunks' partials.
@@ -304,9 +304,9 @@ class Concat(AbstractReducer):
             y = _layout_like(y, b)
             # rows a shifted chunk repeats keep the values the earlier chunk wrote (the
             # repeated evaluation gets no cotangent, and none of its `0 * inf` either)
-            old = jax.lax.dynamic_slice_in_dim(b, start, y.shape[0], 0)
+            old = jax.lax.dynamic_slice_in_dim(b, start, y.shape[0], 0, **IN_RANGE)
             y = where_rows(fresh_rows(y.shape[0], start, index), y, old)
-            return jax.lax.dynamic_update_slice_in_dim(b, y, start, 0)
+            return jax.lax.dynamic_update_slice_in_dim(b, y, start, 0, **IN_RANGE)
 
         return jax.tree_util.tree_map(write, acc, part), None
 
