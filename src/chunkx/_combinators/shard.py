@@ -165,24 +165,36 @@ class Shard(eqx.Module):
         v_spec = None if valid is None else P(axis)
         if valid is not None:
             valid = place(valid, mesh, v_spec)
+        if not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(
+                (self.fn, dyn, valid))):  # eager: one compiled program, not op by op
+            run = eqx.filter_jit(_shard_run)
+            return run(self.fn, reducer, (mesh, axis, specs, v_spec), (dyn, static), valid)
+        return _shard_run(self.fn, reducer, (mesh, axis, specs, v_spec), (dyn, static), valid)
 
-        def local(dyn_args, v):
-            part = call_with_valid(self.fn, eqx.combine(dyn_args, static), v)
-            return reducer.shard_local(part, axis)
 
-        # check_vma=False: `fn` is the user's code, and with the check on JAX types every value
-        # inside `shard_map` as device-varying or invariant. Ordinary per-example code that
-        # mixes a constant with device-varying rows in a typed slot then fails: a `jax.vjp`
-        # pulled back with `jnp.ones(...)`, a `lax.scan`/`fori_loop` carry started from zeros
-        # (chunkx's own chunk loop and `Pullback` do both). What the check guards -- that an
-        # output declared replicated (`P()`) really is -- the reducers guarantee: only `Sum`
-        # declares `P()`, and it returns a `psum`. tests/test_combinators.py::
-        # test_shard_sum_replicated_and_user_constants checks both sides.
-        gathered = jax.shard_map(
-            local, mesh=mesh, in_specs=(specs, v_spec), out_specs=reducer.shard_spec(axis),
-            check_vma=False,
-        )(dyn, valid)
-        return reducer.shard_collect(gathered, mesh)
+def _shard_run(fn, reducer, layout, args, valid):
+    """`fn` on each device's rows (`args`: arrays and static leaves, `layout`: the mesh, its
+    axis and the arguments' specs), joined by the reducer's collective."""
+    mesh, axis, specs, v_spec = layout
+    dyn, static = args
+
+    def local(dyn_args, v):
+        part = call_with_valid(fn, eqx.combine(dyn_args, static), v)
+        return reducer.shard_local(part, axis)
+
+    # check_vma=False: `fn` is the user's code, and with the check on JAX types every value
+    # inside `shard_map` as device-varying or invariant. Ordinary per-example code that
+    # mixes a constant with device-varying rows in a typed slot then fails: a `jax.vjp`
+    # pulled back with `jnp.ones(...)`, a `lax.scan`/`fori_loop` carry started from zeros
+    # (chunkx's own chunk loop and `Pullback` do both). What the check guards -- that an
+    # output declared replicated (`P()`) really is -- the reducers guarantee: only `Sum`
+    # declares `P()`, and it returns a `psum`. tests/test_combinators.py::
+    # test_shard_sum_replicated_and_user_constants checks both sides.
+    gathered = jax.shard_map(
+        local, mesh=mesh, in_specs=(specs, v_spec), out_specs=reducer.shard_spec(axis),
+        check_vma=False,
+    )(dyn, valid)
+    return reducer.shard_collect(gathered, mesh)
 
 
 layer_in_axes.register(Shard, own_axes)
