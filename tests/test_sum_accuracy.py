@@ -4,6 +4,7 @@ float16 and float64, against a float64 oracle; integer sums are exact; `compensa
 is the plain running sum of a hand-written loop; elementwise maps are bit-identical to
 `jax.vmap` at every chunk size."""
 
+import functools
 import math
 
 import jax
@@ -23,7 +24,10 @@ def f(x, w):
     return jnp.sum(jnp.sin(3 * x * w) ** 2 + 0.5)
 
 
+@functools.cache
+@functools.partial(jax.jit, static_argnums=0)
 def data(dtype):
+    """Built once per dtype, compiled (the same bits as op by op)."""
     x = jax.random.uniform(jax.random.PRNGKey(0), (N, 4), jnp.float64).astype(dtype)
     w = jnp.linspace(0.5, 2.0, 4, dtype=jnp.float64).astype(dtype)
     return x, w
@@ -39,12 +43,23 @@ def rel(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def oracle(x, w):
-    """The float64 value (an exactly rounded sum of float64 rows) and gradient on the same
-    (rounded) inputs."""
+@jax.jit
+def _rows_and_grad64(x, w):
     x64, w64 = x.astype(jnp.float64), w.astype(jnp.float64)
-    value = math.fsum(np.asarray(jax.vmap(f, (0, None))(x64, w64)).tolist())
-    return value, np.asarray(jax.grad(plain)(w64, x64))
+    return jax.vmap(f, (0, None))(x64, w64), jax.grad(plain)(w64, x64)
+
+
+@functools.cache
+def _oracle(dtype, n):
+    x, w = data(dtype)
+    rows, grad = _rows_and_grad64(x[:n], w)
+    return math.fsum(np.asarray(rows).tolist()), np.asarray(grad)
+
+
+def oracle(dtype, n=N):
+    """The float64 value (an exactly rounded sum of float64 rows) and gradient on the same
+    (rounded) inputs: the first `n` rows of `data(dtype)` (computed once per dtype and `n`)."""
+    return _oracle(dtype, n)
 
 
 def bound(err_ref, dtype):
@@ -67,7 +82,7 @@ def loss(size, compensated=True):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 def test_value_and_fused_grad_within_4x_of_unchunked_sum(dtype):
     x, w = data(dtype)
-    v_ref, g_ref = oracle(x, w)
+    v_ref, g_ref = oracle(dtype)
     v0, g0 = jax.jit(jax.value_and_grad(plain))(w, x)
     ev, eg = rel(v0, v_ref), rel(g0, g_ref)
     for size in SIZES:
@@ -83,7 +98,7 @@ def test_value_and_fused_grad_within_4x_of_unchunked_sum(dtype):
 def test_maps_and_monoid_sums_compensated(dtype):
     """The public maps and a sum Monoid accumulate as `Sum` does (chunks of 1 and 7)."""
     x, w = data(dtype)
-    v_ref, _ = oracle(x, w)
+    v_ref, _ = oracle(dtype)
     ev = rel(plain(w, x), v_ref)
     add = chunkx.Monoid(jnp.add, jnp.sum)
     for size in (1, 7):
@@ -106,7 +121,7 @@ def test_micro_vmap_sum_compensated_and_option_off_is_optax(size):
     """micro_vmap's SUM is compensated; `compensated=False` gives optax's bits."""
     x, w = data(jnp.float32)
     x = x[:2100]  # a multiple of every size (optax needs one)
-    v_ref, _ = oracle(x, w)
+    v_ref, _ = oracle(jnp.float32, 2100)
     ev = rel(plain(w, x), v_ref)
     ours, theirs = chunkx.AccumulationType.SUM, om.AccumulationType.SUM
     on = chunkx.micro_vmap(f, (0, None), microbatch_size=size, accumulator=ours)
@@ -196,7 +211,7 @@ def test_micro_grad_and_microbatch_option_off_is_optax(kind):
 def test_monoid_option_off_is_the_plain_fold():
     x, w = data(jnp.float32)
     x = x[:700]
-    rows = jax.vmap(f, (0, None))(x, w)
+    rows = jax.jit(jax.vmap(f, (0, None)))(x, w)
 
     def hand(rows):  # the left fold of chunk sums, seeded from the first chunk
         parts = jnp.sum(rows.reshape(100, 7), axis=1)
