@@ -158,7 +158,7 @@ def complex_f(w, x):  # not holomorphic
 def complex_case():
     """The data and plain jax.vmap's VJP, JVP and real gradient, in one compiled program."""
     x = rows(9)
-    w = jax.random.normal(jax.random.PRNGKey(2), (3,)) * (1 + 0.5j)
+    w = jax.jit(lambda k: jax.random.normal(k, (3,)) * (1 + 0.5j))(jax.random.PRNGKey(2))
     ct = jnp.asarray(0.3 - 1.2j)
     ref = lambda w, x: jnp.sum(jax.vmap(complex_f, (None, 0))(w, x))  # noqa: E731
 
@@ -209,17 +209,28 @@ def test_auto_policy_fuses_small_sums_only():
     def outer(k):
         return lambda p, x: jnp.outer(x, jnp.ones(k)) * p["b"]
 
-    def fused(f, reducer=chunkx.Sum(), join=lambda r: jnp.sum(r, 0)):
+    total = lambda r: jnp.sum(r, 0)  # noqa: E731
+    top = lambda r: jnp.max(r, 0)  # noqa: E731
+    cases = [(outer(5), chunkx.Sum(), total), (outer(6), chunkx.Sum(), total),
+             (outer(1), chunkx.Concat(), lambda r: r),
+             (outer(1), chunkx.Monoid(jnp.maximum, top), top)]
+
+    def ref(f, join):
+        return lambda p: jnp.sum(jnp.sin(join(jax.vmap(f, (None, 0))(p, x))))
+
+    # plain jax.vmap's gradients of the four cases, in one compiled program
+    refs = jax.jit(lambda p: [jax.grad(ref(f, join))(p) for f, _, join in cases])(p)
+
+    def fused(i):
+        f, reducer, _ = cases[i]
         g = chunkx.Chunk(chunkx.Vmap(f, (None, 0)), 4, reducer=reducer, in_axes=(None, 0))
-        ref = lambda p: jnp.sum(jnp.sin(join(jax.vmap(f, (None, 0))(p, x))))  # noqa: E731
-        close(jax.grad(lambda p: jnp.sum(jnp.sin(g(p, x))))(p), jax.jit(jax.grad(ref))(p))
+        close(jax.grad(lambda p: jnp.sum(jnp.sin(g(p, x))))(p), refs[i])
         return "custom_jvp_call" in str(jax.make_jaxpr(g)(p, x))
 
-    assert fused(outer(5))  # 15 outputs
-    assert not fused(outer(6))  # 18 outputs: recompute
-    assert not fused(outer(1), chunkx.Concat(), lambda r: r)
-    top = lambda r: jnp.max(r, 0)  # noqa: E731
-    assert not fused(outer(1), chunkx.Monoid(jnp.maximum, top), top)
+    assert fused(0)  # 15 outputs
+    assert not fused(1)  # 18 outputs: recompute
+    assert not fused(2)  # Concat
+    assert not fused(3)  # a Monoid of jnp.maximum
 
 
 def test_batch_vmap_and_batch_map_pass_the_policy():
@@ -348,7 +359,8 @@ def test_auto_batch_map_plans_the_reverse_pass_for_closed_over_parameters():
 def test_auto_map_of_an_equinox_module():
     import equinox as eqx
 
-    mlp = eqx.nn.MLP(3, 1, 16, 2, key=jax.random.PRNGKey(0))
+    # built in one compiled program (the same weights as built eagerly, op by op)
+    mlp = eqx.filter_jit(lambda key: eqx.nn.MLP(3, 1, 16, 2, key=key))(jax.random.PRNGKey(0))
     x = rows(1024)
     ref = eqx.filter_jit(eqx.filter_grad(lambda m: jnp.sum(jax.vmap(m)(x))))(mlp)
 
@@ -460,7 +472,8 @@ def test_sparse_pullback_grad_batch_size():
 
 def test_auto_forward_only_map_whose_reverse_pass_does_not_fit():
     x = normal(4, (50, 6), jnp.float32)
-    w1, w2 = jnp.ones((6, 24), jnp.float32) / 6, jnp.ones((24, 5), jnp.float32) / 24
+    w1 = jnp.asarray(np.ones((6, 24), np.float32) / np.float32(6))
+    w2 = jnp.asarray(np.ones((24, 5), np.float32) / np.float32(24))
     mlp = lambda x, w1, w2: jnp.tanh(x @ w1) @ w2  # noqa: E731
     fixed = lambda *a: chunkx.batch_vmap(mlp, (0, None, None), batch_size=5)(*a)  # noqa: E731
     budget = jax.jit(fixed).lower(x, w1, w2).compile().memory_analysis().temp_size_in_bytes
