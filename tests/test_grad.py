@@ -79,20 +79,25 @@ CASES = [(r, 10, 4, *pol) for r in REDUCERS for pol in POLICIES] + [
 
 
 @functools.cache
-def vmap_derivatives(reducer, n):
-    """Plain `jax.vmap`'s value and gradient, VJP (at a cotangent of 0.7) and JVP, compiled once
-    for every grad policy of a case."""
-    f, p, x = REDUCERS[reducer][1], params(), rows(n)
-    ref_f = lambda p, x: summed(p, x, f)  # noqa: E731
+def all_vmap_derivatives():
+    """Plain `jax.vmap`'s value and gradient, VJP (at a cotangent of 0.7) and JVP for every
+    (reducer, rows) of CASES, all in one compiled program, shared by every grad policy."""
+    keys = sorted({(reducer, n) for reducer, n, *_ in CASES})
 
-    @jax.jit
-    def run(p, x):
+    def derivatives(reducer, p, x):
+        f = REDUCERS[reducer][1]
+        ref_f = lambda p, x: summed(p, x, f)  # noqa: E731
         out, pull = jax.vjp(ref_f, p, x)
         ct = jax.tree_util.tree_map(lambda t: jnp.full(t.shape, 0.7, t.dtype), out)
         vg = jax.value_and_grad(lambda p, x: scalar(ref_f(p, x)), (0, 1))(p, x)
         return vg, (out, pull(ct)), jax.jvp(ref_f, (p, x), (p, x)), ct
 
-    return run(p, x)
+    run = jax.jit(lambda p, xs: [derivatives(r, p, x) for (r, _), x in zip(keys, xs)])
+    return dict(zip(keys, run(params(), [rows(n) for _, n in keys])))
+
+
+def vmap_derivatives(reducer, n):
+    return all_vmap_derivatives()[reducer, n]
 
 
 @pytest.mark.parametrize("reducer,n,size,grad,grad_size", CASES)
@@ -128,11 +133,12 @@ def test_second_order_matches_vmap(grad, grad_size):
     p, x = params(), rows(10)
     g = pipe(chunkx.Sum(), 4, grad, grad_size, remainder="shift")
     h = lambda p, x: scalar(g(p, x))  # noqa: E731
-    # exact derivatives against plain jax.vmap's, one compiled program each; in one case the
-    # chunked map's are taken eagerly (the derivative rules applied op by op)
+    # exact derivatives against plain jax.vmap's; the chunked map's all in one compiled
+    # program, or in one case taken eagerly (the derivative rules applied op by op)
+    every = lambda p, x: [d(h)(p, x) for d in DERIVATIVES.values()]  # noqa: E731
     run = (lambda d: d) if grad_size is None else jax.jit
-    for d, want in zip(DERIVATIVES.values(), second_order_refs()):
-        close(run(d(h))(p, x), want)
+    for got, want in zip(run(every)(p, x), second_order_refs()):
+        close(got, want)
 
 
 @pytest.mark.parametrize("grad,grad_size", [("auto", None), ("fused", 2), ("recompute", 2)])
