@@ -12,6 +12,22 @@ from helpers import DTYPES, SIZES, assert_tree_close, make_args, per_example, ra
 AXES = (0, None, 0)
 
 # every size in float64, every other dtype at a remainder (10, 3), n == 0 and n < batch_size
+# the plain-JAX references, compiled once per input shape and shared by the tests below
+_vmap_ref = jax.jit(jax.vmap(per_example, AXES))
+
+
+def _grad_loss(mapped, x, w, d):
+    out, first = mapped(x, w, d)
+    return jnp.sum(jnp.sin(out["h"])) + jnp.sum(out["s"]) + jnp.sum(first)
+
+
+_grad_ref = jax.jit(jax.grad(lambda x, w, d: _grad_loss(jax.vmap(per_example, AXES), x, w, d),
+                             argnums=1))
+_outer_ref = jax.jit(lambda x, ws, d: jax.vmap(lambda w: jax.vmap(per_example, AXES)(x, w, d))(ws))
+_sum_refs = jax.jit(lambda x, w: (
+    jnp.sum(jnp.sin(x * w), axis=0),
+    jax.grad(lambda w: jnp.sum(jnp.sum(jnp.sin(x * w), axis=0) ** 2))(w)))
+
 SIZE_DTYPES = [(size, jnp.float64) for size in SIZES] + [
     (size, dtype) for size in [(10, 3), (0, 3), (3, 5)] for dtype in DTYPES if dtype != jnp.float64]
 
@@ -20,7 +36,7 @@ SIZE_DTYPES = [(size, jnp.float64) for size in SIZES] + [
 def test_batch_vmap_matches_vmap(size, dtype):
     n, b = size
     args = make_args(n, dtype)
-    ref = jax.vmap(per_example, AXES)(*args)
+    ref = _vmap_ref(*args)
     g = chunkx.batch_vmap(per_example, AXES, batch_size=b)
     assert_tree_close(eqx.filter_jit(g)(*args), ref, rtol=tol(dtype))
 
@@ -28,7 +44,7 @@ def test_batch_vmap_matches_vmap(size, dtype):
 @pytest.mark.parametrize(("n", "b"), SIZES)
 def test_batch_vmap_sharded_matches_vmap(n, b):
     args = make_args(n, jnp.float32)
-    ref = jax.vmap(per_example, AXES)(*args)
+    ref = _vmap_ref(*args)
     g = chunkx.batch_vmap(per_example, AXES, batch_size=b, shard=True)
     assert_tree_close(g(*args), ref, rtol=1e-5)
 
@@ -39,16 +55,15 @@ def test_batch_vmap_grad_and_outer_vmap(n, b, shard):
     x, w, d = make_args(n, jnp.float64)
 
     def loss(mapped, w):
-        out, first = mapped(x, w, d)
-        return jnp.sum(jnp.sin(out["h"])) + jnp.sum(out["s"]) + jnp.sum(first)
+        return _grad_loss(mapped, x, w, d)
 
     g = chunkx.batch_vmap(per_example, AXES, batch_size=b, shard=shard)
-    ref = jax.grad(loss, argnums=1)(jax.vmap(per_example, AXES), w)
+    ref = _grad_ref(x, w, d)
     assert_tree_close(jax.jit(jax.grad(lambda w: loss(g, w)))(w), ref, rtol=1e-12)
     # vmap over the chunked map (a batch of parameter vectors)
     ws = jnp.stack([w, 2 * w])
     outer = jax.vmap(lambda w: g(x, w, d))(ws)
-    outer_ref = jax.vmap(lambda w: jax.vmap(per_example, AXES)(x, w, d))(ws)
+    outer_ref = _outer_ref(x, ws, d)
     assert_tree_close(outer, outer_ref, rtol=1e-12)
 
 
@@ -60,10 +75,9 @@ def test_batch_vmap_reduction_matches_sum(n, b, shard):
         lambda x, w: jnp.sin(x * w), (0, None), batch_size=b, shard=shard,
         reduction=jnp.add, chunk_reduction=lambda o: jnp.sum(o, axis=0),
     )
-    ref = jnp.sum(jnp.sin(x * w), axis=0)
+    ref, gw_ref = _sum_refs(x, w)
     np.testing.assert_allclose(g(x, w), ref, rtol=1e-12)
     gw = jax.grad(lambda w: jnp.sum(g(x, w) ** 2))(w)
-    gw_ref = jax.grad(lambda w: jnp.sum(jnp.sum(jnp.sin(x * w), axis=0) ** 2))(w)
     np.testing.assert_allclose(gw, gw_ref, rtol=1e-12)
 
 
