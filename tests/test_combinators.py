@@ -137,8 +137,8 @@ def test_chunked_map_as_field_of_equinox_model():
     # the combinators are pytrees: weights inside a pipeline are leaves, not constants
     pipe = chunkx.Chunk(chunkx.Vmap(eqx.nn.Linear(3, 2, key=jax.random.PRNGKey(2))), 4)
     assert len(jax.tree_util.tree_leaves(pipe)) == 2
-    np.testing.assert_allclose(eqx.filter_jit(pipe)(x), eqx.filter_jit(jax.vmap(pipe.fn.fn))(x),
-                               rtol=1e-6)
+    np.testing.assert_allclose(eqx.filter_jit(pipe)(x), eqx.filter_jit(
+        lambda lin, x: jax.vmap(lin)(x))(pipe.fn.fn, x), rtol=1e-6)
 
 
 def test_grad_memory_is_bounded_by_the_chunk():
