@@ -81,13 +81,19 @@ def test_batch_vmap_reduction_matches_sum(n, b, shard):
     np.testing.assert_allclose(gw, gw_ref, rtol=1e-12)
 
 
+@jax.jit  # the reference loop, traced into one program shared by both cases
+def _ordered_product(mats):
+    ref = mats[0]
+    for m in mats[1:]:
+        ref = ref @ m
+    return ref
+
+
 @pytest.mark.parametrize("shard", [False, True])
 def test_non_commutative_reduction_keeps_row_order(shard):
     """2x2 matrix products: chunkx folds in row order, also across devices."""
     mats = rand(jax.random.PRNGKey(3), (13, 2, 2), jnp.float64)
-    ref = mats[0]
-    for m in mats[1:]:
-        ref = ref @ m
+    ref = _ordered_product(mats)
 
     def chain(ms):
         out = ms[0]
@@ -118,10 +124,13 @@ def test_batch_map_strip_dim0_keeps_cond_a_branch():
         calls.append(1)
         return jax.lax.cond(xi > 2, jnp.sin, jnp.cos, xi)
 
+    want, want_max = jax.jit(lambda x: (  # the references as one program
+        jnp.where(x > 2, jnp.sin(x), jnp.cos(x)),
+        jnp.max(jnp.where(x > 2, jnp.sin(x), jnp.cos(x)))))(x)
     out = chunkx.batch_map(fun, x, 1, strip_dim0=True)
-    np.testing.assert_allclose(out, jnp.where(x > 2, jnp.sin(x), jnp.cos(x)), rtol=1e-12)
+    np.testing.assert_allclose(out, want, rtol=1e-12)
     red = chunkx.batch_map(fun, x, 1, strip_dim0=True, reduction=jnp.maximum)
-    np.testing.assert_allclose(red, jnp.max(jnp.where(x > 2, jnp.sin(x), jnp.cos(x))))
+    np.testing.assert_allclose(red, want_max)
 
 
 def test_call_time_kwargs_are_passed_whole():
@@ -133,13 +142,13 @@ def test_call_time_kwargs_are_passed_whole():
 def test_chunk_reduction_without_reduction_applies_to_whole_output():
     x = jnp.arange(10.0)
     g = chunkx.batch_vmap(jnp.sin, batch_size=3, chunk_reduction=jnp.sum)
-    np.testing.assert_allclose(g(x), jnp.sum(jnp.sin(x)), rtol=1e-12)
+    np.testing.assert_allclose(g(x), jax.jit(lambda x: jnp.sum(jnp.sin(x)))(x), rtol=1e-12)
 
 
 def test_nonzero_in_axes_are_moved():
     x = rand(jax.random.PRNGKey(0), (3, 10), jnp.float64)
     g = chunkx.batch_vmap(lambda c: c * 2, 1, batch_size=4)
-    np.testing.assert_allclose(g(x), jax.vmap(lambda c: c * 2, 1)(x), rtol=1e-12)
+    np.testing.assert_allclose(g(x), jax.jit(jax.vmap(lambda c: c * 2, 1))(x), rtol=1e-12)
 
 
 def test_loop_semantics_docstring_equivalence():
@@ -148,9 +157,15 @@ def test_loop_semantics_docstring_equivalence():
     f = lambda r: jnp.sin(r) * r  # noqa: E731
     red = lambda a, b: a + b  # noqa: E731
     cr = lambda o: jnp.sum(o, 0)  # noqa: E731
-    parts = [cr(jax.vmap(f)(x[i : i + 4])) for i in range(0, 11, 4)]
-    loop = parts[0]
-    for p in parts[1:]:
-        loop = red(loop, p)
+
+    @jax.jit  # the docstring's loop, traced into one program
+    def docstring_loop(x):
+        parts = [cr(jax.vmap(f)(x[i : i + 4])) for i in range(0, 11, 4)]
+        loop = parts[0]
+        for p in parts[1:]:
+            loop = red(loop, p)
+        return loop
+
+    loop = docstring_loop(x)
     got = chunkx.batch_vmap(f, batch_size=4, reduction=red, chunk_reduction=cr)(x)
     np.testing.assert_allclose(got, loop, rtol=1e-12)
