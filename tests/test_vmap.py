@@ -150,7 +150,7 @@ _backward_ref = jax.jit(jax.grad(lambda x, w: jnp.sum(jax.vmap(_sin_xw, (0, None
 @pytest.mark.parametrize("grad", ["auto", "recompute"])
 def test_vmap_backward_chunk_size(grad):
     x, w = _fixed((11, 3)), _fixed((3,), 1)
-    f = _sin_xw
+    f = lambda x, w: jnp.sin(x * w)  # noqa: E731
     g = chunkx.vmap(f, (0, None), batch_size=4, grad=grad, grad_batch_size=2)
     ref = _backward_ref(x, w)
     assert_tree_close(jax.grad(lambda w: jnp.sum(g(x, w) ** 2))(w), ref)
