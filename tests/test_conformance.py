@@ -22,7 +22,7 @@ def test_batch_vmap_equals_adv(n, b, shard):
     x = rand(jax.random.PRNGKey(0), (n, 3), jnp.float32)
     w = rand(jax.random.PRNGKey(1), (3, 2), jnp.float32)
     ours = chunkx.batch_vmap(f_pair, (0, None), batch_size=b, shard=shard)(x, w)
-    theirs = adv.batch_vmap(f_pair, (0, None), batch_size=b, shard=shard)(x, w)
+    theirs = jax.jit(adv.batch_vmap(f_pair, (0, None), batch_size=b, shard=shard))(x, w)
     assert_tree_close(ours, theirs, rtol=1e-6)
 
 
@@ -32,19 +32,19 @@ def test_batch_vmap_reduction_equals_adv(n, b, shard):
     x = rand(jax.random.PRNGKey(0), (n, 3), jnp.float64)
     kw = dict(batch_size=b, shard=shard, reduction=jnp.add, chunk_reduction=lambda o: o.sum(0))
     ours = chunkx.batch_vmap(jnp.sin, **kw)(x)
-    theirs = adv.batch_vmap(jnp.sin, **kw)(x)
+    theirs = jax.jit(adv.batch_vmap(jnp.sin, **kw))(x)
     assert_tree_close(ours, theirs, rtol=1e-12)
 
 
 def test_batch_vmap_chunk_size_alias_equals_adv():
     x = jnp.arange(9.0)
     ours = chunkx.batch_vmap(jnp.exp, chunk_size=2)(x)
-    theirs = adv.batch_vmap(jnp.exp, chunk_size=2)(x)
+    theirs = jax.jit(adv.batch_vmap(jnp.exp, chunk_size=2))(x)
     assert_tree_close(ours, theirs)
     # batch_size wins over the alias, as in adv
     assert_tree_close(
         chunkx.batch_vmap(jnp.exp, batch_size=4, chunk_size=2)(x),
-        adv.batch_vmap(jnp.exp, batch_size=4, chunk_size=2)(x),
+        jax.jit(adv.batch_vmap(jnp.exp, batch_size=4, chunk_size=2))(x),
     )
 
 
@@ -52,14 +52,16 @@ def test_batch_vmap_chunk_size_alias_equals_adv():
 def test_batch_map_equals_adv(n, b):
     x = {"a": rand(jax.random.PRNGKey(2), (n, 2), jnp.float64), "b": jnp.ones((n,))}
     fun = lambda t: t["a"] * t["b"][:, None]  # noqa: E731
-    assert_tree_close(chunkx.batch_map(fun, x, b), adv.batch_map(fun, x, b), rtol=1e-12)
+    theirs = jax.jit(lambda x: adv.batch_map(fun, x, b))(x)
+    assert_tree_close(chunkx.batch_map(fun, x, b), theirs, rtol=1e-12)
 
 
 def test_batch_map_strip_dim0_reduction_equals_adv():
     x = rand(jax.random.PRNGKey(3), (7,), jnp.float64)
     kw = dict(strip_dim0=True, reduction=jnp.maximum)
     assert_tree_close(
-        chunkx.batch_map(jnp.sin, x, 1, **kw), adv.batch_map(jnp.sin, x, 1, **kw), rtol=1e-12
+        chunkx.batch_map(jnp.sin, x, 1, **kw),
+        jax.jit(lambda x: adv.batch_map(jnp.sin, x, 1, **kw))(x), rtol=1e-12
     )
 
 
@@ -71,6 +73,9 @@ def test_unexpected_kwargs_message_matches_adv():
 
 def g_batched(p, x):
     return jnp.sin(p * x).sum(-1), p * x
+
+
+_g_batched_ref = jax.jit(g_batched)  # compiled once per shape, shared by the cases
 
 
 # every pair of rows x chunk size x (use_scan, shard_batch) x atleast_1chunk, and a chunk larger
@@ -90,10 +95,10 @@ def test_chunk_map_equals_quantax(n, c, use_scan, shard_batch, atleast_1chunk):
         atleast_1chunk=atleast_1chunk,
     )
     ours = chunkx.chunk_map(g_batched, **kw)(p, x)
-    assert_tree_close(ours, g_batched(p, x), rtol=1e-6)
+    assert_tree_close(ours, _g_batched_ref(p, x), rtol=1e-6)
     if n % jax.device_count() == 0:
         with jax.set_mesh(qx_utils.make_mesh()):
-            theirs = qx_utils.chunk_map(g_batched, **kw)(p, x)
+            theirs = jax.jit(qx_utils.chunk_map(g_batched, **kw))(p, x)
         assert_tree_close(ours, theirs, rtol=1e-6)
 
 
@@ -101,7 +106,7 @@ def test_chunk_map_out_axes_equals_quantax():
     x = rand(jax.random.PRNGKey(5), (2, 8), jnp.float32)
     f = lambda x: (x.T * 2, x * 3)  # noqa: E731  batch on axis 1 in, axis 0 / 1 out
     kw = dict(in_axes=1, out_axes=(0, 1), chunk_size=1, use_scan=True)
-    assert_tree_close(chunkx.chunk_map(f, **kw)(x), qx_utils.chunk_map(f, **kw)(x))
+    assert_tree_close(chunkx.chunk_map(f, **kw)(x), jax.jit(qx_utils.chunk_map(f, **kw))(x))
 
 
 def test_chunk_map_identity_when_nothing_to_chunk():
@@ -114,10 +119,10 @@ def test_chunk_map_zero_padding_nan_gradient_fixed():
     """quantax pads with zeros: d/dp sqrt(p*x) at x=0 poisons the gradient with NaN."""
     x = jnp.linspace(0.5, 3.0, 12, dtype=jnp.float32)  # 3 rows per device, chunk 2
     f = jax.vmap(lambda p, x: jnp.sqrt(p * x), (None, 0))
-    ref = jax.grad(lambda p: f(p, x).sum())(jnp.float32(2.0))
+    ref = jax.jit(jax.grad(lambda p: f(p, x).sum()))(jnp.float32(2.0))
     ours = jax.grad(lambda p: chunkx.chunk_map(f, (None, 0), chunk_size=2, use_scan=True)(
         p, x).sum())(jnp.float32(2.0))
-    theirs = jax.grad(lambda p: qx_utils.chunk_map(f, (None, 0), chunk_size=2, use_scan=True)(
-        p, x).sum())(jnp.float32(2.0))
+    theirs = jax.jit(jax.grad(lambda p: qx_utils.chunk_map(
+        f, (None, 0), chunk_size=2, use_scan=True)(p, x).sum()))(jnp.float32(2.0))
     np.testing.assert_allclose(ours, ref, rtol=1e-6)
     assert np.isnan(theirs)  # documents the peer's behaviour we deliberately differ from

@@ -1,5 +1,7 @@
 """chunkx.vmap / chunkx.filter_vmap against jax.vmap / eqx.filter_vmap on the same inputs."""
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -58,6 +60,7 @@ CASES = [
 IDS = [c[0] for c in CASES]
 
 
+@jax.jit  # test scaffolding: one program per output structure, not one per eager op
 def _loss(out):
     return sum(jnp.sum(jnp.sin(leaf)) for leaf in jax.tree_util.tree_leaves(out))
 
@@ -75,13 +78,18 @@ def test_vmap_matches_jax_vmap(case, n, b):
     _, fun, make, in_axes, out_axes = case
     args, kwargs = make(n)
     ref = jax.vmap(fun, in_axes, out_axes)
+    with_grad = (n, b) in GRAD_SIZES
+    # the reference, and its gradient, as one compiled program
+    expected, grad_ref = jax.jit(lambda a, k: (
+        ref(*a, **k),
+        jax.grad(lambda a, k: _loss(ref(*a, **k)), argnums=(0, 1))(a, k) if with_grad else None,
+    ))(args, kwargs)
     g = chunkx.vmap(fun, in_axes, out_axes, batch_size=b)
-    assert_tree_close(g(*args, **kwargs), ref(*args, **kwargs))
-    assert_tree_close(jax.jit(lambda a, k: g(*a, **k))(args, kwargs), ref(*args, **kwargs))
-    if (n, b) not in GRAD_SIZES:
+    assert_tree_close(g(*args, **kwargs), expected)
+    assert_tree_close(jax.jit(lambda a, k: g(*a, **k))(args, kwargs), expected)
+    if not with_grad:
         return
     grad = jax.grad(lambda a, k: _loss(g(*a, **k)), argnums=(0, 1))(args, kwargs)
-    grad_ref = jax.grad(lambda a, k: _loss(ref(*a, **k)), argnums=(0, 1))(args, kwargs)
     assert_tree_close(grad, grad_ref)
 
 
@@ -91,34 +99,52 @@ def test_vmap_under_outer_vmap_and_shard(case):
     args, kwargs = make(10)
     scales = jnp.array([0.5, 1.0, 2.0])
 
-    def outer(mapped):
+    def outer(mapped, args=args, kwargs=kwargs):
         return jax.vmap(lambda c: mapped(*jax.tree.map(lambda a: c * a, args), **kwargs))(scales)
 
-    ref = outer(jax.vmap(fun, in_axes, out_axes))
+    plain = jax.vmap(fun, in_axes, out_axes)
+    ref, ref_plain = jax.jit(lambda a, k: (outer(plain, a, k), plain(*a, **k)))(args, kwargs)
     assert_tree_close(outer(chunkx.vmap(fun, in_axes, out_axes, batch_size=3)), ref)
     sharded = chunkx.vmap(fun, in_axes, out_axes, batch_size=2, shard=True)
-    assert_tree_close(sharded(*args, **kwargs), jax.vmap(fun, in_axes, out_axes)(*args, **kwargs))
+    assert_tree_close(sharded(*args, **kwargs), ref_plain)
 
 
 def test_vmap_equals_docstring_loop():
     """The loop of chunkx.vmap's docstring: jax.vmap per chunk, concatenated, axis moved."""
     f = lambda x, w: {"a": jnp.sin(x * w), "b": x[:2]}  # noqa: E731
     x, w = _fixed((3, 10)), _fixed((3,), 1)
-    parts = [jax.vmap(f, (1, None), 0)(x[:, i : i + 4], w) for i in range(0, 10, 4)]
-    loop = jax.tree.map(lambda *p: jnp.moveaxis(jnp.concatenate(p, 0), 0, -1), *parts)
+
+    @jax.jit  # the loop, traced once into one program
+    def docstring_loop(x, w):
+        parts = [jax.vmap(f, (1, None), 0)(x[:, i : i + 4], w) for i in range(0, 10, 4)]
+        return jax.tree.map(lambda *p: jnp.moveaxis(jnp.concatenate(p, 0), 0, -1), *parts)
+
+    loop = docstring_loop(x, w)
     assert_tree_close(chunkx.vmap(f, (1, None), -1, batch_size=4)(x, w), loop)
 
 
 def test_vmap_axis_size_broadcast_and_sum_reducer():
     w = _fixed((3,))
-    ref = jax.vmap(lambda w: jnp.sin(w), in_axes=None, axis_size=5)(w)
-    assert_tree_close(chunkx.vmap(jnp.sin, None, axis_size=5, batch_size=2)(w), ref)
     x = _fixed((11, 3))
+    ref, ref_sum, ref_grad = jax.jit(lambda x, w: (  # the references as one program
+        jax.vmap(lambda w: jnp.sin(w), in_axes=None, axis_size=5)(w),
+        {"a": jnp.sum(jax.vmap(jnp.sin)(x * w), axis=0)},
+        jax.grad(lambda w: jnp.sum(jnp.sin(x * w)))(w)))(x, w)
+    assert_tree_close(chunkx.vmap(jnp.sin, None, axis_size=5, batch_size=2)(w), ref)
     total = chunkx.vmap(lambda x, w: {"a": jnp.sin(x * w)}, (0, None), batch_size=4,
                         reducer=chunkx.Sum())
-    assert_tree_close(total(x, w), {"a": jnp.sum(jax.vmap(jnp.sin)(x * w), axis=0)})
+    assert_tree_close(total(x, w), ref_sum)
     g = jax.grad(lambda w: total(x, w)["a"].sum())(w)
-    assert_tree_close(g, jax.grad(lambda w: jnp.sum(jnp.sin(x * w)))(w))
+    assert_tree_close(g, ref_grad)
+
+
+def _sin_xw(x, w):
+    return jnp.sin(x * w)
+
+
+# compiled once, shared by both cases
+_backward_ref = jax.jit(jax.grad(lambda x, w: jnp.sum(jax.vmap(_sin_xw, (0, None))(x, w) ** 2),
+                                 argnums=1))
 
 
 @pytest.mark.parametrize("grad", ["auto", "recompute"])
@@ -126,7 +152,7 @@ def test_vmap_backward_chunk_size(grad):
     x, w = _fixed((11, 3)), _fixed((3,), 1)
     f = lambda x, w: jnp.sin(x * w)  # noqa: E731
     g = chunkx.vmap(f, (0, None), batch_size=4, grad=grad, grad_batch_size=2)
-    ref = jax.grad(lambda w: jnp.sum(jax.vmap(f, (0, None))(x, w) ** 2))(w)
+    ref = _backward_ref(x, w)
     assert_tree_close(jax.grad(lambda w: jnp.sum(g(x, w) ** 2))(w), ref)
 
 
@@ -142,11 +168,14 @@ def test_vmap_auto_within_budget_and_equal():
     assert _temp(ref, x, w) > 2 * budget  # unchunked, it does not fit
     g = chunkx.vmap(f, (0, None), batch_size="auto", memory_budget=budget)
     assert _temp(g, x, w) <= budget
-    assert_tree_close(g(x, w), ref(x, w))
-    moved = chunkx.vmap(f, (1, None), -1, batch_size="auto", memory_budget=budget)
-    assert_tree_close(moved(x.T, w), jax.vmap(f, (1, None), -1)(x.T, w))
     loss = lambda m: lambda w: jnp.sum(m(x, w) ** 2)  # noqa: E731
-    assert_tree_close(jax.grad(loss(g))(w), jax.grad(loss(ref))(w))
+    want, want_moved, want_grad = jax.jit(lambda x, xt, w: (  # the references as one program
+        ref(x, w), jax.vmap(f, (1, None), -1)(xt, w),
+        jax.grad(lambda w: jnp.sum(ref(x, w) ** 2))(w)))(x, x.T, w)
+    assert_tree_close(g(x, w), want)
+    moved = chunkx.vmap(f, (1, None), -1, batch_size="auto", memory_budget=budget)
+    assert_tree_close(moved(x.T, w), want_moved)
+    assert_tree_close(jax.grad(loss(g))(w), want_grad)
 
 
 def test_vmap_is_a_module_through_filter_jit():
@@ -154,13 +183,22 @@ def test_vmap_is_a_module_through_filter_jit():
     g = chunkx.vmap(lambda x, w: x @ w, (1, None), batch_size=3)
     assert isinstance(g, chunkx.ChunkedVmap)
     x = _fixed((3, 8), 1)
-    assert_tree_close(eqx.filter_jit(g)(x, w), jax.vmap(lambda x, w: x @ w, (1, None))(x, w))
+    ref = jax.jit(jax.vmap(lambda x, w: x @ w, (1, None)))(x, w)
+    assert_tree_close(eqx.filter_jit(g)(x, w), ref)
 
 
 # ---------------------------------------------------------------- eqx.filter_vmap
 
+@functools.cache  # built once, in one program (an ensemble is immutable)
+def _full_ensemble():
+    return eqx.filter_jit(lambda ks: eqx.filter_vmap(lambda k: eqx.nn.MLP(3, 2, 4, 1, key=k))(
+        ks))(jax.random.split(K[0], 10))
+
+
 def _ensemble(n):
-    return eqx.filter_vmap(lambda k: eqx.nn.MLP(3, 2, 4, 1, key=k))(jax.random.split(K[0], n))
+    """The first n members of one 10-member ensemble (sliced in NumPy: compiles nothing)."""
+    return jax.tree.map(lambda a: jnp.asarray(np.asarray(a)[:n]) if eqx.is_array(a) else a,
+                        _full_ensemble())
 
 
 class _Scale(eqx.Module):
@@ -196,7 +234,7 @@ def test_filter_vmap_matches_eqx(case, n, b):
     args = make(n)
     ref = eqx.filter_vmap(fun, in_axes=in_axes, out_axes=out_axes)
     g = chunkx.filter_vmap(fun, in_axes=in_axes, out_axes=out_axes, batch_size=b)
-    expected = ref(*args)
+    expected = eqx.filter_jit(ref)(*args)
     assert eqx.tree_equal(g(*args), expected, rtol=1e-10, atol=1e-12)
     assert eqx.tree_equal(eqx.filter_jit(g)(*args), expected, rtol=1e-10, atol=1e-12)
     if (n, b) not in GRAD_SIZES:
@@ -207,10 +245,10 @@ def test_filter_vmap_matches_eqx(case, n, b):
         return _loss(dyn)
 
     grad = eqx.filter_grad(loss)(g, args)
-    grad_ref = eqx.filter_grad(loss)(ref, args)
+    grad_ref = eqx.filter_jit(eqx.filter_grad(loss))(ref, args)
     assert eqx.tree_equal(grad.fun, grad_ref._fun, rtol=1e-10, atol=1e-12)
     grad_args = eqx.filter_grad(lambda a: loss(g, a))(args)
-    assert eqx.tree_equal(grad_args, eqx.filter_grad(lambda a: loss(ref, a))(args),
+    assert eqx.tree_equal(grad_args, eqx.filter_jit(eqx.filter_grad(lambda a: loss(ref, a)))(args),
                           rtol=1e-10, atol=1e-12)
 
 
@@ -222,7 +260,8 @@ def test_filter_vmap_outer_vmap_decorator_and_method():
         return m(x)
 
     ref = eqx.filter_vmap(lambda m, x: m(x), in_axes=(eqx.if_array(0), None))
-    assert_tree_close(jax.vmap(lambda x: run(ens, x))(xs), jax.vmap(lambda x: ref(ens, x))(xs))
+    want = eqx.filter_jit(lambda ens, xs: jax.vmap(lambda x: ref(ens, x))(xs))(ens, xs)
+    assert_tree_close(jax.vmap(lambda x: run(ens, x))(xs), want)
 
     class Model(eqx.Module):
         w: jax.Array
@@ -236,12 +275,13 @@ def test_filter_vmap_outer_vmap_decorator_and_method():
             return self.w * x
 
     m, x = Model(_fixed((3,))), _fixed((5, 3), 1)
-    assert_tree_close(m.chunked(x), m.plain(x))
+    assert_tree_close(m.chunked(x), eqx.filter_jit(lambda m, x: m.plain(x))(m, x))
 
 
 def test_batch_vmap_runs_an_ensemble():
     ens, x = _ensemble(7), _fixed((3,), 1)
-    ref = eqx.filter_vmap(lambda m, x: m(x), in_axes=(eqx.if_array(0), None))(ens, x)
+    ref = eqx.filter_jit(eqx.filter_vmap(lambda m, x: m(x), in_axes=(eqx.if_array(0), None)))(
+        ens, x)
     out = chunkx.batch_vmap(lambda m, x: m(x), (eqx.if_array(0), None), batch_size=3)(ens, x)
     assert_tree_close(out, ref)
 
