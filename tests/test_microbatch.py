@@ -590,3 +590,13 @@ def test_auto_sharded_within_budget_per_device(fresh_cache):
     close(jax.jit(f)(x, w), jax.jit(lambda x, w: jax.vmap(heavy, (0, None))(x, w).mean())(x, w),
           tol=1e-4)
     assert temp(f, x, w) <= BUDGET // 4
+
+
+@pytest.mark.parametrize("kind", ["CONCAT", "SUM"])
+def test_auto_shard_on_rows_the_devices_do_not_divide(kind):
+    """`microbatch_size="auto"` with `shard=True` on 10 rows over 4 devices, against jax.vmap."""
+    x, w = data(10)
+    g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    f = chunkx.micro_vmap(g, (0, None), microbatch_size="auto", memory_budget=10**6,
+                          accumulator=ours(kind), shard=True)
+    close(f(x, w), reference(kind, jax.vmap(g, (0, None))(x, w)))
