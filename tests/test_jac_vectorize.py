@@ -40,7 +40,7 @@ def f_tree(x, y, scale=1.0):
     }
 
 
-A = jnp.asarray  # test data from NumPy: no eager compiles
+A = jax.device_put  # test data from NumPy: no eager compiles
 X = {"u": A(np.linspace(0.1, 1.0, 3)), "v": A(np.arange(4, dtype=np.float32).reshape(2, 2))}
 Y = A(np.linspace(1.0, 2.0, 4))
 JACS = [(batch_jacfwd, jax.jacfwd, adv.batch_jacfwd), (batch_jacrev, jax.jacrev, adv.batch_jacrev)]
@@ -79,7 +79,7 @@ def test_jacobian_matches_plain_loops():
 @pytest.mark.parametrize("ours,ref,_", JACS)
 @pytest.mark.parametrize("size", [1, 3])
 def test_jacobian_has_aux_under_jit(ours, ref, _, size):
-    x = jnp.asarray(np.linspace(-1.0, 1.0, 7))
+    x = jax.device_put(np.linspace(-1.0, 1.0, 7))
     out = jax.jit(ours(aux_fn, has_aux=True, batch_size=size))(x)
     expect = _reference(("aux", ref.__name__), lambda: jax.jit(ref(aux_fn, has_aux=True))(x))
     assert_tree_close(out, expect, weak_type=True)
@@ -95,8 +95,8 @@ def holo(z, w):
 @pytest.mark.parametrize("ours,ref,_", JACS)
 @pytest.mark.parametrize("size", [None, 4])
 def test_jacobian_holomorphic(ours, ref, _, size):
-    z = jnp.array([1 + 2j, 0.5 - 1j, -1j, 2.0])
-    w = jnp.array([0.3 + 0.1j, 1j], dtype=jnp.complex64)
+    z = jax.device_put(np.array([1 + 2j, 0.5 - 1j, -1j, 2.0]))
+    w = jax.device_put(np.array([0.3 + 0.1j, 1j], dtype=np.complex64))
     out = jax.jit(ours(holo, (0, 1), holomorphic=True, batch_size=size))(z, w)
     expect = _reference(("holo", ref.__name__),
                         lambda: jax.jit(ref(holo, (0, 1), holomorphic=True))(z, w))
@@ -107,28 +107,28 @@ def test_jacrev_complex_inputs_real_output_and_allow_int():
     def g(z, k):
         return jnp.abs(z) ** 2 * k
 
-    z, k = jnp.array([1 + 1j, 2 - 1j, 3j]), jnp.arange(3)
+    z, k = jax.device_put(np.array([1 + 1j, 2 - 1j, 3j])), jax.device_put(np.arange(3))
     out = jax.jit(batch_jacrev(g, (0, 1), allow_int=True, batch_size=2))(z, k)
     assert_tree_close(out, jax.jit(jax.jacrev(g, (0, 1), allow_int=True))(z, k), weak_type=True)
 
 
 @pytest.mark.parametrize("ours,ref,_", JACS)
 def test_jacobian_empty_integer_outputs_and_weak_types(ours, ref, _):
-    zero = jnp.asarray(np.ones(0))
+    zero = jax.device_put(np.ones(0))
     empty = jax.jit(ours(jnp.cumsum, batch_size=2))(zero)
     assert_tree_close(empty, jax.jit(ref(jnp.cumsum))(zero), weak_type=True)
     h = lambda x: x * jnp.ones(3)  # noqa: E731  (a Python scalar input: weakly typed Jacobian)
     assert_tree_close(jax.jit(ours(h, batch_size=2))(2.0), jax.jit(ref(h))(2.0), weak_type=True)
     as_int = lambda x: (jnp.round(x), (2 * x).astype(int))  # noqa: E731
     if ours is batch_jacfwd:
-        ones = jnp.asarray(np.ones(3))
+        ones = jax.device_put(np.ones(3))
         out = jax.jit(ours(as_int, batch_size=2))(ones)
         assert_tree_close(out, jax.jit(ref(as_int))(ones), weak_type=True)
 
 
 def test_hessian_by_composition_and_grad_through():
     f = lambda x: jnp.sum(jnp.sin(x) * x[::-1]) ** 2  # noqa: E731
-    x = jnp.asarray(np.linspace(0.0, 1.0, 5))
+    x = jax.device_put(np.linspace(0.0, 1.0, 5))
     hess = jax.jit(batch_jacfwd(batch_jacrev(f, batch_size=2), batch_size=3))(x)
     np.testing.assert_allclose(hess, jax.jit(jax.hessian(f))(x), rtol=1e-10)
     loss = lambda x: jnp.sum(batch_jacrev(jnp.sin, batch_size=2)(x) ** 2)  # noqa: E731
@@ -196,7 +196,7 @@ CASES = [  # (pyfunc, kwargs for vectorize, args)
     (matvec, {"signature": "(m,n),(n)->(m)"}, (A(np.ones((7, 1, 3, 2))), A(np.ones((4, 2)) * 3))),
     (stats, {"signature": "(n)->(),(n)"}, (A(np.arange(24.0).reshape(2, 3, 4)),)),
     (stats, {"signature": "(n)->(),(n)"}, (A(np.arange(4.0).reshape(1, 4)),)),
-    (jnp.polyval, {"excluded": {0}}, (jnp.array([1.0, -2.0, 3.0]), A(np.linspace(0, 1, 7)))),
+    (jnp.polyval, {"excluded": {0}}, (A(np.array([1.0, -2.0, 3.0])), A(np.linspace(0, 1, 7)))),
 ]
 
 

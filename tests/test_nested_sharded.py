@@ -17,7 +17,7 @@ import chunkx
 from helpers import NESTED_CASES, assert_tree_close
 
 X_LEN = 10  # rows of the inner map (4 per chunk: 2 full chunks and 2 left over)
-tY = jnp.asarray(np.cos(np.arange(X_LEN, dtype=np.float64)))  # the JVP's tangent (NumPy data)
+tY = jax.device_put(np.cos(np.arange(X_LEN, dtype=np.float64)))  # the JVP's tangent (NumPy data)
 
 
 def _nested(rows, kind, inner):
@@ -28,8 +28,8 @@ def _nested(rows, kind, inner):
                               shard=True, mesh=mesh, reducer=chunkx.Sum())
     ref = lambda X, Y: jnp.sum(  # noqa: E731
         jax.vmap(lambda x: jnp.sum((jnp.sum(x * jnp.sin(Y)) if red else x * jnp.sin(Y)) ** 2))(X))
-    X = jnp.asarray(np.linspace(0.1, 1.0, rows))  # NumPy data: no eager compiles
-    Y = jnp.asarray(np.linspace(0.0, 1.0, X_LEN))
+    X = jax.device_put(np.linspace(0.1, 1.0, rows))  # NumPy data: no eager compiles
+    Y = jax.device_put(np.linspace(0.0, 1.0, X_LEN))
     if kind == "explicit":
         X, Y = jax.device_put((X, Y), NamedSharding(mesh, P()))
     return outer, ref, X, Y

@@ -96,7 +96,8 @@ def test_pullback_under_jit_matches_netket(netket_results, name, how):
 
 def test_pullback_of_a_module_under_jit():
     """`fun` holding arrays (an equinox Module): they are leaves, the rest of `fun` is static."""
-    model = eqx.nn.Linear(W.L, 1, key=jax.random.PRNGKey(0), dtype=jnp.float64)
+    model = eqx.filter_jit(  # one program draws the weights (not one per eager random op)
+        lambda k: eqx.nn.Linear(W.L, 1, key=k, dtype=jnp.float64))(jax.random.PRNGKey(0))
     fun = lambda m, s: jax.vmap(lambda x: m(x)[0])(s)  # noqa: E731
     pull = chunkx.vjp_chunked(jax.tree_util.Partial(fun, model), S, chunk_argnums=0,
                               chunk_size=4, axis_0_is_sharded=False)
@@ -188,7 +189,7 @@ def test_vjp_chunked_has_aux_and_pytree_rows():
         out = jax.vmap(W.rbm_phase, in_axes=(None, 0))(p, batch["s"]) * batch["w"]
         return out, {"twice": 2 * batch["w"]}
 
-    batch = {"s": S, "w": jnp.asarray(np.linspace(0.5, 1.5, N))}
+    batch = {"s": S, "w": jax.device_put(np.linspace(0.5, 1.5, N))}
     c = W.cotangent("complex")
     y, (g,), aux = jax.jit(lambda c: chunkx.vjp_chunked(
         f, P_REAL, batch, chunk_argnums=1, chunk_size=6, nondiff_argnums=1, has_aux=True,
@@ -206,7 +207,7 @@ def test_has_aux_with_two_differentiated_primals():
     def f(w, x):
         return x @ w, 2 * x[:, 0]
 
-    w, x, c = (jnp.asarray(a) for a in (np.arange(3.0), np.linspace(0.0, 1.0, 30).reshape(10, 3),
+    w, x, c = (jax.device_put(a) for a in (np.arange(3.0), np.linspace(0.0, 1.0, 30).reshape(10, 3),
                                          np.arange(10.0)))
     (g_w, g_x), aux = jax.jit(lambda c: chunkx.vjp_chunked(
         f, w, x, chunk_argnums=1, chunk_size=4, has_aux=True, axis_0_is_sharded=False)(c))(c)
@@ -226,7 +227,7 @@ def _PLAIN_VJP(w, x):  # the reference of test_no_chunk_size_is_plain_vjp, compi
 def test_no_chunk_size_is_plain_vjp(shard):
     """chunk_size=None: one jax.vjp, also for an output without rows (as in netket)."""
     f = lambda w, x: jnp.sum(jnp.sin(x @ w))  # noqa: E731
-    w, x = jnp.asarray(np.arange(3.0)), jnp.asarray(np.linspace(0.0, 1.0, 30).reshape(10, 3))
+    w, x = jax.device_put(np.arange(3.0)), jax.device_put(np.linspace(0.0, 1.0, 30).reshape(10, 3))
     y, (g_w, g_x) = chunkx.vjp_chunked(f, w, x, chunk_argnums=1, return_forward=True,
                                        axis_0_is_sharded=shard)(2.0)
     ref_y, (ref_w, ref_x) = _PLAIN_VJP(w, x)
@@ -302,7 +303,7 @@ def test_vmap_and_apply_chunked_match_jax_vmap(cs, shard):
 
 def test_sharded_under_a_context_mesh():
     """netket sets a global mesh (axis "S") when imported; the default sharding uses it."""
-    x = jnp.asarray(np.linspace(0.0, 1.0, 22))
+    x = jax.device_put(np.linspace(0.0, 1.0, 22))
     with jax.set_mesh(jax.make_mesh((4,), ("S",))):
         y = chunkx.vmap_chunked(jnp.sin, chunk_size=3)(x)
         (g,) = jax.jit(lambda x: chunkx.vjp_chunked(
@@ -315,7 +316,7 @@ def test_sharded_under_a_context_mesh():
 
 def test_vmap_chunked_int_in_axes_maps_every_argument():
     """netket turns `in_axes=0` into a 1-tuple (fails for two arguments); chunkx broadcasts."""
-    x, w = jnp.asarray(np.ones((10, 3))), jnp.asarray(np.arange(30.0).reshape(10, 3))
+    x, w = jax.device_put(np.ones((10, 3))), jax.device_put(np.arange(30.0).reshape(10, 3))
     out = chunkx.vmap_chunked(jnp.dot, 0, chunk_size=4)(x, w)
     np.testing.assert_allclose(out, jax.jit(jax.vmap(jnp.dot))(x, w))
 

@@ -41,10 +41,10 @@ def treemap(t):
 def make(name, n):
     x = np.linspace(-1.2, 0.9, n * 3).reshape(n, 3)  # NumPy data: no eager compiles
     if name == "recur":
-        return recur, jnp.asarray(x[:, 0])
+        return recur, jax.device_put(x[:, 0])
     if name == "rowmap":
-        return rowmap, jnp.asarray(x)
-    return treemap, {"a": jnp.asarray(x), "b": jnp.asarray(np.linspace(0.1, 0.7, n))}
+        return rowmap, jax.device_put(x)
+    return treemap, {"a": jax.device_put(x), "b": jax.device_put(np.linspace(0.1, 0.7, n))}
 
 
 CASES = [
@@ -133,7 +133,7 @@ def test_check_grads_orders_1_and_2():
 )
 def test_closed_over_arrays_get_correct_derivatives(kw):
     _, y = make("recur", 13)
-    s, sdot = jnp.array([1.3, 0.7]), jnp.array([1.0, -2.0])
+    s, sdot = jax.device_put(np.array([1.3, 0.7])), jax.device_put(np.array([1.0, -2.0]))
 
     def quantities(apply):
         def loss(s, y):  # closes over s; derivative w.r.t. the closure and the input at once
@@ -224,7 +224,7 @@ def test_pullback_composes_with_chunk_and_shard():
 
 def test_vmap_over_the_top_and_integer_leaves():
     fn, y = make("rowmap", 8)
-    ys, k = jnp.asarray(np.stack([y, 2 * y])), jnp.asarray(np.arange(8))
+    ys, k = jax.device_put(np.stack([y, 2 * y])), jax.device_put(np.arange(8))
 
     def f(t):
         return fn(t["x"]) * t["k"]
@@ -272,7 +272,7 @@ def test_check_block_diagonal():
     assert_tree_close(check_block_diagonal(fn, y), want)
     checked = jax.jit(lambda y: sparse_pullback(fn, y, 4, check_block_diagonal=True))
     assert_tree_close(checked(y), want)
-    x = jnp.asarray(np.linspace(0.0, 1.0, 9))
+    x = jax.device_put(np.linspace(0.0, 1.0, 9))
     with pytest.raises(ValueError, match="`check_block_diagonal`: fn's Jacobian is not block-diag"):
         check_block_diagonal(jnp.cumsum, x)
     with pytest.raises(ValueError, match=r"`sparse_pullback\(check_block_diagonal=True\)`: .*not"):
@@ -323,7 +323,7 @@ def test_chunk_size_alias_chunks():
 
 
 def test_full_hessian_and_higher_order_linear_cost():
-    y = jnp.asarray(np.linspace(-1.0, 1.0, 256))
+    y = jax.device_put(np.linspace(-1.0, 1.0, 256))
 
     def cost(f):
         h = jax.jit(jax.hessian(lambda y: jnp.sum(jnp.cos(f(y))))).lower(y).compile()

@@ -18,7 +18,7 @@ def problem(kind, Wn=7, seed=0):
     rng = np.random.default_rng(seed)
     x = t3.TuckerTensorTrain([rng.standard_normal((n[i], N[i])) for i in range(3)],
                              [rng.standard_normal((r[i], n[i], r[i + 1])) for i in range(3)])
-    v = jax.tree_util.tree_map(lambda a: jnp.asarray(rng.standard_normal(a.shape)), x)
+    v = jax.tree_util.tree_map(lambda a: jax.device_put(rng.standard_normal(a.shape)), x)
     if kind == "entries":
         a = np.stack([rng.integers(0, N[i], Wn) for i in range(3)])
     else:

@@ -151,7 +151,7 @@ def test_tangent_stack_B():
 def test_float32_kept_dtype_and_accuracy():
     x64, ww64, pp64, zt64 = problem(jnp.float64, (2,))
     to32 = lambda t: jax.tree_util.tree_map(  # noqa: E731  (cast in NumPy: no eager compiles)
-        lambda a: jnp.asarray(np.asarray(a).astype(np.float32)), t)
+        lambda a: jax.device_put(np.asarray(a).astype(np.float32)), t)
     x, ww, pp, zt = to32((x64, ww64, pp64, zt64))
     fwd = jax.jit(t3.t3_probe_derivatives, static_argnums=3)
     z = fwd(ww, pp, x, K)
