@@ -96,12 +96,13 @@ def test_pullback_under_jit_matches_netket(netket_results, name, how):
 
 def test_pullback_of_a_module_under_jit():
     """`fun` holding arrays (an equinox Module): they are leaves, the rest of `fun` is static."""
-    model = eqx.nn.Linear(W.L, 1, key=jax.random.PRNGKey(0), dtype=jnp.float64)
+    model = eqx.filter_jit(  # one program draws the weights (not one per eager random op)
+        lambda k: eqx.nn.Linear(W.L, 1, key=k, dtype=jnp.float64))(jax.random.PRNGKey(0))
     fun = lambda m, s: jax.vmap(lambda x: m(x)[0])(s)  # noqa: E731
     pull = chunkx.vjp_chunked(jax.tree_util.Partial(fun, model), S, chunk_argnums=0,
                               chunk_size=4, axis_0_is_sharded=False)
     c = W.cotangent("real")
-    want = jax.vjp(lambda s: fun(model, s), S)[1](c)
+    want = jax.jit(lambda c: jax.vjp(lambda s: fun(model, s), S)[1](c))(c)
     for out in (jax.jit(pull)(c), jax.jit(lambda p, c: p(c))(pull, c), pull(c)):
         np.testing.assert_allclose(out[0], want[0], rtol=1e-12)
 
@@ -121,9 +122,14 @@ def _dense_pull(fun, primals, argnum, ct, conjugate):
     """netket's product `J^T ct` from a dense Jacobian (complex `J` for a complex output)."""
     x = primals[argnum]
     holo = any(jnp.iscomplexobj(leaf) for leaf in jax.tree_util.tree_leaves(x))
-    jac = jax.jit(jax.jacfwd(fun, argnums=argnum, holomorphic=holo))(*primals)
-    out = jax.tree_util.tree_map(lambda j: jnp.tensordot(ct, j, axes=(0, 0)), jac)
-    return jax.tree_util.tree_map(jnp.conj, out) if conjugate else out
+
+    @jax.jit  # one program for the Jacobian and its product with ct
+    def pull(primals, ct):
+        jac = jax.jacfwd(fun, argnums=argnum, holomorphic=holo)(*primals)
+        out = jax.tree_util.tree_map(lambda j: jnp.tensordot(ct, j, axes=(0, 0)), jac)
+        return jax.tree_util.tree_map(jnp.conj, out) if conjugate else out
+
+    return pull(primals, ct)
 
 
 VJP_CASES = [  # R -> R, R -> C, C -> C; real and complex cotangents; chunk sizes; conjugate
@@ -143,7 +149,7 @@ def test_vjp_chunked_matches_dense_jacobian(fun, p, ct, cs, conj):
     y, (g,) = jax.jit(lambda p, c: chunkx.vjp_chunked(
         f, p, S, chunk_argnums=1, chunk_size=cs, nondiff_argnums=1, conjugate=conj,
         return_forward=True, axis_0_is_sharded=False)(c))(p, c)
-    np.testing.assert_allclose(y, f(p, S), rtol=1e-13)
+    np.testing.assert_allclose(y, jax.jit(f)(p, S), rtol=1e-13)
     ref = _dense_pull(f, (p, S), 0, c, conj)
     for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(ref)):
         assert a.dtype == b.dtype
@@ -156,16 +162,22 @@ def test_vjp_chunked_equals_jax_vjp_and_the_docstring_loop():
     c = W.cotangent("real")
     y, (g_p, g_s) = jax.jit(lambda c: chunkx.vjp_chunked(
         f, P_REAL, S, chunk_argnums=1, chunk_size=8, return_forward=True)(c))(c)
-    y_ref, pull = jax.vjp(f, P_REAL, S)
-    ref_p, ref_s = pull(c)
+
+    @jax.jit  # the references in one program: jax.vjp, and the docstring's loop over chunks
+    def refs(c):
+        y_ref, pull = jax.vjp(f, P_REAL, S)
+        loop_p, loop_s = jax.tree_util.tree_map(jnp.zeros_like, P_REAL), []
+        for i in range(0, N, 8):
+            gp_i, gs_i = jax.vjp(f, P_REAL, S[i : i + 8])[1](c[i : i + 8])
+            loop_p = jax.tree_util.tree_map(jnp.add, loop_p, gp_i)
+            loop_s.append(gs_i)
+        return y_ref, pull(c), loop_p, loop_s
+
+    y_ref, (ref_p, ref_s), loop_p, loop_s = refs(c)
     np.testing.assert_allclose(y, y_ref, rtol=1e-13)
     np.testing.assert_allclose(g_s, ref_s, rtol=1e-12)
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-12), g_p, ref_p)
-    loop_p = jax.tree_util.tree_map(jnp.zeros_like, P_REAL)
-    chunk_vjp = jax.jit(lambda s, c: jax.vjp(f, P_REAL, s)[1](c))
-    for i in range(0, N, 8):
-        gp_i, gs_i = chunk_vjp(S[i : i + 8], c[i : i + 8])
-        loop_p = jax.tree_util.tree_map(jnp.add, loop_p, gp_i)
+    for i, gs_i in zip(range(0, N, 8), loop_s):
         np.testing.assert_allclose(g_s[i : i + 8], gs_i, rtol=1e-13)
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-13), g_p, loop_p)
 
@@ -177,12 +189,12 @@ def test_vjp_chunked_has_aux_and_pytree_rows():
         out = jax.vmap(W.rbm_phase, in_axes=(None, 0))(p, batch["s"]) * batch["w"]
         return out, {"twice": 2 * batch["w"]}
 
-    batch = {"s": S, "w": jnp.linspace(0.5, 1.5, N)}
+    batch = {"s": S, "w": jax.device_put(np.linspace(0.5, 1.5, N))}
     c = W.cotangent("complex")
     y, (g,), aux = jax.jit(lambda c: chunkx.vjp_chunked(
         f, P_REAL, batch, chunk_argnums=1, chunk_size=6, nondiff_argnums=1, has_aux=True,
         return_forward=True)(c))(c)
-    y_ref, aux_ref = f(P_REAL, batch)
+    y_ref, aux_ref = jax.jit(f)(P_REAL, batch)
     np.testing.assert_allclose(y, y_ref, rtol=1e-13)
     np.testing.assert_allclose(aux["twice"], aux_ref["twice"])
     ref = _dense_pull(lambda p, b: f(p, b)[0], (P_REAL, batch), 0, c, False)
@@ -195,24 +207,30 @@ def test_has_aux_with_two_differentiated_primals():
     def f(w, x):
         return x @ w, 2 * x[:, 0]
 
-    w, x, c = jnp.arange(3.0), jnp.linspace(0.0, 1.0, 30).reshape(10, 3), jnp.arange(10.0)
+    w, x, c = (jax.device_put(a) for a in (np.arange(3.0), np.linspace(0.0, 1.0, 30).reshape(10, 3),
+                                         np.arange(10.0)))
     (g_w, g_x), aux = jax.jit(lambda c: chunkx.vjp_chunked(
         f, w, x, chunk_argnums=1, chunk_size=4, has_aux=True, axis_0_is_sharded=False)(c))(c)
-    ref_w, ref_x = jax.vjp(lambda w, x: f(w, x)[0], w, x)[1](c)
+    ref_w, ref_x = jax.jit(lambda c: jax.vjp(lambda w, x: f(w, x)[0], w, x)[1](c))(c)
     np.testing.assert_allclose(g_w, ref_w, rtol=1e-13)
     np.testing.assert_allclose(g_x, ref_x, rtol=1e-13)
-    np.testing.assert_allclose(aux, 2 * x[:, 0])
+    np.testing.assert_allclose(aux, 2 * np.asarray(x)[:, 0])
+
+
+@jax.jit
+def _PLAIN_VJP(w, x):  # the reference of test_no_chunk_size_is_plain_vjp, compiled once
+    y, pull = jax.vjp(lambda w, x: jnp.sum(jnp.sin(x @ w)), w, x)
+    return y, pull(2.0)
 
 
 @pytest.mark.parametrize("shard", [False, True])
 def test_no_chunk_size_is_plain_vjp(shard):
     """chunk_size=None: one jax.vjp, also for an output without rows (as in netket)."""
     f = lambda w, x: jnp.sum(jnp.sin(x @ w))  # noqa: E731
-    w, x = jnp.arange(3.0), jnp.linspace(0.0, 1.0, 30).reshape(10, 3)
+    w, x = jax.device_put(np.arange(3.0)), jax.device_put(np.linspace(0.0, 1.0, 30).reshape(10, 3))
     y, (g_w, g_x) = chunkx.vjp_chunked(f, w, x, chunk_argnums=1, return_forward=True,
                                        axis_0_is_sharded=shard)(2.0)
-    ref_y, pull = jax.vjp(f, w, x)
-    ref_w, ref_x = pull(2.0)
+    ref_y, (ref_w, ref_x) = _PLAIN_VJP(w, x)
     np.testing.assert_allclose(y, ref_y, rtol=1e-14)
     np.testing.assert_allclose(g_w, ref_w, rtol=1e-14)
     np.testing.assert_allclose(g_x, ref_x, rtol=1e-14)
@@ -253,16 +271,21 @@ def test_vjp_chunked_is_a_module_that_jits():
     assert isinstance(pb, chunkx.ChunkedVjp) and isinstance(pb, eqx.Module)
     c = W.cotangent("real")
     jitted = eqx.filter_jit(lambda m, c: m(c))(pb, c)  # the Module is an argument (a pytree)
-    y, pull = jax.vjp(F, P_REAL, S)
+    y, (ref_p, _) = jax.jit(lambda c: (lambda y, pull: (y, pull(c)))(*jax.vjp(F, P_REAL, S)))(c)
     np.testing.assert_allclose(jitted[0], y, rtol=1e-13)
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-12),
-                           jitted[1][0], pull(c)[0])
+                           jitted[1][0], ref_p)
+
+
+_VMAP_F = lambda p, s: {"y": W.rbm_phase(p, s), "s2": s * 2}  # noqa: E731
+_VMAP_REF = jax.jit(jax.vmap(_VMAP_F, in_axes=(None, 0)))  # compiled once for every case
+_VMAP_REF_GRAD = jax.jit(jax.grad(lambda p: jnp.sum(jnp.abs(_VMAP_REF(p, S)["y"]) ** 2)))
 
 
 @pytest.mark.parametrize("cs,shard", [(None, False), (4, False), (4, True), (30, True)])
 def test_vmap_and_apply_chunked_match_jax_vmap(cs, shard):
-    f = lambda p, s: {"y": W.rbm_phase(p, s), "s2": s * 2}  # noqa: E731
-    ref = jax.vmap(f, in_axes=(None, 0))(P_REAL, S)
+    f = _VMAP_F
+    ref = _VMAP_REF(P_REAL, S)
     g = chunkx.vmap_chunked(f, (None, 0), chunk_size=cs, axis_0_is_sharded=shard)
     h = chunkx.apply_chunked(jax.vmap(f, in_axes=(None, 0)), [None, 0], chunk_size=cs,
                              axis_0_is_sharded=shard)
@@ -273,28 +296,29 @@ def test_vmap_and_apply_chunked_match_jax_vmap(cs, shard):
         return
     loss = lambda m: lambda p: jnp.sum(jnp.abs(m(p, S)["y"]) ** 2)  # noqa: E731
     grad = jax.jit(jax.grad(loss(g)))(P_REAL)
-    ref_grad = jax.jit(jax.grad(loss(jax.vmap(f, in_axes=(None, 0)))))(P_REAL)
+    ref_grad = _VMAP_REF_GRAD(P_REAL)
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-12), grad,
                            ref_grad)
 
 
 def test_sharded_under_a_context_mesh():
     """netket sets a global mesh (axis "S") when imported; the default sharding uses it."""
-    x = jnp.linspace(0.0, 1.0, 22)
+    x = jax.device_put(np.linspace(0.0, 1.0, 22))
     with jax.set_mesh(jax.make_mesh((4,), ("S",))):
         y = chunkx.vmap_chunked(jnp.sin, chunk_size=3)(x)
         (g,) = jax.jit(lambda x: chunkx.vjp_chunked(
             jax.vmap(jnp.multiply, (None, 0)), 2.0, x, chunk_argnums=1, chunk_size=2,
             nondiff_argnums=1)(x))(x)
-    np.testing.assert_allclose(y, jnp.sin(x), rtol=1e-14)
-    np.testing.assert_allclose(g, jnp.sum(x * x), rtol=1e-13)
+    want_y, want_g = jax.jit(lambda x: (jnp.sin(x), jnp.sum(x * x)))(x)
+    np.testing.assert_allclose(y, want_y, rtol=1e-14)
+    np.testing.assert_allclose(g, want_g, rtol=1e-13)
 
 
 def test_vmap_chunked_int_in_axes_maps_every_argument():
     """netket turns `in_axes=0` into a 1-tuple (fails for two arguments); chunkx broadcasts."""
-    x, w = jnp.ones((10, 3)), jnp.arange(30.0).reshape(10, 3)
+    x, w = jax.device_put(np.ones((10, 3))), jax.device_put(np.arange(30.0).reshape(10, 3))
     out = chunkx.vmap_chunked(jnp.dot, 0, chunk_size=4)(x, w)
-    np.testing.assert_allclose(out, jax.vmap(jnp.dot)(x, w))
+    np.testing.assert_allclose(out, jax.jit(jax.vmap(jnp.dot))(x, w))
 
 
 # -- errors ---------------------------------------------------------------------------------------

@@ -39,12 +39,12 @@ def treemap(t):
 
 
 def make(name, n):
-    x = jnp.linspace(-1.2, 0.9, n * 3).reshape(n, 3)
+    x = np.linspace(-1.2, 0.9, n * 3).reshape(n, 3)  # NumPy data: no eager compiles
     if name == "recur":
-        return recur, x[:, 0]
+        return recur, jax.device_put(x[:, 0])
     if name == "rowmap":
-        return rowmap, x
-    return treemap, {"a": x, "b": jnp.linspace(0.1, 0.7, n)}
+        return rowmap, jax.device_put(x)
+    return treemap, {"a": jax.device_put(x), "b": jax.device_put(np.linspace(0.1, 0.7, n))}
 
 
 CASES = [
@@ -100,7 +100,7 @@ def test_jacobians(case):
     fn, y = make(name, 9)
     sp = lambda y: sparse_pullback(fn, y, **kw)  # noqa: E731
     jacs = lambda f: (jax.jacfwd(f)(y), jax.jacrev(f)(y))  # noqa: E731
-    assert_tree_close(jax.jit(lambda: jacs(sp))(), jacs(fn))
+    assert_tree_close(jax.jit(lambda: jacs(sp))(), jax.jit(lambda: jacs(fn))())
 
 
 def second_order(f, y):
@@ -133,7 +133,7 @@ def test_check_grads_orders_1_and_2():
 )
 def test_closed_over_arrays_get_correct_derivatives(kw):
     _, y = make("recur", 13)
-    s, sdot = jnp.array([1.3, 0.7]), jnp.array([1.0, -2.0])
+    s, sdot = jax.device_put(np.array([1.3, 0.7])), jax.device_put(np.array([1.0, -2.0]))
 
     def quantities(apply):
         def loss(s, y):  # closes over s; derivative w.r.t. the closure and the input at once
@@ -184,7 +184,8 @@ def test_reductions_and_loop_semantics(name):
         return jnp.sum(fn(y))
 
     assert_tree_close(
-        jax.jit(lambda y: (red(y), jax.grad(red)(y)))(y), (plain(y), jax.grad(plain)(y))
+        jax.jit(lambda y: (red(y), jax.grad(red)(y)))(y),
+        jax.jit(lambda y: (plain(y), jax.grad(plain)(y)))(y),
     )
     # the docstring's loop, with an associative but non-commutative fold
     out = jax.jit(
@@ -192,8 +193,10 @@ def test_reductions_and_loop_semantics(name):
             fn, y, 4, reduction=jnp.matmul, chunk_reduction=lambda o: prod(mat(o))
         )
     )(y)
-    rows = lambda i, j: jax.tree_util.tree_map(lambda x: x[i:j], y)  # noqa: E731
-    assert_tree_close(out, prod([prod(mat(fn(rows(i, min(i + 4, 13))))) for i in range(0, 13, 4)]))
+    rows = lambda y, i, j: jax.tree_util.tree_map(lambda x: x[i:j], y)  # noqa: E731
+    loop = jax.jit(  # the loop, chunk by chunk, as one program
+        lambda y: prod([prod(mat(fn(rows(y, i, min(i + 4, 13))))) for i in range(0, 13, 4)]))
+    assert_tree_close(out, loop(y))
 
 
 def test_pullback_composes_with_chunk_and_shard():
@@ -221,7 +224,7 @@ def test_pullback_composes_with_chunk_and_shard():
 
 def test_vmap_over_the_top_and_integer_leaves():
     fn, y = make("rowmap", 8)
-    ys, k = jnp.stack([y, 2 * y]), jnp.arange(8)
+    ys, k = jax.device_put(np.stack([y, 2 * y])), jax.device_put(np.arange(8))
 
     def f(t):
         return fn(t["x"]) * t["k"]
@@ -232,7 +235,7 @@ def test_vmap_over_the_top_and_integer_leaves():
         return over, ints
 
     ours = jax.jit(lambda: quantities(lambda f, y: sparse_pullback(f, y, 3)))()
-    assert_tree_close(ours, quantities(lambda f, y: f(y)))
+    assert_tree_close(ours, jax.jit(lambda: quantities(lambda f, y: f(y)))())
 
 
 def test_empty_input():
@@ -265,10 +268,11 @@ def test_sparse_pullback_map():
 
 def test_check_block_diagonal():
     fn, y = make("tree", 9)
-    assert_tree_close(check_block_diagonal(fn, y), fn(y))
+    want = jax.jit(fn)(y)
+    assert_tree_close(check_block_diagonal(fn, y), want)
     checked = jax.jit(lambda y: sparse_pullback(fn, y, 4, check_block_diagonal=True))
-    assert_tree_close(checked(y), fn(y))
-    x = jnp.linspace(0.0, 1.0, 9)
+    assert_tree_close(checked(y), want)
+    x = jax.device_put(np.linspace(0.0, 1.0, 9))
     with pytest.raises(ValueError, match="`check_block_diagonal`: fn's Jacobian is not block-diag"):
         check_block_diagonal(jnp.cumsum, x)
     with pytest.raises(ValueError, match=r"`sparse_pullback\(check_block_diagonal=True\)`: .*not"):
@@ -276,10 +280,10 @@ def test_check_block_diagonal():
     with pytest.raises(RuntimeError, match="not block-diagonal"):
         jax.jit(lambda x: sparse_pullback(jnp.cumsum, x, 4, check_block_diagonal=True))(x)
     # without the check the sparse rule silently returns column sums (the documented hazard)
-    w = jnp.arange(9.0)
+    w = np.arange(9.0)
     g = jax.jit(jax.grad(lambda x: jnp.sum(sparse_pullback(jnp.cumsum, x) * w)))(x)
-    assert_tree_close(g, (9 - jnp.arange(9)) * w)  # column sums of J times the cotangent
-    assert not np.allclose(g, jnp.cumsum(w[::-1])[::-1])  # the true gradient J^T w
+    assert_tree_close(g, (9 - np.arange(9)) * w)  # column sums of J times the cotangent
+    assert not np.allclose(g, np.cumsum(w[::-1])[::-1])  # the true gradient J^T w
 
 
 def test_errors():
@@ -310,7 +314,8 @@ def test_chunk_size_alias_chunks():
         return rowmap(y)
 
     _, y = make("rowmap", 13)
-    assert_tree_close(jax.jit(lambda y: sparse_pullback(fn, y, chunk_size=4))(y), rowmap(y))
+    assert_tree_close(jax.jit(lambda y: sparse_pullback(fn, y, chunk_size=4))(y),
+                      jax.jit(rowmap)(y))
     assert set(seen) == {4}  # chunks of 4 (the last shifted back), never all 13 rows
     seen.clear()
     jax.eval_shape(lambda y: sparse_pullback(fn, y, 5, chunk_size=4), y)  # batch_size wins
@@ -318,13 +323,13 @@ def test_chunk_size_alias_chunks():
 
 
 def test_full_hessian_and_higher_order_linear_cost():
-    y = jnp.linspace(-1.0, 1.0, 256)
+    y = jax.device_put(np.linspace(-1.0, 1.0, 256))
 
     def cost(f):
         h = jax.jit(jax.hessian(lambda y: jnp.sum(jnp.cos(f(y))))).lower(y).compile()
         return h.cost_analysis()["flops"], h(y)
 
-    ref = jax.hessian(lambda y: jnp.sum(jnp.cos(recur(y))))(y)
+    ref = jax.jit(jax.hessian(lambda y: jnp.sum(jnp.cos(recur(y)))))(y)
     dense, h_dense = cost(Pullback(recur))
     sparse, h_sparse = cost(Pullback(recur, higher_order=True))
     assert_tree_close(h_dense, ref)

@@ -28,7 +28,7 @@ class RefCase:
         return f"c{self.k}__{name}" in self._npz
 
     def get(self, name):
-        return jnp.asarray(self._npz[f"c{self.k}__{name}"])
+        return jax.device_put(self._npz[f"c{self.k}__{name}"])  # no stage compile
 
     def seq(self, name):
         return [self.get(f"{name}_{i}") for i in range(self.d)]
@@ -79,7 +79,7 @@ def normal_sampler(key, dtype):
     """`shape -> N(0,1) array` from a NumPy generator seeded by `key` (no PRNG compiles)."""
     seed = int(jax.random.randint(key, (), 0, 2**30)) if not isinstance(key, int) else key
     rng = np.random.default_rng(seed)
-    return lambda shape: jnp.asarray(rng.standard_normal(shape), dtype)
+    return lambda shape: jax.device_put(np.asarray(rng.standard_normal(shape), dtype))
 
 
 def random_problem(key, N, n, r, K, W, C=(), dtype=jnp.float64):
