@@ -371,3 +371,14 @@ def test_rows_validated():
     pb = chunkx.vjp_chunked(F, P_REAL, S, chunk_argnums=1, chunk_size=4)
     with pytest.raises(ValueError, match=r"`vjp_chunked\(chunk_argnums=\(1,\)\)`: the chunked primals and the cotangents must share one leading length, got shapes primals\[1\] \(22, 6\), cotangents \(21,\)\."):
         pb(jnp.ones(21))
+
+
+def test_nondiff_primals_bound_at_their_own_positions():
+    """`nondiff_argnums` in any order: each nondifferentiable primal stays at its position."""
+    a, b, c = (jnp.asarray(np.random.default_rng(i).uniform(size=6)) for i in (2, 3, 4))
+    fn = lambda a, b, c: jnp.sin(a * 2.0) * b * c  # noqa: E731
+    want = jax.vjp(lambda c: fn(a, b, c), c)[1](jnp.ones(6))
+    for nondiff in [(1, 0), (0, 1)]:
+        pull = chunkx.vjp_chunked(fn, a, b, c, chunk_argnums=(0, 1, 2), chunk_size=4,
+                                  nondiff_argnums=nondiff)
+        np.testing.assert_allclose(pull(jnp.ones(6))[0], want[0], rtol=1e-12)
