@@ -104,8 +104,8 @@ def fresh_rows(size: int, start, index):
 
 
 def moveaxis(x, src: int, dst: int):
-    """`jnp.moveaxis(x, src, dst)`, or `x` as it is (an array) where the axis stays put: an eager call
-    then copies nothing and compiles no program."""
+    """`jnp.moveaxis(x, src, dst)`, or `x` as it is (an array) where the axis stays put: an
+    eager call then copies nothing and compiles no program."""
     nd = jnp.ndim(x)
     if -nd <= src < nd and -nd <= dst < nd and src % nd == dst % nd:
         return jnp.asarray(x)
