@@ -119,6 +119,11 @@ def where_rows(valid, x, y):
     return jax.lax.select(mask, x, y)
 
 
+def is_eager(tree) -> bool:
+    """Whether no leaf of `tree` is traced: a call on it runs op by op unless it is jitted."""
+    return not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
+
+
 def call_with_valid(fn, args: tuple, valid):
     """`fn(*args)`, passing the row mask as `valid=` only when there is one."""
     return fn(*args) if valid is None else fn(*args, valid=valid)

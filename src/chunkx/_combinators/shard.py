@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 from .._checks import as_in_axes, check_choice, zero_in_axes
 from .._types import InAxes, RowMask, ShardRemainder
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
-from ._rows import call_with_valid, map_mapped, mapped_length
+from ._rows import call_with_valid, is_eager, map_mapped, mapped_length
 from ._sharding import call_mesh, is_explicit, mesh_of, on_mesh, place
 from .pad import pad_rows, round_up, row_mask, split_rows
 from .reduce import AbstractReducer, Concat, held_reducer, reducer_of
@@ -165,8 +165,7 @@ class Shard(eqx.Module):
         v_spec = None if valid is None else P(axis)
         if valid is not None:
             valid = place(valid, mesh, v_spec)
-        if not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(
-                (self.fn, dyn, valid))):  # eager: one compiled program, not op by op
+        if is_eager((self.fn, dyn, valid)):  # one compiled program, not op by op
             run = eqx.filter_jit(_shard_run)
             return run(self.fn, reducer, (mesh, axis, specs, v_spec), (dyn, static), valid)
         return _shard_run(self.fn, reducer, (mesh, axis, specs, v_spec), (dyn, static), valid)
