@@ -165,10 +165,9 @@ class Shard(eqx.Module):
         v_spec = None if valid is None else P(axis)
         if valid is not None:
             valid = place(valid, mesh, v_spec)
-        if is_eager((self.fn, dyn, valid)):  # one compiled program, not op by op
-            run = eqx.filter_jit(_shard_run)
-            return run(self.fn, reducer, (mesh, axis, specs, v_spec), (dyn, static), valid)
-        return _shard_run(self.fn, reducer, (mesh, axis, specs, v_spec), (dyn, static), valid)
+        # eager: one compiled program (cached for repeated calls), not op by op
+        run = eqx.filter_jit(_shard_run) if is_eager((self.fn, dyn, valid)) else _shard_run
+        return run(self.fn, reducer, (mesh, axis, specs, v_spec), (dyn, static), valid)
 
 
 def _shard_run(fn, reducer, layout, args, valid):
