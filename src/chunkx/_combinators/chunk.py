@@ -258,9 +258,9 @@ class Chunk(eqx.Module):
         if s is None or n <= min(s, self.grad_size or s):
             return evaluate(self.fn, self.reducer, args, valid, "Chunk")
         mapped, fixed, static = split_args(args, axes)
-        policy, struct = grad_policy(self, mapped, fixed, static, n)
+        policy, lifted = grad_policy(self, mapped, fixed, static, n)
         if policy == "fused":
-            return fused_call(self, mapped, fixed, static, valid, n, struct)
+            return fused_call(self, lifted, valid)
         if self.grad_size is not None:
             return regrad_call(self, mapped, fixed, static, valid, n)
         return self._plain(mapped, fixed, static, valid, n, s, policy == "recompute")

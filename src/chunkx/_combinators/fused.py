@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
 from . import compensated as comp
-from ._rows import IN_RANGE, join_args, rows, struct_of
+from ._rows import IN_RANGE, join_args, rows
 from ._sharding import typed_like
 from .loop import chunk_loop, evaluate, remainder_of
 from .reduce import AbstractAccumulation, Sum, zero_masked
@@ -40,20 +40,6 @@ def piece_sizes(n: int, size: int, chunk) -> set[int]:
     return {size} if remainder_of(chunk) == "shift" else {size, n % size} - {0}
 
 
-def _row_structs(tree, k: int):
-    """Structs of `k` rows of every leaf of `tree`."""
-    return jax.tree_util.tree_map(
-        lambda s: jax.ShapeDtypeStruct((k,) + tuple(s.shape[1:]), s.dtype), struct_of(tree)
-    )
-
-
-def _out_struct(chunk, mapped, fixed, static, n):
-    def one(m):
-        return evaluate(chunk.fn, chunk.reducer, join_args(m, fixed, static), None, "Chunk")
-
-    return jax.eval_shape(one, _row_structs(mapped, min(n, chunk.size)))
-
-
 def _real_size(struct) -> int:
     leaves = jax.tree_util.tree_leaves(struct)
     return sum(x.size * (2 if jnp.iscomplexobj(x) else 1) for x in leaves)
@@ -61,7 +47,8 @@ def _real_size(struct) -> int:
 
 def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
     """The reverse-mode policy a `Chunk` call follows (`"fused"`, `"recompute"` or `"store"`),
-    and the reduced output's structs where the reducer is additive (else `None`)."""
+    and, where it fuses, the lifted call `fused_call` runs (else `None`): `chunk.fn` is traced
+    once there, and the reduced output's structs come from that trace."""
     if chunk.grad in ("recompute", "store"):
         return chunk.grad, None
     additive = chunk.reducer.is_additive()
@@ -72,7 +59,10 @@ def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
             f"{chunk.reducer!r}; use grad='recompute' or 'auto'."
         )
     if additive:
-        struct = _out_struct(chunk, mapped, fixed, static, n)
+        c = chunk.grad_size or chunk.size
+        sizes = piece_sizes(n, chunk.size, chunk) | piece_sizes(n, c, chunk)
+        lifted = _Lifted(chunk, mapped, fixed, static, n, sizes)
+        struct = lifted.out_struct(min(n, chunk.size))
         inexact = all(
             jnp.issubdtype(x.dtype, jnp.inexact) for x in jax.tree_util.tree_leaves(struct)
         )
@@ -82,7 +72,7 @@ def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
                 f"complex to be differentiated, got {struct}."
             )
         if inexact and (chunk.grad == "fused" or _real_size(struct) <= FUSED_MAX_OUTPUTS):
-            return "fused", struct
+            return "fused", lifted
     return ("recompute" if chunk.checkpoint else "store"), None
 
 
@@ -121,17 +111,24 @@ class _Lifted:
         self.rows, self.rows_tree = jax.tree_util.tree_flatten(mapped)
         whole, self.whole_static = eqx.partition((fixed, convs), eqx.is_array)
         self.whole, self.whole_tree = jax.tree_util.tree_flatten(whole)
+        self.struct = None  # the reduced output's structs, once `out_struct` found them
+
+    def out_struct(self, k: int) -> Any:
+        """The structs of the reduced output of `k` rows (the converted function replayed)."""
+        piece = self.piece(self.whole)  # its rows' types as the conversion saw them
+        self.struct = jax.eval_shape(lambda r: piece(r, None, chunk=False), rows(self.rows, 0, k))
+        return self.struct
 
     def piece(self, whole_leaves):
         fixed, convs = eqx.combine(
             jax.tree_util.tree_unflatten(self.whole_tree, whole_leaves), self.whole_static
         )
 
-        def piece(row_leaves, valid):
+        def piece(row_leaves, valid, chunk=True):
             mapped = jax.tree_util.tree_unflatten(self.rows_tree, row_leaves)
             fn = convs[row_leaves[0].shape[0]]
             full = join_args(mapped, fixed, self.static)
-            return evaluate(fn, self.chunk.reducer, full, valid, "Chunk", chunk=True)
+            return evaluate(fn, self.chunk.reducer, full, valid, "Chunk", chunk=chunk)
 
         return piece
 
@@ -157,12 +154,10 @@ def _live(leaves, dots):
     return mask, [x for x, m in zip(leaves, mask) if m], [t for t, m in zip(dots, mask) if m]
 
 
-def fused_call(chunk, mapped, fixed, static, valid, n, out_struct) -> Any:
-    """`Chunk.__call__` with `grad="fused"` (see the module docstring); `out_struct`: the
-    reduced output's structs, as `grad_policy` found them."""
-    c = chunk.grad_size or chunk.size
-    sizes = piece_sizes(n, chunk.size, chunk) | piece_sizes(n, c, chunk)
-    lifted = _Lifted(chunk, mapped, fixed, static, n, sizes)
+def fused_call(chunk, lifted: _Lifted, valid) -> Any:
+    """`Chunk.__call__` with `grad="fused"` (see the module docstring), on the lifted call
+    that `grad_policy` made."""
+    c, out_struct = chunk.grad_size or chunk.size, lifted.struct
 
     @jax.custom_jvp
     def f(row_leaves, whole_leaves, valid):
