@@ -239,3 +239,34 @@ def test_shard_pads_only_where_padded_rows_stay_out():
         chunkx.Shard(chunkx.Chunk(chunkx.Vmap(jnp.sin), 2, reducer=mono), remainder="pad")(x)
     with pytest.raises((TypeError, ValueError), match="remainder"):
         chunkx.Shard(chunkx.Vmap(jnp.sin), remainder="shift")
+
+
+@pytest.mark.parametrize("reducer", [None, chunkx.Sum()], ids=["concat", "sum"])
+@pytest.mark.parametrize("differentiate", [False, True], ids=["value", "value_and_grad"])
+def test_the_function_is_traced_as_often_as_jax_vmap_traces_it(reducer, differentiate):
+    """A chunked map (and its fused value-and-gradient) traces the user's function as often as
+    `jax.vmap` does: once per jitted call, at the chunk's shape."""
+    traces = []
+
+    def traced(x, w):
+        traces.append(x.shape)
+        return loss_row(x, w)
+
+    def run(mapped):
+        def value(w):
+            out = mapped(traced, X, w)
+            return jnp.sum(out) if reducer is None else out
+
+        fn = jax.value_and_grad(value) if differentiate else value
+        traces.clear()
+        jax.jit(fn).trace(W)
+        return len(traces)
+
+    def chunked(f, x, w):
+        return chunkx.batch_vmap(f, (0, None), batch_size=5, reducer=reducer)(x, w)
+
+    def plain(f, x, w):
+        out = jax.vmap(f, (0, None))(x, w)
+        return out if reducer is None else jnp.sum(out)
+
+    assert run(chunked) == run(plain) == 1
