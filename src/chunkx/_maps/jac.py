@@ -7,6 +7,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.flatten_util import ravel_pytree
 
 from .._checks import as_size, resolve_batch_size
 from .._public import public
@@ -35,23 +36,18 @@ def _partial(fun, argnums, args, kwargs):
     return f, tuple(args[i] for i in nums), dyn_nums
 
 
-def _cast(x: Any, dtype: Any, weak: bool = False) -> Any:
-    """`x` as `dtype` (dropping an imaginary part for real targets), weakly typed if `weak`."""
-    if jnp.iscomplexobj(x) and not jnp.issubdtype(dtype, jnp.complexfloating):
+def _like(x: Any, ref: jax.ShapeDtypeStruct) -> Any:
+    """Reshape and cast one Jacobian block like JAX's (`x is None`: a float0 tangent), dropping
+    an imaginary part for real targets, weakly typed where JAX's is."""
+    x = jnp.zeros(ref.shape, ref.dtype) if x is None else x.reshape(ref.shape)
+    if jnp.iscomplexobj(x) and not jnp.issubdtype(ref.dtype, jnp.complexfloating):
         x = jnp.real(x)
-    x = jax.lax.convert_element_type(x, dtype)
-    if weak:  # Python-scalar types: write into a weakly typed array of the same dtype
+    x = jax.lax.convert_element_type(x, ref.dtype)
+    if ref.weak_type:  # Python-scalar types: write into a weakly typed array of the same dtype
         for kind in (int, float, complex):
             if jax.dtypes.canonicalize_dtype(kind) == x.dtype:
                 return jax.lax.full(x.shape, kind(0)).at[...].set(x)
     return x
-
-
-def _like(x: Any, ref: jax.ShapeDtypeStruct) -> Any:
-    """Reshape and cast one Jacobian block like JAX's (`x is None`: a float0 tangent)."""
-    if x is None:
-        return _cast(jnp.zeros(ref.shape, ref.dtype), ref.dtype, ref.weak_type)
-    return _cast(x.reshape(ref.shape), ref.dtype, ref.weak_type)
 
 
 def _no_float0(tree: Any) -> list:
@@ -130,7 +126,7 @@ class BatchJacfwd(eqx.Module):
         jac = _assemble(ref_jac, blocks)
         if not self.has_aux:
             return jac
-        return jac, jax.tree_util.tree_map(lambda a, r: _like(a, r), aux, ref_aux)
+        return jac, jax.tree_util.tree_map(_like, aux, ref_aux)
 
     def _tangents(self, f: Callable, dyn: tuple) -> tuple:
         """`(tangents, aux, out)`: the JVPs of every basis vector, `batch_size` at a time."""
@@ -154,13 +150,10 @@ class BatchJacfwd(eqx.Module):
 
 
 def _basis_vector(i: Any, tree: Any) -> Any:
-    """Basis vector `i` of a pytree (built inside the chunk: the n x n identity never exists)."""
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    vector = [
-        (jnp.arange(k) == i - s).astype(jnp.result_type(x)).reshape(np.shape(x))
-        for x, (s, k) in zip(leaves, _offsets(tree))
-    ]
-    return jax.tree_util.tree_unflatten(treedef, vector)
+    """Basis vector `i` of a pytree, in each leaf's dtype (built inside the chunk: the n x n
+    identity never exists)."""
+    flat, unravel = ravel_pytree(tree)
+    return unravel((jnp.arange(flat.size) == i).astype(flat.dtype))
 
 
 class BatchJacrev(eqx.Module):

@@ -180,8 +180,12 @@ def _is_complex(tree) -> bool:
     return any(jnp.iscomplexobj(x) for x in jax.tree_util.tree_leaves(tree))
 
 
-def _float0(x) -> bool:
-    return x.dtype == jax.dtypes.float0
+def _but_float0(fn, tree, *rest):
+    """`fn` on every leaf of a cotangent tree (and the matching leaves of `rest`), but the
+    float0 ones (of integer primals), which stay as they are."""
+    return jax.tree_util.tree_map(
+        lambda x, *r: x if x.dtype == jax.dtypes.float0 else fn(x, *r), tree, *rest
+    )
 
 
 def _part(y, c, imag: bool):
@@ -197,14 +201,13 @@ def _part(y, c, imag: bool):
 
 
 def _pull(pull, ys, ct, real_in: bool):
-    """netket's `vjp` product: `J^T ct` (complex whenever the output or `ct` is)."""
-    if not real_in:
-        return pull(jax.tree_util.tree_map(lambda y, c: jnp.asarray(c, y.dtype), ys, ct))
+    """netket's `vjp` product: `J^T ct` (complex whenever the output or `ct` is). From complex
+    primals it is JAX's pullback of `ct` in the output's dtype (a real output: its real part)."""
     g = pull(jax.tree_util.tree_map(lambda y, c: _part(y, c, False), ys, ct))
-    if not (_is_complex(ys) or _is_complex(ct)):
+    if not real_in or not (_is_complex(ys) or _is_complex(ct)):
         return g
     gi = pull(jax.tree_util.tree_map(lambda y, c: _part(y, c, True), ys, ct))
-    return jax.tree_util.tree_map(lambda r, i: r if _float0(r) else r + 1j * i, g, gi)
+    return _but_float0(lambda r, i: r + 1j * i, g, gi)
 
 
 class _ChunkVjp(eqx.Module):
@@ -222,13 +225,13 @@ class _ChunkVjp(eqx.Module):
     nondiff_argnums: tuple[int, ...] = eqx.field(static=True)
     conjugate: bool = eqx.field(static=True)
     has_aux: bool = eqx.field(static=True)
-    keep_y: bool = eqx.field(static=True)
-    keep_aux: bool = eqx.field(static=True)
+    keep_y: bool = eqx.field(static=True, default=False)
+    keep_aux: bool = eqx.field(static=True, default=False)
     scatter: int | None = eqx.field(static=True, default=None)
 
     def __call__(self, ct, idx, *primals, valid=None):
         if valid is not None:  # repeated rows of a shifted chunk: no cotangent, nothing kept
-            ct = _mask_rows(ct, valid)
+            ct = _but_float0(lambda x: zero_masked(x, valid), ct)
         nd = self.nondiff_argnums
         diff = [i for i in range(len(primals)) if i not in nd]
         free = tuple(primals[i] for i in diff)
@@ -236,20 +239,15 @@ class _ChunkVjp(eqx.Module):
         ys, pull, *aux = jax.vjp(fixed, *free, has_aux=self.has_aux)
         g = _pull(pull, ys, ct, not _is_complex(free))
         if self.conjugate:
-            g = jax.tree_util.tree_map(lambda x: x if _float0(x) else jnp.conj(x), g)
+            g = _but_float0(jnp.conj, g)
         chunked = tuple(gi if i in self.chunk_argnums else None for i, gi in zip(diff, g))
         sums = tuple(None if i in self.chunk_argnums else gi for i, gi in zip(diff, g))
         rows = (ys if self.keep_y else None, chunked, aux[0] if self.keep_aux else None)
         if valid is not None:
-            rows = _mask_rows(rows, valid)
+            rows = _but_float0(lambda x: zero_masked(x, valid), rows)
         if self.scatter is not None:
             rows = jax.tree_util.tree_map(lambda r: _scatter(r, idx, self.scatter), rows)
         return rows, sums
-
-
-def _mask_rows(tree, valid):
-    """`tree`'s rows where `valid`, zeros elsewhere (float0 cotangents as they are)."""
-    return jax.tree_util.tree_map(lambda x: x if _float0(x) else zero_masked(x, valid), tree)
 
 
 def _scatter(rows, idx, n):
@@ -287,58 +285,50 @@ class ChunkedVjp(eqx.Module):
         ```
     """
 
-    fun_arrays: Any  # the arrays `fun` holds (a pytree argument under `jax.jit`)
-    fun_static: Any = eqx.field(static=True)  # the rest of `fun`
+    arrays: Any  # the arrays `fun` holds (a pytree argument under `jax.jit`)
+    piece: _ChunkVjp = eqx.field(static=True)  # one chunk's pullback; the rest of `fun`
     primals: tuple
-    chunk_argnums: tuple[int, ...] = eqx.field(static=True)
-    nondiff_argnums: tuple[int, ...] = eqx.field(static=True)
     opts: Options  # the forward chunk size (`size`) and `shard`
     chunk_size_bwd: int | None = eqx.field(static=True, converter=as_size)
     return_forward: bool = eqx.field(static=True)
-    conjugate: bool = eqx.field(static=True)
-    has_aux: bool = eqx.field(static=True)
 
     # netket's pullback, a `Partial`, is accepted as `jax.jit`'s function, which is hashed: by
     # identity here, as a function is (the fields hold arrays, which have no hash).
     __hash__ = object.__hash__
 
-    @property
-    def fun(self) -> Callable[..., Any]:
-        return eqx.combine(self.fun_arrays, self.fun_static)
-
     def __call__(self, cotangents: PyTree[Any]) -> Any:
+        piece = eqx.combine(self.arrays, self.piece)
+        chunk, has_aux, every = piece.chunk_argnums, piece.has_aux, range(len(self.primals))
         fwd = self.opts.size
         bwd = fwd if self.chunk_size_bwd is None else self.chunk_size_bwd
         split = self.return_forward and fwd != bwd  # the forward pass gets its own Chunk
         # netket: no chunk size, no chunking and no sharding (the cotangents need no rows)
-        direct = not self.chunk_argnums or (fwd is None and bwd is None)
-        n = None if direct else _check_rows(self.primals, self.chunk_argnums, cotangents)
-        every = range(len(self.primals))
-        diff = [i for i in every if i not in self.nondiff_argnums]
-        has_sums = any(i not in self.chunk_argnums for i in diff)
+        direct = not chunk or (fwd is None and bwd is None)
+        n = None if direct else _check_rows(self.primals, chunk, cotangents)
+        diff = [i for i in every if i not in piece.nondiff_argnums]
+        has_sums = any(i not in chunk for i in diff)
         # rows and sums from one pass: rows are scattered into n-row zeros and summed
         scatter = n if has_sums else None
-        piece = _ChunkVjp(
-            self.fun, self.chunk_argnums, self.nondiff_argnums, self.conjugate, self.has_aux,
-            keep_y=self.return_forward and not split, keep_aux=self.has_aux and not split,
-            scatter=scatter,
-        )
+        keep = dict(keep_y=self.return_forward and not split, keep_aux=has_aux and not split)
+        pull = dataclasses.replace(piece, scatter=scatter, **keep)
         idx = None if scatter is None else jnp.arange(n, dtype=jnp.int32)
         args = (cotangents, idx) + tuple(self.primals)
-        axes = (0, 0) + tuple(0 if i in self.chunk_argnums else None for i in every)
+        axes = (0, 0) + tuple(0 if i in chunk else None for i in every)
         if direct:
-            (y, chunked, aux), sums = piece(*args)
+            (y, chunked, aux), sums = pull(*args)
         else:
             reducer = Sum(presummed=True, mask_in_fn=True) if has_sums else Concat()
             opts = dataclasses.replace(self.opts, size=bwd)
-            (y, chunked, aux), sums = compose(piece, axes, reducer, opts, _VJP)(*args)
+            (y, chunked, aux), sums = compose(pull, axes, reducer, opts, _VJP)(*args)
         if split:  # the forward pass alone: every primal nondifferentiable
-            forward = _ChunkVjp(self.fun, (), tuple(every), False, self.has_aux, True, self.has_aux)
+            forward = dataclasses.replace(
+                piece, nondiff_argnums=tuple(every), conjugate=False, keep_y=True, keep_aux=has_aux
+            )
             (y, _, aux), _ = compose(forward, axes, Concat(), self.opts, _VJP)(*args)
-        grads = tuple(c if i in self.chunk_argnums else s for i, c, s in zip(diff, chunked, sums))
+        grads = tuple(c if i in chunk else s for i, c, s in zip(diff, chunked, sums))
         if self.return_forward:
-            return (y, grads, aux) if self.has_aux else (y, grads)
-        return (grads, aux) if self.has_aux else grads
+            return (y, grads, aux) if has_aux else (y, grads)
+        return (grads, aux) if has_aux else grads
 
 
 def _check_rows(primals, chunk_argnums, ct) -> int:
@@ -447,10 +437,7 @@ def vjp_chunked(
         n = _check_rows(primals, chunk_argnums, None)
         if not shard:  # netket: a chunk as large as the batch means no chunking
             chunk_size = None if chunk_size is not None and chunk_size >= n else chunk_size
-    fun_arrays, fun_static = eqx.partition(fun, eqx.is_array)
-    return ChunkedVjp(
-        fun_arrays=fun_arrays, fun_static=fun_static, primals=tuple(primals),
-        chunk_argnums=chunk_argnums, nondiff_argnums=nondiff_argnums,
-        opts=Options(who, chunk_size, shard=shard), chunk_size_bwd=chunk_size_bwd,
-        return_forward=return_forward, conjugate=conjugate, has_aux=has_aux,
-    )
+    piece = _ChunkVjp(fun, chunk_argnums, nondiff_argnums, conjugate, has_aux)
+    arrays, piece = eqx.partition(piece, eqx.is_array)
+    opts = Options(who, chunk_size, shard=shard)
+    return ChunkedVjp(arrays, piece, tuple(primals), opts, chunk_size_bwd, return_forward)

@@ -138,7 +138,7 @@ def _layout(in_axes: InAxes, args: tuple, who: str = "chunk_map") -> tuple:
     whole), read by the shared resolver with every entry `k` as `eqx.if_array(k)`; the
     arguments with those axes moved to the front; one axis (0 or None) per argument."""
     axes = in_axes_tuple(who, in_axes, len(args))
-    spec = (_if_array(axes), None)
+    spec = (jax.tree_util.tree_map(eqx.if_array, axes), None)  # non-array leaves pass whole
     leaves, at, treedef, _ = resolve(who, spec, (args, {}), "the arguments", in_axes)
     moved = [x if a is None else moveaxis(x, a, 0) for x, a in zip(leaves, at)]
     moved = jax.tree_util.tree_unflatten(treedef, moved)[0]
@@ -308,16 +308,10 @@ def jit_chunk_vmap(
         ```
     """
     in_axes = as_in_axes(in_axes)  # a list works like a tuple
-    vmapped = eqx.filter_vmap(f, in_axes=_if_array(in_axes), out_axes=out_axes)
+    array_axes = jax.tree_util.tree_map(eqx.if_array, in_axes)  # other leaves pass whole
+    vmapped = eqx.filter_vmap(f, in_axes=array_axes, out_axes=out_axes)
     mapped = chunk_map(vmapped, in_axes, out_axes, chunk_size, True, shard_batch, False, mesh)
     return eqx.filter_jit(Checked(mapped, in_axes, "jit_chunk_vmap"))
-
-
-def _if_array(in_axes: Any) -> Any:
-    """Map array leaves only: non-array leaves (strings, Python numbers) pass through."""
-    if isinstance(in_axes, tuple):
-        return tuple(None if a is None else eqx.if_array(a) for a in in_axes)
-    return None if in_axes is None else eqx.if_array(in_axes)
 
 
 class Checked(eqx.Module):

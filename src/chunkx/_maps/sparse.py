@@ -101,10 +101,6 @@ def check_block_diagonal(
     return _raise_if_mixed(who, out, err, scale, rtol, atol)
 
 
-def _head(y: Any, rows: int, strip: bool) -> Any:
-    return jax.tree_util.tree_map(lambda x: x[0] if strip else x[:rows], y)
-
-
 @public
 def sparse_pullback(
     fn: Callable[[Any], Any],
@@ -192,7 +188,8 @@ def sparse_pullback(
     check_strip(who, strip_dim0, opts.size)
     n = mapped_length((y,), (0,), who)
     if n:
-        head = _head(y, n if opts.size in (None, "auto") else min(n, opts.size), strip_dim0)
+        rows = n if opts.size in (None, "auto") else min(n, opts.size)  # the first chunk
+        head = jax.tree_util.tree_map(lambda x: x[0] if strip_dim0 else x[:rows], y)
         check_contract(who, head, jax.eval_shape(fn, head))
     if check_block_diagonal and n:  # outside jit this raises before the pipeline runs
         _, err, scale = _mismatch(fn, head, jax.random.key(0))
