@@ -176,9 +176,6 @@ class UserAccumulate(_LoopOnly):
         keep = index < self.num_real
         return jax.tree_util.tree_map(lambda a, b: jnp.where(keep, a, b), new, acc), None
 
-    def finish(self, acc: Tree, stacked: Tree) -> Tree:
-        return acc
-
     def single(self, part: Tree) -> Tree:
         return self.accumulate(self.init(struct_of(part), 1), part, 0, 0)[0]
 
@@ -273,18 +270,15 @@ def finalize(who: str, leaves: Leaves, carry: Tree, mean_n: Any, run_n: Any):
 
     def leaf(reducer, kind, c):
         if kind in (AccumulationType.MEAN, AccumulationType.RUNNING_MEAN):
-            _check_floating(who, kind, c)
+            for x in jax.tree_util.tree_leaves(c):
+                if not jnp.issubdtype(x.dtype, jnp.floating):
+                    raise ValueError(
+                        f"`{who}(accumulator={kind.name})`: MEAN and RUNNING_MEAN need "
+                        f"floating-point outputs, got a leaf of dtype {x.dtype}."
+                    )
             n = mean_n if kind is AccumulationType.MEAN else run_n
             return jax.tree_util.tree_map(lambda x: jnp.where(n > 0, x / n, 0).astype(x.dtype), c)
         return c if isinstance(kind, AccumulationType) else kind.finalize(c)
 
     return leaves.each_leaf(leaf, carry)
 
-
-def _check_floating(who: str, kind: AccumulationType, tree: Tree) -> None:
-    for x in jax.tree_util.tree_leaves(tree):
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise ValueError(
-                f"`{who}(accumulator={kind.name})`: MEAN and RUNNING_MEAN need floating-point "
-                f"outputs, got a leaf of dtype {x.dtype}."
-            )
