@@ -21,12 +21,12 @@ from .._checks import check_budget, check_positive
 from .._combinators._rows import mapped_length, moveaxis, zeros_like_struct
 from .._combinators.groups import _swap_blocks
 from .._combinators.pad import Pad
-from .._combinators.reduce import Concat, zero_masked
+from .._combinators.reduce import zero_masked
 from .._combinators.shard import Shard
 from .._plan.measure import divisor_below
 from .._plan.search import MemoryPlan
 from .._types import RowMask
-from ._accumulations import Leaves, UserAccumulate, finalize, plan_leaves, replicated
+from ._accumulations import AccumulationType, Leaves, finalize, plan_leaves, refuse_user, replicated
 from ._vmap_axes import resolve
 from .pipeline import Options, compose, plan_call, plan_of
 
@@ -100,11 +100,9 @@ class Interleave(eqx.Module):
         out = self.fn(*head, rows, fixed)
 
         def leaf(reducer, kind, part):  # concatenated rows back in batch order
-            if k == 1 and hasattr(reducer, "single"):  # the loop ran one piece: its partial
-                part = reducer.single(part)
-            if isinstance(reducer, Concat):
-                return jax.tree_util.tree_map(lambda y: _swap_blocks(y, k, s), part)
-            return part
+            if kind is not AccumulationType.CONCAT:
+                return part
+            return jax.tree_util.tree_map(lambda y: _swap_blocks(y, k, y.shape[0] // k), part)
 
         return self.reducer.each_leaf(leaf, out)
 
@@ -225,7 +223,7 @@ class Microbatched(eqx.Module):
             inner = dataclasses.replace(opts, size=local, grad_size=g, shard=False)
             core = compose(row_fn, (0,) * masked + _AXES, leaves, inner, who)
             # rows that are each their own output need not be grouped into optax's microbatches
-            rowwise = self.per_example and all(isinstance(r, Concat) for r in leaves.reducers)
+            rowwise = self.per_example and all(t is AccumulationType.CONCAT for t in leaves.kinds)
             if masked or not rowwise:
                 core = Interleave(core, leaves, local, r, masked)
             core = Shard(core, opts.mesh, in_axes=_AXES) if opts.shard else core
@@ -307,12 +305,3 @@ def microbatched(
     )
     return Microbatched(fun, opts, leaves, *spec, per_example, num_real, vmap_fn)
 
-
-def refuse_user(who: str, leaves: Leaves, needs: dict) -> None:
-    """Raise if a user's Accumulator meets one of the options `needs` flags."""
-    for what, used in needs.items():
-        if used and any(isinstance(r, UserAccumulate) for r in leaves.reducers):
-            raise ValueError(
-                f"`{who}(accumulator=...)`: a user-written Accumulator runs microbatch by "
-                f"microbatch and cannot take {what}; use the AccumulationType members."
-            )
