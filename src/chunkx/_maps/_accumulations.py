@@ -234,9 +234,9 @@ class Leaves(AbstractReducer):
         return self.treedef.unflatten(self._each("shard_collect", gathered, extra=(mesh,)))
 
     def each_leaf(self, fn: Callable, out: Tree) -> Tree:
-        """`fn(reducer, kind, part)` on each leaf's part of `out`."""
+        """`fn(kind, part)` on each leaf's part of `out`."""
         parts = self.treedef.flatten_up_to(out)
-        return self.treedef.unflatten(list(map(fn, self.reducers, self.kinds, parts)))
+        return self.treedef.unflatten(list(map(fn, self.kinds, parts)))
 
 
 def plan_leaves(who: str, accumulator: Any, per_example: bool, num_real: Any, compensated: bool):
@@ -265,7 +265,7 @@ def finalize(who: str, leaves: Leaves, carry: Tree, mean_n: Any, run_n: Any):
     """The result from the loop's carry: MEAN divides by `mean_n`, RUNNING_MEAN by `run_n`
     (what was run; zero where nothing ran), a user's Accumulator finalizes."""
 
-    def leaf(reducer, kind, c):
+    def leaf(kind, c):
         if kind in (AccumulationType.MEAN, AccumulationType.RUNNING_MEAN):
             for x in jax.tree_util.tree_leaves(c):
                 if not jnp.issubdtype(x.dtype, jnp.floating):

@@ -99,7 +99,7 @@ class Interleave(eqx.Module):
         rows = jax.tree_util.tree_map(lambda x: _swap_blocks(x, s, k), rows)
         out = self.fn(*head, rows, fixed)
 
-        def leaf(reducer, kind, part):  # concatenated rows back in batch order
+        def leaf(kind, part):  # concatenated rows back in batch order
             if kind is not AccumulationType.CONCAT:
                 return part
             return jax.tree_util.tree_map(lambda y: _swap_blocks(y, k, y.shape[0] // k), part)

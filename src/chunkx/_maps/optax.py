@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from .._checks import check_positive
+from .._checks import as_in_axes, check_positive
 from .._combinators.reduce import identity
 from .._public import public
 from .._types import Budget
@@ -177,10 +177,9 @@ def micro_vmap(
             f"`micro_vmap(out_axes={out_axes!r})`: the mapped axis of the outputs is axis 0 "
             "(accumulations join along it); out_axes must be 0."
         )
-    axes = in_axes if in_axes is None or isinstance(in_axes, int) else tuple(in_axes)
     return microbatched(
         "micro_vmap", fun, accumulator, microbatch_size, num_real_microbatches,
-        spec=(axes, None, None), per_example=True, vmap_fn=vmap_fn,
+        spec=(as_in_axes(in_axes), None, None), per_example=True, vmap_fn=vmap_fn,
         grad_size=grad_microbatch_size, memory_budget=memory_budget, shard=shard, mesh=mesh,
         compensated=compensated,
     )
@@ -201,15 +200,16 @@ class _GradFn(eqx.Module):
     expand: tuple[int, ...] = eqx.field(static=True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        args = tuple(
-            jax.tree_util.tree_map(lambda x: jnp.expand_dims(x, 0), a) if i in self.expand else a
-            for i, a in enumerate(args)
-        )
-
+        args = [_one_example(a) if i in self.expand else a for i, a in enumerate(args)]
         grad_fn = jax.value_and_grad(self.fun, self.argnums, has_aux=self.has_aux)
         out, grad = grad_fn(*args, **kwargs)
         value, aux = out if self.has_aux else (out, None)
         return self.transform_fn(grad), IndividualOutputs(value, self.metrics_fn(grad), aux)
+
+
+def _one_example(tree: Any) -> Any:
+    """`tree` as a batch of one example."""
+    return jax.tree_util.tree_map(lambda x: jnp.expand_dims(x, 0), tree)
 
 
 def _no_metrics(grad: Any) -> None:
