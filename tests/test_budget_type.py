@@ -29,7 +29,7 @@ def test_micro_vmap_float_budget_is_the_int_budget(budget):
     as_float = chunkx.micro_vmap(per, (0, None), microbatch_size="auto", memory_budget=budget)
     as_int = chunkx.micro_vmap(per, (0, None), microbatch_size="auto",
                                memory_budget=int(budget))
-    assert as_float.plan.memory_budget == int(budget)
+    assert as_float.opts.memory_budget == int(budget)
     assert as_float.memory_plan(X, W) == as_int.memory_plan(X, W)
     assert chunkx.compiled_temp_bytes(as_float, X, W) == chunkx.compiled_temp_bytes(as_int, X, W)
     assert_tree_close(as_float(X, W), om.micro_vmap(per, (0, None))(X, W))

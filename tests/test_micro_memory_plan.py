@@ -71,5 +71,4 @@ def test_a_fixed_size_has_no_plan():
     with pytest.raises(ValueError, match=r"`micro_vmap\(microbatch_size=8\)\.memory_plan`"):
         chunkx.micro_vmap(per, (0, None), microbatch_size=8).memory_plan(X, W)
     with pytest.raises(ValueError, match=r"`microbatch\.grad_memory_plan`"):
-        chunkx.microbatch(per, 0, "auto", memory_budget=BUDGET).plan.memory_plan(
-            "grad_memory_plan", per, (), (X, W), {})
+        chunkx.microbatch(per, 0, "auto", memory_budget=BUDGET).grad_memory_plan(X, W)

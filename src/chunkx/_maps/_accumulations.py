@@ -120,7 +120,13 @@ def is_accumulation(x: Any) -> bool:
 
 class _LoopOnly(AbstractReducer):
     """A reducer that joins microbatches within one chunk loop only (no padding, no mesh):
-    its loop is its own `init`/`accumulate`/`finish`."""
+    its loop is its own `init`/`accumulate`/`finish`, and one piece of rows (`reduce_rows`,
+    where no loop runs) is that loop over one microbatch (`reduce_chunk`'s partial)."""
+
+    def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
+        part = self.reduce_chunk(rows, valid)
+        acc, stacked = self.accumulate(self.init(struct_of(part), 1), part, 0, 0)
+        return self.finish(acc, jax.tree_util.tree_map(lambda y: y[None], stacked))
 
     def combine(self, a: Tree, b: Tree) -> Tree:
         raise NotImplementedError(f"{type(self).__name__} joins within one chunk loop only")
@@ -130,9 +136,10 @@ class _LoopOnly(AbstractReducer):
 
 
 class Stack(_LoopOnly):
-    """`microbatch`'s CONCAT: stack the microbatch results, then join axis 0 column-major."""
+    """`microbatch`'s CONCAT: stack the microbatch results and join them along axis 0 (in
+    loop order; `Interleave` puts the rows in batch order, optax's column-major join)."""
 
-    def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
+    def reduce_chunk(self, rows: Tree, valid: RowMask | None) -> Tree:
         return rows
 
     def init(self, part: Tree, n: int) -> Tree:
@@ -142,14 +149,7 @@ class Stack(_LoopOnly):
         return None, part
 
     def finish(self, acc: Tree, stacked: Tree) -> Tree:
-        def join(y):  # optax's reshape(-1, *y.shape[2:], order="F")
-            return y if y.ndim < 2 else y.swapaxes(0, 1).reshape((-1,) + y.shape[2:])
-
-        return jax.tree_util.tree_map(join, stacked)
-
-    def single(self, part: Tree) -> Tree:
-        """The loop's result for one microbatch (the chunk loop returns `part` then)."""
-        return self.finish(None, jax.tree_util.tree_map(lambda y: y[None], part))
+        return jax.tree_util.tree_map(lambda y: y.reshape((-1,) + y.shape[2:]), stacked)
 
 
 class UserAccumulate(_LoopOnly):
@@ -163,7 +163,7 @@ class UserAccumulate(_LoopOnly):
     num_real: Any = None
     aggregate: bool = eqx.field(static=True, default=False)
 
-    def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
+    def reduce_chunk(self, rows: Tree, valid: RowMask | None) -> Tree:
         return self.acc.aggregate(rows) if self.aggregate else rows
 
     def init(self, part: Tree, n: int) -> Tree:
@@ -175,12 +175,6 @@ class UserAccumulate(_LoopOnly):
             return new, None
         keep = index < self.num_real
         return jax.tree_util.tree_map(lambda a, b: jnp.where(keep, a, b), new, acc), None
-
-    def finish(self, acc: Tree, stacked: Tree) -> Tree:
-        return acc
-
-    def single(self, part: Tree) -> Tree:
-        return self.accumulate(self.init(struct_of(part), 1), part, 0, 0)[0]
 
 
 class Leaves(AbstractReducer):
@@ -240,9 +234,9 @@ class Leaves(AbstractReducer):
         return self.treedef.unflatten(self._each("shard_collect", gathered, extra=(mesh,)))
 
     def each_leaf(self, fn: Callable, out: Tree) -> Tree:
-        """`fn(reducer, kind, part)` on each leaf's part of `out`."""
+        """`fn(kind, part)` on each leaf's part of `out`."""
         parts = self.treedef.flatten_up_to(out)
-        return self.treedef.unflatten(list(map(fn, self.reducers, self.kinds, parts)))
+        return self.treedef.unflatten(list(map(fn, self.kinds, parts)))
 
 
 def plan_leaves(who: str, accumulator: Any, per_example: bool, num_real: Any, compensated: bool):
@@ -271,9 +265,14 @@ def finalize(who: str, leaves: Leaves, carry: Tree, mean_n: Any, run_n: Any):
     """The result from the loop's carry: MEAN divides by `mean_n`, RUNNING_MEAN by `run_n`
     (what was run; zero where nothing ran), a user's Accumulator finalizes."""
 
-    def leaf(reducer, kind, c):
+    def leaf(kind, c):
         if kind in (AccumulationType.MEAN, AccumulationType.RUNNING_MEAN):
-            _check_floating(who, kind, c)
+            for x in jax.tree_util.tree_leaves(c):
+                if not jnp.issubdtype(x.dtype, jnp.floating):
+                    raise ValueError(
+                        f"`{who}(accumulator={kind.name})`: MEAN and RUNNING_MEAN need "
+                        f"floating-point outputs, got a leaf of dtype {x.dtype}."
+                    )
             n = mean_n if kind is AccumulationType.MEAN else run_n
             return jax.tree_util.tree_map(lambda x: jnp.where(n > 0, x / n, 0).astype(x.dtype), c)
         return c if isinstance(kind, AccumulationType) else kind.finalize(c)
@@ -281,10 +280,11 @@ def finalize(who: str, leaves: Leaves, carry: Tree, mean_n: Any, run_n: Any):
     return leaves.each_leaf(leaf, carry)
 
 
-def _check_floating(who: str, kind: AccumulationType, tree: Tree) -> None:
-    for x in jax.tree_util.tree_leaves(tree):
-        if not jnp.issubdtype(x.dtype, jnp.floating):
+def refuse_user(who: str, leaves: Leaves, needs: dict) -> None:
+    """Raise if a user's Accumulator meets one of the options `needs` flags."""
+    for what, used in needs.items():
+        if used and any(isinstance(r, UserAccumulate) for r in leaves.reducers):
             raise ValueError(
-                f"`{who}(accumulator={kind.name})`: MEAN and RUNNING_MEAN need floating-point "
-                f"outputs, got a leaf of dtype {x.dtype}."
+                f"`{who}(accumulator=...)`: a user-written Accumulator runs microbatch by "
+                f"microbatch and cannot take {what}; use the AccumulationType members."
             )

@@ -1,5 +1,6 @@
-"""The microbatching pipeline, `Pad(Shard(Interleave(Chunk(RowFn))))`, and the options of
-`microbatch`, `micro_vmap` and `micro_grad`, checked once into one `Options`.
+"""The microbatching pipeline, `Pad(Shard(Interleave(Chunk(RowFn))))`, and `Microbatched`, the
+Module that `microbatch`, `micro_vmap` and `micro_grad` return, its options checked once
+(`microbatched`) into one `Options`.
 
 `Interleave` gives each chunk of the loop one of optax's microbatches: with `K` microbatches,
 microbatch `k` holds rows `k, k + K, k + 2K, ...` (optax reshapes the batch axis column-major),
@@ -17,17 +18,17 @@ import jax
 import jax.numpy as jnp
 
 from .._checks import check_budget, check_positive
-from .._combinators._rows import mapped_length, moveaxis
+from .._combinators._rows import mapped_length, moveaxis, zeros_like_struct
 from .._combinators.groups import _swap_blocks
 from .._combinators.pad import Pad
-from .._combinators.reduce import Concat
+from .._combinators.reduce import zero_masked
 from .._combinators.shard import Shard
 from .._plan.measure import divisor_below
 from .._plan.search import MemoryPlan
 from .._types import RowMask
-from ._accumulations import Leaves, UserAccumulate, finalize, plan_leaves, replicated
+from ._accumulations import AccumulationType, Leaves, finalize, plan_leaves, refuse_user, replicated
 from ._vmap_axes import resolve
-from .pipeline import Options, compose, plan_of
+from .pipeline import Options, compose, plan_call, plan_of
 
 _AXES = (0, None)  # the pipeline's two arguments: the batch arguments' rows, the others
 
@@ -64,42 +65,29 @@ class RowFn(eqx.Module):
         mask = xs[0]
 
         def skip(rows):
-            struct = jax.eval_shape(compute, rows)
-            return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), struct)
+            return zeros_like_struct(jax.eval_shape(compute, rows))
 
         out = jax.lax.cond(jnp.any(mask), compute, skip, rows)
         if not self.per_example:
             return out
-
-        def zero_rows(y):
-            m = mask.reshape(mask.shape + (1,) * (y.ndim - 1))
-            return jnp.where(m, y, jnp.zeros((), y.dtype))
-
-        return jax.tree_util.tree_map(zero_rows, out)
+        return jax.tree_util.tree_map(lambda y: zero_masked(y, mask), out)
 
 
 class Interleave(eqx.Module):
     """Permute the rows so that chunk `k` of `fn`'s loop is optax's microbatch `k` (rows
     `k::K`), flag the rows to run (real, and of a microbatch below `num_real`), and permute
-    concatenated outputs back. `rowwise`: every row is its own output (a per-example map whose
-    outputs are all concatenated, no row masked), so which rows share a chunk changes nothing
-    and the rows stay in batch order (no permutation to compile or run)."""
+    concatenated outputs back."""
 
     fn: Callable[..., Any]
     reducer: Leaves
     size: int | None = eqx.field(static=True)  # None: the rows are one microbatch
     num_real: Any = None
     masked: bool = eqx.field(static=True, default=False)
-    rowwise: bool = eqx.field(static=True, default=False)  # rows kept in batch order
 
     def __call__(self, rows: Any, fixed: Any, *, valid: RowMask | None = None) -> Any:
         n = mapped_length((rows,), (0,), "Interleave")
         s = n if self.size is None else self.size
         k = n // s
-
-        def perm(x, a=s, b=k):  # chunk j of the loop: rows j::k (and back: a=k, b=s)
-            return x if self.rowwise else _swap_blocks(x, a, b)
-
         head = ()
         if valid is not None and not self.masked:
             raise AssertionError("Interleave: a row mask arrived, but the rows are not masked")
@@ -107,31 +95,183 @@ class Interleave(eqx.Module):
             m = jnp.ones(n, bool) if valid is None else jnp.asarray(valid)
             if self.num_real is not None:
                 m = m & (jnp.arange(n) % k < self.num_real)
-            head = (perm(m),)
-        out = self.fn(*head, jax.tree_util.tree_map(lambda x: perm(replicated(x)), rows), fixed)
+            head = (_swap_blocks(m, s, k),)  # chunk j of the loop: rows j::k
+        rows = jax.tree_util.tree_map(lambda x: _swap_blocks(x, s, k), rows)
+        out = self.fn(*head, rows, fixed)
 
-        def leaf(reducer, kind, part):  # concatenated rows back in batch order
-            if k == 1 and hasattr(reducer, "single"):  # the loop ran one piece: its partial
-                part = reducer.single(part)
-            if isinstance(reducer, Concat):
-                return jax.tree_util.tree_map(lambda y: perm(y, k, s), part)
-            return part
+        def leaf(kind, part):  # concatenated rows back in batch order
+            if kind is not AccumulationType.CONCAT:
+                return part
+            return jax.tree_util.tree_map(lambda y: _swap_blocks(y, k, y.shape[0] // k), part)
 
         return self.reducer.each_leaf(leaf, out)
 
 
-def _all_concat(leaves: Leaves) -> bool:
-    return all(isinstance(r, Concat) for r in leaves.reducers)
+class Microbatched(eqx.Module):
+    """`fun` over microbatches of its batch arguments (the Module that `microbatch`,
+    `micro_vmap` and `micro_grad` return): its checked options (`microbatched`) and
+    accumulation (`plan_leaves`), and the pipeline a call runs,
+    `Pad(Shard(Interleave(Chunk(RowFn))))`.
+
+    The batch arguments: the positional ones `argnums` and keywords `argnames` at `in_axes`
+    (one entry each); with `argnums=None` every positional argument at `in_axes` (an int,
+    `None`, or one entry each); with `argnames=None` every keyword along axis 0.
+    `per_example`: the map vectorises `fun` (`micro_vmap`, `micro_grad`).
+    """
+
+    fun: Callable[..., Any]
+    opts: Options
+    leaves: Leaves
+    in_axes: int | None | tuple[int | None, ...] = eqx.field(static=True)
+    argnums: tuple[int, ...] | None = eqx.field(static=True, default=None)
+    argnames: tuple[str, ...] | None = eqx.field(static=True, default=None)
+    per_example: bool = eqx.field(static=True, default=False)
+    num_real: Any = None
+    vmap_fn: Callable[..., Any] = jax.vmap
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(args, kwargs)
+
+    def memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
+        """The [`chunkx.MemoryPlan`][] that `microbatch_size="auto"` follows for these
+        arguments (one device's rows with `shard=True`; for `microbatch`, its `chunk_size` is
+        the microbatch size the call runs: the largest divisor of the batch within the planned
+        size). Nothing is run; the plan is cached."""
+        return self._planned("memory_plan", args, kwargs)
+
+    def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
+        """The [`chunkx.MemoryPlan`][] of the reverse pass of `grad_microbatch_size="auto"`
+        (the per-example maps; for `micro_grad`, differentiating through it)."""
+        return self._planned("grad_memory_plan", args, kwargs)
+
+    def _planned(self, method: str, args: tuple, kwargs: dict) -> MemoryPlan:
+        who, opts = self.opts.who, self.opts
+        if opts.size != "auto":
+            raise ValueError(
+                f"`{who}(microbatch_size={opts.size!r}).{method}`: only a map built "
+                "with microbatch_size='auto' has a memory plan."
+            )
+        if method == "grad_memory_plan" and (opts.grad_size != "auto" or not self.per_example):
+            raise ValueError(
+                f"`{who}.grad_memory_plan`: only a per-example map (micro_vmap, micro_grad) "
+                "built with grad_microbatch_size='auto' has a gradient plan."
+            )
+        return plan_call(self._call, opts, method, args, kwargs)
+
+    def _resolve(self, args: tuple, kwargs: dict) -> tuple:
+        """`resolve` of `(args, kwargs)`: each batch argument's array leaves along its axis (the
+        other leaves, and the other arguments, passed whole)."""
+        who, axes, nums = self.opts.who, self.in_axes, self.argnums
+        if nums is None:  # every positional argument at in_axes
+            nums = range(len(args))
+            axes = (axes,) * len(args) if axes is None or isinstance(axes, int) else axes
+            if len(axes) != len(args):
+                raise ValueError(
+                    f"`{who}(in_axes={self.in_axes!r})`: in_axes has {len(axes)} entries "
+                    f"but the function was called with {len(args)} positional arguments."
+                )
+        elif any(not -len(args) <= i < len(args) for i in nums):
+            name = "batch_argnums" if self.per_example else "argnums"
+            raise ValueError(
+                f"`{who}({name}={self.argnums})`: the function was called "
+                f"with {len(args)} positional arguments."
+            )
+        at = {i % len(args): a for i, a in zip(nums, axes)}
+        if self.argnames is None:  # keywords map along axis 0
+            at.update((k, 0) for k in kwargs)
+        else:
+            at.update(zip(self.argnames, axes[len(nums):]))
+        at = {key: eqx.if_array(a) for key, a in at.items() if a is not None}
+        spec = tuple(at.get(i) for i in range(len(args))), {k: at.get(k) for k in kwargs}
+        return resolve(who, spec, (args, kwargs), "the arguments")
+
+    def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
+        """`fun` on the batch `(args, kwargs)`; with `plan` (`"memory_plan"`,
+        `"grad_memory_plan"`), the plan its "auto" size follows."""
+        opts, who, leaves = self.opts, self.opts.who, self.leaves
+        flat, at, treedef, _ = self._resolve(args, kwargs)
+        moved = [x if a is None else moveaxis(x, a, 0) for x, a in zip(flat, at)]
+        mapped = jax.tree_util.tree_unflatten(treedef, [a is not None for a in at])
+        pair = eqx.partition(jax.tree_util.tree_unflatten(treedef, moved), mapped)
+        if not opts.shard:  # rows cut and permuted on one layout (each device's under Shard)
+            pair = (jax.tree_util.tree_map(replicated, pair[0]), pair[1])
+        n = mapped_length(pair, _AXES, who)
+        if n == 0:
+            raise ValueError(f"`{who}`: the batch is empty (0 rows); there is no microbatch.")
+        axes = tuple(a for a in at if a is not None)
+        mb = n if opts.size is None else opts.size
+        if mb == "auto" and not self.per_example:  # `fun` sees whole microbatches
+            whole = self._whole(RowFn(self.fun, axes, False, False), pair, n)
+            if plan is not None:
+                return whole
+            mb = whole.chunk_size
+        d = opts.devices(args)
+        k = None if mb == "auto" else -(-n // mb)
+        self._check(n, mb, d)
+        r = None if self.num_real is None or opts.size is None else jnp.clip(self.num_real, 0, k)
+        padded = k is not None and k * mb != n
+        # masked rows: padded ones, of a microbatch past `num_real`, or padded over the devices
+        masked = k is not None and (padded or r is not None or n % d != 0)
+        row_fn = RowFn(self.fun, axes, self.per_example, masked, self.vmap_fn)
+        if k is None:  # one "auto" chunk loop over the rows, planned by its Chunk
+            core = compose(row_fn, _AXES, leaves, opts, who)
+            if plan is not None:
+                return plan_of(core, plan, pair, _AXES, opts)
+        else:
+            g = opts.grad_size // d if isinstance(opts.grad_size, int) else opts.grad_size
+            local = None if opts.size is None else mb // d  # None: all rows at once
+            inner = dataclasses.replace(opts, size=local, grad_size=g, shard=False)
+            core = compose(row_fn, (0,) * masked + _AXES, leaves, inner, who)
+            # rows that are each their own output need not be grouped into optax's microbatches
+            rowwise = self.per_example and all(t is AccumulationType.CONCAT for t in leaves.kinds)
+            if masked or not rowwise:
+                core = Interleave(core, leaves, local, r, masked)
+            core = Shard(core, opts.mesh, in_axes=_AXES) if opts.shard else core
+        core = Pad(core, mb, in_axes=_AXES) if padded else core
+        return finalize(who, leaves, core(*pair), *self._counts(n, k, r))
+
+    def _whole(self, row_fn: RowFn, pair: tuple, n: int) -> MemoryPlan:
+        """`microbatch_size="auto"` where `fun` sees whole microbatches: the plan of a Chunk of
+        microbatches, its size the largest divisor of the rows within the planned size."""
+        opts = dataclasses.replace(self.opts, grad_size=None)
+        plan = compose(row_fn, _AXES, self.leaves, opts, opts.who).memory_plan(*pair)
+        return dataclasses.replace(plan, chunk_size=divisor_below(n, plan.chunk_size))
+
+    def _counts(self, n: int, k: int | None, r: Any):
+        """What MEAN and RUNNING_MEAN divide by: rows (or microbatches) in all, and those run."""
+        if not self.per_example:
+            return k, (k if r is None else r)
+        if r is None:
+            return n, n
+        return n, jnp.sum(jnp.arange(n) % k < r)
+
+    def _check(self, n: int, mb: Any, d: int) -> None:
+        who = self.opts.who
+        if not self.per_example and n % mb:
+            raise ValueError(
+                f"`{who}(microbatch_size={mb})`: the batch of {n} rows must be a multiple of "
+                f"microbatch_size (divisible by {mb}): fun sees whole microbatches, so padded "
+                "rows would reach it (micro_vmap and micro_grad take any batch)."
+            )
+        for name, size in (("microbatch_size", self.opts.size),
+                           ("grad_microbatch_size", self.opts.grad_size)):
+            if isinstance(size, int) and size % d:
+                raise ValueError(
+                    f"`{who}({name}={size}, shard=True)`: {name} must be a multiple of the "
+                    f"{d} devices of the mesh (each device runs its share of every microbatch)."
+                )
+        divides = isinstance(mb, int) and n % mb
+        refuse_user(who, self.leaves, {"a batch that microbatch_size does not divide": divides})
 
 
-def micro_plan(
-    who: str, accumulator: Any, size: Any, num_real: Any, *, per_example: bool = False,
-    vmap_fn: Callable[..., Any] = jax.vmap, compensated: bool = True, grad_size: Any = None,
-    memory_budget: Any = None, shard: bool = False, mesh: Any = None,
-) -> "Plan":
-    """The options of a microbatched map, each checked once in `who`'s name, and its
-    accumulation: its `Plan`. `per_example`: the map vectorises `fun` (`micro_vmap`,
-    `micro_grad`)."""
+def microbatched(
+    who: str, fun: Callable[..., Any], accumulator: Any, size: Any, num_real: Any, *,
+    spec: tuple, per_example: bool = False, vmap_fn: Callable[..., Any] = jax.vmap,
+    compensated: bool = True, grad_size: Any = None, memory_budget: Any = None,
+    shard: bool = False, mesh: Any = None,
+) -> Microbatched:
+    """`fun` microbatched: the options of the map `who`, each checked once in its name, and
+    its accumulation. `spec`: `Microbatched`'s `(in_axes, argnums, argnames)`."""
     if size != "auto":
         size = check_positive(who, "microbatch_size", size)
     elif num_real is not None:
@@ -163,121 +303,5 @@ def micro_plan(
         remainder="shift" if size == "auto" and per_example else "call",
         names=("microbatch_size" if size == "auto" else "grad_microbatch_size", "memory_budget"),
     )
-    return Plan(opts, leaves, per_example, num_real, vmap_fn)
+    return Microbatched(fun, opts, leaves, *spec, per_example, num_real, vmap_fn)
 
-
-def refuse_user(who: str, leaves: Leaves, needs: dict) -> None:
-    """Raise if a user's Accumulator meets one of the options `needs` flags."""
-    for what, used in needs.items():
-        if used and any(isinstance(r, UserAccumulate) for r in leaves.reducers):
-            raise ValueError(
-                f"`{who}(accumulator=...)`: a user-written Accumulator runs microbatch by "
-                f"microbatch and cannot take {what}; use the AccumulationType members."
-            )
-
-
-class Plan(eqx.Module):
-    """A microbatched map's checked options (`micro_plan`) and accumulation (`plan_leaves`),
-    and the pipeline a call runs: `Pad(Shard(Interleave(Chunk(RowFn))))`."""
-
-    opts: Options
-    leaves: Leaves
-    per_example: bool = eqx.field(static=True)
-    num_real: Any = None
-    vmap_fn: Callable[..., Any] = jax.vmap
-
-    @property
-    def memory_budget(self) -> int | None:
-        """The checked budget (`opts.memory_budget`)."""
-        return self.opts.memory_budget
-
-    def __call__(self, fun: Callable, spec: Any, args: tuple, kwargs: dict, plan: Any = None):
-        """`fun` on the batch `(args, kwargs)` mapped by `spec` (`resolve`'s `in_axes`); with
-        `plan` (`"memory_plan"`, `"grad_memory_plan"`), the plan its "auto" size follows."""
-        opts, who, leaves = self.opts, self.opts.who, self.leaves
-        flat, at, treedef, _ = resolve(who, spec, (args, kwargs), "the arguments")
-        moved = [x if a is None else moveaxis(x, a, 0) for x, a in zip(flat, at)]
-        mapped = jax.tree_util.tree_unflatten(treedef, [a is not None for a in at])
-        pair = eqx.partition(jax.tree_util.tree_unflatten(treedef, moved), mapped)
-        n = mapped_length(pair, _AXES, who)
-        if n == 0:
-            raise ValueError(f"`{who}`: the batch is empty (0 rows); there is no microbatch.")
-        axes = tuple(a for a in at if a is not None)
-        mb = n if opts.size is None else opts.size
-        if mb == "auto" and not self.per_example:  # `fun` sees whole microbatches
-            whole = self._whole(RowFn(fun, axes, False, False), pair, n)
-            if plan is not None:
-                return whole
-            mb = whole.chunk_size
-        d = opts.devices(args)
-        k = None if mb == "auto" else -(-n // mb)
-        self._check(n, mb, d)
-        r = None if self.num_real is None or opts.size is None else jnp.clip(self.num_real, 0, k)
-        padded = k is not None and k * mb != n
-        # masked rows: padded ones, of a microbatch past `num_real`, or padded over the devices
-        masked = k is not None and (padded or r is not None or n % d != 0)
-        row_fn = RowFn(fun, axes, self.per_example, masked, self.vmap_fn)
-        if k is None:  # one "auto" chunk loop over the rows, planned by its Chunk
-            core = compose(row_fn, _AXES, leaves, opts, who)
-            if plan is not None:
-                return plan_of(core, plan, pair, _AXES, opts)
-        else:
-            g = opts.grad_size // d if isinstance(opts.grad_size, int) else opts.grad_size
-            local = None if opts.size is None else mb // d  # None: all rows at once
-            inner = dataclasses.replace(opts, size=local, grad_size=g, shard=False)
-            chunk = compose(row_fn, (0,) * masked + _AXES, leaves, inner, who)
-            # rows that are each their own output need not be grouped into optax's microbatches
-            rowwise = self.per_example and not masked and _all_concat(leaves)
-            core = Interleave(chunk, leaves, local, r, masked, rowwise)
-            core = Shard(core, opts.mesh, in_axes=_AXES) if opts.shard else core
-        core = Pad(core, mb, in_axes=_AXES) if padded else core
-        return finalize(who, leaves, core(*pair), *self._counts(n, k, r))
-
-    def _whole(self, row_fn: RowFn, pair: tuple, n: int) -> MemoryPlan:
-        """`microbatch_size="auto"` where `fun` sees whole microbatches: the plan of a Chunk of
-        microbatches, its size the largest divisor of the rows within the planned size."""
-        opts = dataclasses.replace(self.opts, grad_size=None)
-        plan = compose(row_fn, _AXES, self.leaves, opts, opts.who).memory_plan(*pair)
-        return dataclasses.replace(plan, chunk_size=divisor_below(n, plan.chunk_size))
-
-    def memory_plan(self, method: str, fun: Callable, spec: Any, args: tuple, kwargs: dict):
-        """The `MemoryPlan` (`method`: `"memory_plan"` or `"grad_memory_plan"`) that a call on
-        these arguments runs; nothing is run (the caller traces this abstractly)."""
-        who, opts = self.opts.who, self.opts
-        if opts.size != "auto":
-            raise ValueError(
-                f"`{who}(microbatch_size={opts.size!r}).{method}`: only a map built "
-                "with microbatch_size='auto' has a memory plan."
-            )
-        if method == "grad_memory_plan" and (opts.grad_size != "auto" or not self.per_example):
-            raise ValueError(
-                f"`{who}.grad_memory_plan`: only a per-example map (micro_vmap, micro_grad) "
-                "built with grad_microbatch_size='auto' has a gradient plan."
-            )
-        return self(fun, spec, args, kwargs, method)
-
-    def _counts(self, n: int, k: int | None, r: Any):
-        """What MEAN and RUNNING_MEAN divide by: rows (or microbatches) in all, and those run."""
-        if not self.per_example:
-            return k, (k if r is None else r)
-        if r is None:
-            return n, n
-        return n, jnp.sum(jnp.arange(n) % k < r)
-
-    def _check(self, n: int, mb: Any, d: int) -> None:
-        who = self.opts.who
-        if not self.per_example and n % mb:
-            raise ValueError(
-                f"`{who}(microbatch_size={mb})`: the batch of {n} rows must be a multiple of "
-                f"microbatch_size (divisible by {mb}): fun sees whole microbatches, so padded "
-                "rows would reach it (micro_vmap and micro_grad take any batch)."
-            )
-        for name, size in (("microbatch_size", self.opts.size),
-                           ("grad_microbatch_size", self.opts.grad_size)):
-            if isinstance(size, int) and size % d:
-                raise ValueError(
-                    f"`{who}({name}={size}, shard=True)`: {name} must be a multiple of the "
-                    f"{d} devices of the mesh (each device runs its share of every microbatch)."
-                )
-        divides = isinstance(mb, int) and n % mb
-        refuse_user(who, self.leaves, {"a batch that microbatch_size does not divide": divides})

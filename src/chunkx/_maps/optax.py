@@ -2,8 +2,9 @@
 (per-example gradients: `micro_vmap` of one example's `value_and_grad`) and
 `reshape_batch_axis`.
 
-Each map is a `Plan` over chunkx's combinators (`Pad(Shard(Interleave(Chunk(...))))`, see
-`_microbatching`), with the accumulations as reducers (`_accumulations`).
+Each map is a `Microbatched` Module over chunkx's combinators
+(`Pad(Shard(Interleave(Chunk(...))))`, see `_microbatching`), with the accumulations as reducers
+(`_accumulations`).
 """
 
 import collections
@@ -15,80 +16,15 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from .._checks import check_positive
+from .._checks import as_in_axes, check_positive
+from .._combinators.reduce import identity
 from .._public import public
 from .._types import Budget
 from ._accumulations import AccumulationType
 from ._bind import argnums_tuple, check_argnums
-from ._microbatching import Plan, micro_plan
+from ._microbatching import Microbatched, microbatched
 
 MicrobatchSize = int | Literal["auto"] | None
-
-
-class Microbatched(eqx.Module):
-    """`fun` over microbatches of its batch arguments, run as `plan` says (the Module that
-    `microbatch`, `micro_vmap` and `micro_grad` return).
-
-    The batch arguments: the positional ones `argnums` and keywords `argnames` at `in_axes`
-    (one entry each); with `argnums=None` every positional argument at `in_axes` (an int,
-    `None`, or one entry each); with `argnames=None` every keyword along axis 0.
-    """
-
-    fun: Callable[..., Any]
-    plan: Plan
-    in_axes: int | None | tuple[int | None, ...] = eqx.field(static=True)
-    argnums: tuple[int, ...] | None = eqx.field(static=True, default=None)
-    argnames: tuple[str, ...] | None = eqx.field(static=True, default=None)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.plan(self.fun, self._spec(args, kwargs), args, kwargs)
-
-    def memory_plan(self, *args: Any, **kwargs: Any) -> Any:
-        """The [`chunkx.MemoryPlan`][] that `microbatch_size="auto"` follows for these
-        arguments (one device's rows with `shard=True`; for `microbatch`, its `chunk_size` is
-        the microbatch size the call runs: the largest divisor of the batch within the planned
-        size). Nothing is run; the plan is cached."""
-        return self._planned("memory_plan", args, kwargs)
-
-    def grad_memory_plan(self, *args: Any, **kwargs: Any) -> Any:
-        """The [`chunkx.MemoryPlan`][] of the reverse pass of `grad_microbatch_size="auto"`
-        (the per-example maps; for `micro_grad`, differentiating through it)."""
-        return self._planned("grad_memory_plan", args, kwargs)
-
-    def _planned(self, method: str, args: tuple, kwargs: dict) -> Any:
-        def plan(a, k):
-            return self.plan.memory_plan(method, self.fun, self._spec(a, k), a, k)
-
-        return eqx.filter_eval_shape(plan, args, kwargs)
-
-    def _spec(self, args: tuple, kwargs: dict) -> tuple:
-        """`(args, kwargs)`'s `in_axes` as `resolve` reads them: each batch argument's axis
-        for its array leaves (the others, and the other arguments, passed whole)."""
-        who, axes, nums = self.plan.opts.who, self.in_axes, self.argnums
-        if nums is None:  # every positional argument at in_axes
-            nums = range(len(args))
-            axes = (axes,) * len(args) if axes is None or isinstance(axes, int) else axes
-            if len(axes) != len(args):
-                raise ValueError(
-                    f"`{who}(in_axes={self.in_axes!r})`: in_axes has {len(axes)} entries "
-                    f"but the function was called with {len(args)} positional arguments."
-                )
-        elif any(not -len(args) <= i < len(args) for i in nums):
-            name = "batch_argnums" if self.plan.per_example else "argnums"
-            raise ValueError(
-                f"`{who}({name}={self.argnums})`: the function was called "
-                f"with {len(args)} positional arguments."
-            )
-        at = {i % len(args): a for i, a in zip(nums, axes)}
-        if self.argnames is None:  # keywords map along axis 0
-            at.update((k, 0) for k in kwargs)
-        else:
-            at.update(zip(self.argnames, axes[len(nums):]))
-
-        def entry(key):
-            return None if at.get(key) is None else eqx.if_array(at[key])
-
-        return tuple(entry(i) for i in range(len(args))), {k: entry(k) for k in kwargs}
 
 
 @public
@@ -166,11 +102,10 @@ def microbatch(
             f"`microbatch(in_axes={in_axes!r})`: in_axes needs one entry per batch argument "
             f"(argnums {argnums} and argnames {names}), got {len(axes)}."
         )
-    plan = micro_plan(
-        "microbatch", accumulator, microbatch_size, num_real_microbatches,
-        memory_budget=memory_budget, compensated=compensated,
+    return microbatched(
+        "microbatch", fun, accumulator, microbatch_size, num_real_microbatches,
+        spec=(axes, argnums, names), memory_budget=memory_budget, compensated=compensated,
     )
-    return Microbatched(fun, plan, axes, argnums, names)
 
 
 @public
@@ -242,13 +177,12 @@ def micro_vmap(
             f"`micro_vmap(out_axes={out_axes!r})`: the mapped axis of the outputs is axis 0 "
             "(accumulations join along it); out_axes must be 0."
         )
-    axes = in_axes if in_axes is None or isinstance(in_axes, int) else tuple(in_axes)
-    plan = micro_plan(
-        "micro_vmap", accumulator, microbatch_size, num_real_microbatches, per_example=True,
-        vmap_fn=vmap_fn, grad_size=grad_microbatch_size, memory_budget=memory_budget,
-        shard=shard, mesh=mesh, compensated=compensated,
+    return microbatched(
+        "micro_vmap", fun, accumulator, microbatch_size, num_real_microbatches,
+        spec=(as_in_axes(in_axes), None, None), per_example=True, vmap_fn=vmap_fn,
+        grad_size=grad_microbatch_size, memory_budget=memory_budget, shard=shard, mesh=mesh,
+        compensated=compensated,
     )
-    return Microbatched(fun, plan, axes)
 
 
 #: The auxiliary result of `micro_grad`: per-example values, metrics and `fun`'s aux.
@@ -266,23 +200,20 @@ class _GradFn(eqx.Module):
     expand: tuple[int, ...] = eqx.field(static=True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        args = tuple(
-            jax.tree_util.tree_map(lambda x: jnp.expand_dims(x, 0), a) if i in self.expand else a
-            for i, a in enumerate(args)
-        )
-
+        args = [_one_example(a) if i in self.expand else a for i, a in enumerate(args)]
         grad_fn = jax.value_and_grad(self.fun, self.argnums, has_aux=self.has_aux)
         out, grad = grad_fn(*args, **kwargs)
         value, aux = out if self.has_aux else (out, None)
         return self.transform_fn(grad), IndividualOutputs(value, self.metrics_fn(grad), aux)
 
 
+def _one_example(tree: Any) -> Any:
+    """`tree` as a batch of one example."""
+    return jax.tree_util.tree_map(lambda x: jnp.expand_dims(x, 0), tree)
+
+
 def _no_metrics(grad: Any) -> None:
     return None
-
-
-def _identity(grad: Any) -> Any:
-    return grad
 
 
 @public
@@ -295,7 +226,7 @@ def micro_grad(
     keep_batch_dim: bool = True,
     microbatch_size: MicrobatchSize = None,
     accumulator: Any = AccumulationType.SUM,
-    transform_fn: Callable[[Any], Any] = _identity,
+    transform_fn: Callable[[Any], Any] = identity,
     metrics_fn: Callable[[Any], Any] = _no_metrics,
     num_real_microbatches: int | jax.Array | None = None,
     grad_microbatch_size: MicrobatchSize = None,
@@ -352,12 +283,12 @@ def micro_grad(
     grad_fn = _GradFn(
         fun, has_aux, argnums, transform_fn, metrics_fn, batch if keep_batch_dim else ()
     )
-    plan = micro_plan(
-        who, (accumulator, AccumulationType.CONCAT), microbatch_size, num_real_microbatches,
-        per_example=True, grad_size=grad_microbatch_size, memory_budget=memory_budget,
-        shard=shard, mesh=mesh, compensated=compensated,
+    return microbatched(
+        who, grad_fn, (accumulator, AccumulationType.CONCAT), microbatch_size,
+        num_real_microbatches, spec=((0,) * len(batch), batch, None), per_example=True,
+        grad_size=grad_microbatch_size, memory_budget=memory_budget, shard=shard, mesh=mesh,
+        compensated=compensated,
     )
-    return Microbatched(grad_fn, plan, (0,) * len(batch), batch)
 
 
 @public
