@@ -61,7 +61,6 @@ class AbstractChunkedVmap(eqx.Module):
     reducer: AbstractVar[AbstractReducer]
     axis_size: AbstractVar[int | None]
     opts: AbstractVar[Options]
-    _who: AbstractVar[str]  # the map named in messages
 
     @abc.abstractmethod
     def _resolve(self, args: tuple, kwargs: dict) -> tuple:
@@ -70,6 +69,11 @@ class AbstractChunkedVmap(eqx.Module):
     @property
     def batch_size(self) -> int | Literal["auto"] | None:
         return self.opts.size
+
+    @property
+    def _who(self) -> str:
+        """The map named in messages."""
+        return self.opts.who
 
     def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
         """The [`chunkx.MemoryPlan`][] of the reverse pass: its `chunk_size` is the backward size.
@@ -143,20 +147,15 @@ class AbstractChunkedVmap(eqx.Module):
 
     def _unmapped(self, args: tuple, kwargs: dict) -> Any:
         """No mapped leaf: nothing to chunk; every row is the same (jax.vmap's broadcast)."""
-        if self.filtered:
-            out = eqx.filter_vmap(
-                self.fun, in_axes=self.in_axes.tree, out_axes=self.out_axes.tree,
-                axis_size=self.axis_size,
-            )(*args)
-        elif self.axis_size is None:
+        if not self.filtered and self.axis_size is None:
             raise ValueError(
                 f"`{self._who}(in_axes={self.in_axes!r})`: no argument is mapped; map at least "
                 "one array (an in_axes entry that is not None) or give axis_size."
             )
-        else:
-            out = jax.vmap(
-                self.fun, self.in_axes.tree, self.out_axes.tree, axis_size=self.axis_size
-            )(*args, **kwargs)
+        out = eqx.filter_vmap(
+            self.fun, in_axes=self.in_axes.tree, out_axes=self.out_axes.tree,
+            axis_size=self.axis_size,
+        )(*args, **kwargs)
         if isinstance(self.reducer, Concat):
             return out
         dyn, static = eqx.partition(out, eqx.is_array)
@@ -217,10 +216,6 @@ class ChunkedVmap(AbstractChunkedVmap):
     reducer: AbstractReducer
     axis_size: int | None = eqx.field(static=True)
     opts: Options
-
-    @property
-    def _who(self) -> str:
-        return self.opts.who
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.filtered and kwargs:
