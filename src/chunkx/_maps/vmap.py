@@ -101,8 +101,9 @@ class AbstractChunkedVmap(eqx.Module):
 
     def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
         """The map's value, or with `plan` (`"memory_plan"`, `"grad_memory_plan"`) the plan
-        its Chunk follows for these arguments: the pipeline runs on the mapped outputs (as
-        `_sorted` tells them), which go where out_axes says; the others come from one row."""
+        its Chunk follows for these arguments: the pipeline runs on the mapped outputs (every
+        output, or those `_sorted` tells), which go where out_axes says; the others come from
+        one row."""
         who = self._who
         leaves, axes, treedef, names = self._resolve(args, kwargs)
         if all(a is None for a in axes):
@@ -113,7 +114,9 @@ class AbstractChunkedVmap(eqx.Module):
         fixed = [x for x, a in zip(leaves, axes) if a is None]
         self._length(rows, [nm for nm, a in zip(names, axes) if a is not None])
         body = _Body(self.fun, treedef, tuple(a is not None for a in axes))
-        body, out_tree, out_axes, kept = self._sorted(body, rows, fixed)
+        every = not self.filtered and type(self.out_axes.tree) is int  # every output mapped
+        if not every:  # one row traced tells which outputs are mapped
+            body, out_tree, out_axes, kept = self._sorted(body, rows, fixed)
         what = f"{who}({fn_name(self.fun)})"
         pipeline = compose(Vmap(body, _AXES), _AXES, self.reducer, self.opts, what)
         if plan is not None:  # the plan of the pipeline's Chunk on the rows one device sees
@@ -122,7 +125,12 @@ class AbstractChunkedVmap(eqx.Module):
             self.reducer.check_rows(eqx.filter_eval_shape(Vmap(body, _AXES), rows, fixed), who)
         out = pipeline(rows, fixed)
         concat = isinstance(self.reducer, Concat)
-        if not concat and None not in out_axes:
+        if every and concat:
+            spec = self.out_axes.tree
+            return jax.tree_util.tree_map(
+                lambda o: moveaxis(o, 0, out_axis(who, o.shape[1:], spec)), out
+            )
+        if every or (not concat and None not in out_axes):
             return out  # reduced: no mapped axis left (out_axes is the default)
         mapped = iter(jax.tree_util.tree_leaves(out))
         final = [
