@@ -101,10 +101,11 @@ def resolve(who: str, spec: Any, tree: Any, what: str, shown: Any = None) -> tup
 
     The one reading of `in_axes` every map shares: `axes` holds one entry per leaf, `None`
     or the non-negative axis its rows run along (`flat_axes`, then `in_axis`); `names` are
-    the leaves' names in messages (`leaf_names`).
+    the leaves' names in messages, `args[0]['a']`-style.
     """
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    names = leaf_names(tree)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    leaves = [x for _, x in flat]
+    names = [_name(path) for path, _ in flat]
     axes = flat_axes(who, "in_axes", spec, tree, what, shown)
     axes = [a if a is None else in_axis(who, nm, x, a) for nm, x, a in zip(names, leaves, axes)]
     return leaves, axes, treedef, names
@@ -137,11 +138,7 @@ def out_axis(who: str, shape: tuple, axis: int) -> int:
     return axis % nd
 
 
-def leaf_names(tree: Any) -> list[str]:
-    """`args[0]['a']`-style names of the leaves of `(args, kwargs)`, in `tree_leaves` order."""
-    names = []
-    for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        head, rest = path[0], path[1:]
-        root = "args" if getattr(head, "idx", None) == 0 else "kwargs"
-        names.append(root + jax.tree_util.keystr(rest))
-    return names
+def _name(path: tuple) -> str:
+    """The name of the leaf of `(args, kwargs)` at `path` (`args[0]['a']`, `kwargs['b']`)."""
+    root = "args" if getattr(path[0], "idx", None) == 0 else "kwargs"
+    return root + jax.tree_util.keystr(path[1:])

@@ -246,13 +246,10 @@ def batch_vectorize(
         ```
     """
     batch_size = resolve_batch_size(_WHO, batch_size, kwargs, auto=False)
-    if any(not isinstance(e, int | str) for e in excluded):
-        raise TypeError(
-            f"`{_WHO}(excluded=...)`: jax.numpy.vectorize can only exclude integer or string "
-            f"arguments, but excluded={excluded!r}"
-        )
-    if any(isinstance(e, int) and e < 0 for e in excluded):
-        raise ValueError(f"`{_WHO}(excluded=...)`: excluded={excluded!r} contains negative numbers")
+    try:  # jax.numpy.vectorize's own checks of `excluded` (it calls nothing yet)
+        jnp.vectorize(pyfunc, excluded=excluded, signature=signature)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"`{_WHO}(excluded=...)`: {e}") from None
     if signature is not None:
         parse_signature(signature)
     context = f"on vectorized function with excluded={excluded!r} and signature={signature!r}"

@@ -28,10 +28,6 @@ from .pipeline import Options, check_options, compose, fn_name, plan_call, plan_
 _AXES = (0, None)  # the pipeline's two arguments: mapped rows, fixed leaves
 
 
-class _Static(eqx.Module):
-    value: Any = eqx.field(static=True)
-
-
 class _Body(eqx.Module):
     """Per example: rebuild `(args, kwargs)` from a row of the mapped leaves and the fixed ones,
     call `fun`, and keep the outputs that are mapped (`out_mask`; `None`: all of them)."""
@@ -65,7 +61,6 @@ class AbstractChunkedVmap(eqx.Module):
     reducer: AbstractVar[AbstractReducer]
     axis_size: AbstractVar[int | None]
     opts: AbstractVar[Options]
-    _who: AbstractVar[str]  # the map named in messages
 
     @abc.abstractmethod
     def _resolve(self, args: tuple, kwargs: dict) -> tuple:
@@ -76,20 +71,9 @@ class AbstractChunkedVmap(eqx.Module):
         return self.opts.size
 
     @property
-    def grad_batch_size(self) -> int | Literal["auto"] | None:
-        return self.opts.grad_size
-
-    @property
-    def mesh(self) -> Mesh | None:
-        return self.opts.mesh
-
-    @property
-    def shard(self) -> bool:
-        return self.opts.shard
-
-    @property
-    def memory_budget(self) -> int | None:
-        return self.opts.memory_budget
+    def _who(self) -> str:
+        """The map named in messages."""
+        return self.opts.who
 
     def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
         """The [`chunkx.MemoryPlan`][] of the reverse pass: its `chunk_size` is the backward size.
@@ -117,7 +101,9 @@ class AbstractChunkedVmap(eqx.Module):
 
     def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
         """The map's value, or with `plan` (`"memory_plan"`, `"grad_memory_plan"`) the plan
-        its Chunk follows for these arguments."""
+        its Chunk follows for these arguments: the pipeline runs on the mapped outputs (every
+        output, or those `_sorted` tells), which go where out_axes says; the others come from
+        one row."""
         who = self._who
         leaves, axes, treedef, names = self._resolve(args, kwargs)
         if all(a is None for a in axes):
@@ -126,20 +112,35 @@ class AbstractChunkedVmap(eqx.Module):
             return self._unmapped(args, kwargs)
         rows = [moveaxis(x, a, 0) for x, a in zip(leaves, axes) if a is not None]
         fixed = [x for x, a in zip(leaves, axes) if a is None]
-        n = self._length(rows, [nm for nm, a in zip(names, axes) if a is not None], axes)
+        self._length(rows, [nm for nm, a in zip(names, axes) if a is not None])
         body = _Body(self.fun, treedef, tuple(a is not None for a in axes))
         every = not self.filtered and type(self.out_axes.tree) is int  # every output mapped
+        if not every:  # one row traced tells which outputs are mapped
+            body, out_tree, out_axes, kept = self._sorted(body, rows, fixed)
+        what = f"{who}({fn_name(self.fun)})"
+        pipeline = compose(Vmap(body, _AXES), _AXES, self.reducer, self.opts, what)
         if plan is not None:  # the plan of the pipeline's Chunk on the rows one device sees
-            body = body if every else self._sorted(body, rows, fixed, n)[0]
-            return plan_of(self._pipeline(body), plan, (rows, fixed), _AXES, self.opts)
-        if every:
-            if isinstance(self.reducer, Monoid):  # checked in the name the user called
-                self.reducer.check_rows(eqx.filter_eval_shape(Vmap(body, _AXES), rows, fixed), who)
-            out = self._pipeline(body)(rows, fixed)
-            return self._move(out, lambda o: out_axis(who, o.shape[1:], self.out_axes.tree))
-        return self._general(body, rows, fixed, n)
+            return plan_of(pipeline, plan, (rows, fixed), _AXES, self.opts)
+        if isinstance(self.reducer, Monoid):  # checked in the name the user called
+            self.reducer.check_rows(eqx.filter_eval_shape(Vmap(body, _AXES), rows, fixed), who)
+        out = pipeline(rows, fixed)
+        concat = isinstance(self.reducer, Concat)
+        if every and concat:
+            spec = self.out_axes.tree
+            return jax.tree_util.tree_map(
+                lambda o: moveaxis(o, 0, out_axis(who, o.shape[1:], spec)), out
+            )
+        if every or (not concat and None not in out_axes):
+            return out  # reduced: no mapped axis left (out_axes is the default)
+        mapped = iter(jax.tree_util.tree_leaves(out))
+        final = [
+            k if a is None else (moveaxis(next(mapped), 0, a) if concat else next(mapped))
+            for a, k in zip(out_axes, kept)
+        ]
+        return jax.tree_util.tree_unflatten(out_tree, final)
 
-    def _length(self, rows: list, names: list, axes: list) -> int:
+    def _length(self, rows: list, names: list) -> None:
+        """Raise unless the mapped axes (and `axis_size`, where given) have one size."""
         sizes = {}
         for x, nm in zip(rows, names):
             sizes.setdefault(int(x.shape[0]), nm)
@@ -151,94 +152,53 @@ class AbstractChunkedVmap(eqx.Module):
                 f"`{self._who}`: the mapped axes must all have the same size (and equal "
                 f"axis_size where given), got: {seen}."
             )
-        return next(iter(sizes))
 
     def _unmapped(self, args: tuple, kwargs: dict) -> Any:
         """No mapped leaf: nothing to chunk; every row is the same (jax.vmap's broadcast)."""
-        if self.filtered:
-            out = eqx.filter_vmap(
-                self.fun, in_axes=self.in_axes.tree, out_axes=self.out_axes.tree,
-                axis_size=self.axis_size,
-            )(*args)
-        elif self.axis_size is None:
+        if not self.filtered and self.axis_size is None:
             raise ValueError(
                 f"`{self._who}(in_axes={self.in_axes!r})`: no argument is mapped; map at least "
                 "one array (an in_axes entry that is not None) or give axis_size."
             )
-        else:
-            out = jax.vmap(
-                self.fun, self.in_axes.tree, self.out_axes.tree, axis_size=self.axis_size
-            )(*args, **kwargs)
+        out = eqx.filter_vmap(
+            self.fun, in_axes=self.in_axes.tree, out_axes=self.out_axes.tree,
+            axis_size=self.axis_size,
+        )(*args, **kwargs)
         if isinstance(self.reducer, Concat):
             return out
         dyn, static = eqx.partition(out, eqx.is_array)
         return eqx.combine(self.reducer.reduce_rows(dyn, None), static)
 
-    def _general(self, body: _Body, rows: list, fixed: list, n: int) -> Any:
-        """Outputs with `None` or callable out_axes: one traced row tells which are mapped."""
-        body, treedef, axes, unmapped, statics = self._sorted(body, rows, fixed, n)
-        out = self._pipeline(body)(rows, fixed)
-        moved = iter(jax.tree_util.tree_leaves(out))
-        final = []
-        for a, u, s in zip(axes, unmapped, statics):
-            if a is not None:
-                final.append(self._move(next(moved), lambda o, a=a: a))
-            else:
-                final.append(s if u is None else u)
-        return jax.tree_util.tree_unflatten(treedef, final)
+    def _sorted(self, body: _Body, rows: list, fixed: list) -> tuple:
+        """`(body, treedef, axes, kept)`: the body returning the mapped outputs only, the
+        output's structure, each output leaf's axis, and the leaves that are not mapped
+        (`None` where mapped): one row traced, outputs sorted as `eqx.filter_vmap` does."""
+        who, spec = self._who, self.out_axes.tree
 
-    def _sorted(self, body: _Body, rows: list, fixed: list, n: int) -> tuple:
-        """`(body, treedef, axes, unmapped, statics)`: the body returning the mapped outputs
-        only, and what the others are (one row traced, as `eqx.filter_vmap` sorts them)."""
-        probe = self._probe(body, fixed)
-        one = [x[: min(n, 1)] for x in rows]
-        fixed_dyn = eqx.partition(fixed, eqx.is_array)[0]
+        def sort(rows, fixed):
+            out = body(rows, fixed)
+            leaves, treedef = jax.tree_util.tree_flatten(out)
+            axes = flat_axes(who, "out_axes", spec, out, "the output of the function")
+            axes = tuple(a if a is None else out_axis(who, jnp.shape(x), a)
+                         for x, a in zip(leaves, axes))
+            mapped = [None if a is None else jnp.asarray(x) for x, a in zip(leaves, axes)]
+            return mapped, [x if a is None else None for x, a in zip(leaves, axes)], (treedef, axes)
+
+        probe = eqx.filter_vmap(sort, in_axes=_AXES, out_axes=(0, None, None))
+        one = [x[:1] for x in rows]
         try:
-            _, unmapped, static = eqx.filter_eval_shape(probe, one, fixed_dyn)
+            _, kept, (treedef, axes) = eqx.filter_eval_shape(probe, one, fixed)
         except ValueError as e:
             if "got axis spec None but output was batched" not in str(e):
                 raise
             raise ValueError(
-                f"`{self._who}(out_axes={self.out_axes!r})`: an output with out_axes None "
+                f"`{who}(out_axes={self.out_axes!r})`: an output with out_axes None "
                 "depends on a mapped argument; give it an int axis."
             ) from None
-        treedef, axes, statics = static.value
-        if any(u is not None for u in jax.tree_util.tree_leaves(unmapped)):
-            unmapped = probe(one, fixed_dyn)[1]  # outputs that depend on no mapped row
+        if any(isinstance(k, jax.ShapeDtypeStruct) for k in kept):
+            kept = probe(one, fixed)[1]  # outputs that depend on no mapped row
         body = _Body(body.fun, body.treedef, body.mapped, tuple(a is not None for a in axes))
-        return body, treedef, axes, unmapped, statics
-
-    def _probe(self, body: _Body, fixed: list) -> Callable:
-        """`jax.vmap` of `body` that sorts outputs as `eqx.filter_vmap` does."""
-        who, spec = self._who, self.out_axes.tree
-        fixed_static = eqx.partition(fixed, eqx.is_array)[1]
-
-        def sort(rows, fixed_dyn):
-            out = body(rows, eqx.combine(fixed_dyn, fixed_static))
-            leaves, treedef = jax.tree_util.tree_flatten(out)
-            axes = flat_axes(who, "out_axes", spec, out, "the output of the function")
-            axes = tuple(
-                a if a is None else out_axis(who, jnp.shape(x), a) for x, a in zip(leaves, axes)
-            )
-            mapped = [x if a is not None else None for x, a in zip(leaves, axes)]
-            unmapped = [x if a is None and eqx.is_array(x) else None for x, a in zip(leaves, axes)]
-            statics = tuple(
-                x if a is None and not eqx.is_array(x) else None for x, a in zip(leaves, axes)
-            )
-            return mapped, unmapped, _Static((treedef, axes, statics))
-
-        return jax.vmap(sort, in_axes=_AXES, out_axes=(0, None, None))
-
-    def _move(self, out: Any, axis: Callable[[Any], int]) -> Any:
-        """Put the mapped axis (at 0 after the pipeline) where out_axes says."""
-        if not isinstance(self.reducer, Concat):
-            return out  # reduced: no mapped axis left (out_axes is the default)
-        return jax.tree_util.tree_map(lambda o: moveaxis(o, 0, axis(o)), out)
-
-    def _pipeline(self, body: _Body) -> Callable:
-        """[Shard ∘] (Chunk | Reduce) ∘ Vmap; an "auto" size is the Chunk's to plan."""
-        what = f"{self._who}({fn_name(self.fun)})"
-        return compose(Vmap(body, _AXES), _AXES, self.reducer, self.opts, what)
+        return body, treedef, axes, kept
 
 
 class ChunkedVmap(AbstractChunkedVmap):
@@ -264,10 +224,6 @@ class ChunkedVmap(AbstractChunkedVmap):
     reducer: AbstractReducer
     axis_size: int | None = eqx.field(static=True)
     opts: Options
-
-    @property
-    def _who(self) -> str:
-        return self.opts.who
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.filtered and kwargs:
