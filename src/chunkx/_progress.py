@@ -114,18 +114,16 @@ def scan(
     *,
     unroll: int = 1,
     progress: bool = False,
-    desc: str = "chunkx",
     tick: Callable[..., None] | None = None,
 ) -> tuple[Any, Any]:
     """`jax.lax.scan(step, init, xs)` over `length` steps, with a progress bar when asked.
 
     With `progress=False` this is exactly `jax.lax.scan`. With `progress=True` every step
-    reports its index through `jax.debug.callback` after computing (under `jit` too), to `tick`
-    if given (a bar that counts more steps than the scan's) or to a bar of `length` steps.
+    reports its index through `tick` (a `ticker`'s function, whose bar may count more steps
+    than the scan's) after computing, under `jit` too.
     """
     if not progress:
         return jax.lax.scan(step, init, xs, length=length, unroll=unroll)
-    tick = ticker(length, desc) if tick is None else tick
 
     def body(carry, x_i):
         x, i = x_i

@@ -184,7 +184,7 @@ def _search(
     m = measured(key, measure, label, notice if chunk.progress else None)
     # reverse: far below the answer, as the forward size is the budget's
     base = size if size >= n else divisor_below(n, size // 8)
-    first = (base, proportional_size(base, size, budget, n, _shift(chunk)))
+    first = (base, proportional_size(base, m(base), size, budget, n, _shift(chunk)))
     plan = search_sizes(m, size, budget, n, first, quick=True, shift=_shift(chunk),
                         who=who["who"], what=who["what"], name=who["name"])
     if first_time((key, plan.chunk_size)):
