@@ -8,6 +8,7 @@ a map called at every step of a training loop shows one live bar and leaves no l
 call, so the training loop's own output (or an outer bar) stays readable.
 """
 
+import functools
 import sys
 import threading
 from collections.abc import Callable
@@ -44,10 +45,7 @@ def _new_bar(total: int, desc: str) -> Any:
         from tqdm import tqdm
     except ImportError:  # tqdm is optional: `pip install tqdm` for a live bar
         return _TextBar(total, desc)
-    return tqdm(
-        total=total, desc=desc, unit="chunk", file=sys.stderr,
-        leave=LEAVE_FINISHED_BARS,
-    )
+    return tqdm(total=total, desc=desc, unit="chunk", file=sys.stderr, leave=LEAVE_FINISHED_BARS)
 
 
 class ProgressState:
@@ -63,7 +61,9 @@ class ProgressState:
         self.bar: Any = None
         self.lock = threading.Lock()
 
-    def __call__(self, step: Any) -> None:
+    def __call__(self, step: Any, *after: Any) -> None:
+        """Report `step`; `after` (ignored) are values computed before the report, which a
+        traced call passes to order the report after them."""
         i = int(np.max(np.asarray(step)))
         with self.lock:
             if self.bar is None:
@@ -86,13 +86,8 @@ def ticker(total: int, desc: str = "chunkx", chained: bool = False) -> Callable[
     is an `io_callback` that takes the previous tick's result: the bar still moves forward.
     """
     state = ProgressState(total, desc)
-    if not chained:
-
-        def tick(step: Any, *after: Any) -> None:
-            """Report `step`; `after` (ignored by the bar) orders the report after them."""
-            jax.debug.callback(lambda s, *_: state(s), step, *after)
-
-        return tick
+    if not chained:  # `tick(step, *after)`: see `ProgressState.__call__`
+        return functools.partial(jax.debug.callback, state)
     token = [jnp.int32(0)]
 
     def after(step: Any, previous: Any) -> np.ndarray:

@@ -226,9 +226,8 @@ def max_chunk_size_within(
         ```
     """
     fn = "max_chunk_size_within"
-    if isinstance(target_bytes, bool) or not isinstance(target_bytes, numbers.Real) or not (
-        target_bytes >= 1
-    ):
+    if (isinstance(target_bytes, bool) or not isinstance(target_bytes, numbers.Real)
+            or not target_bytes >= 1):  # NaN included
         raise ValueError(
             f"`{fn}(target_bytes={target_bytes!r})`: must be at least 1 byte, got {target_bytes!r}."
         )

@@ -59,12 +59,12 @@ def _samples(fn: str, s: Inputs, a: Any, pp: Any, label: str) -> Inputs:
     `pp` checked against its Tucker cores (`label` in messages) and laid out as rows."""
     pp = as_arrays(pp)
     if s.kind == "entries":
-        index = jnp.asarray(a)
-        W = check_index(fn, index, pp, s.modes)
-        return s._replace(W=W, rows=(tuple(i.reshape(prod(W)) for i in index), flat_lead(pp, W)))
-    ww = as_arrays(a)
-    W = check_probes(fn, ww, pp, s.cores[0], len(s.C), label)
-    return s._replace(W=W, rows=(flat_lead(ww, W), flat_lead(pp, W)))
+        a = jnp.asarray(a)
+        W = check_index(fn, a, pp, s.modes)
+    else:
+        a = as_arrays(a)
+        W = check_probes(fn, a, pp, s.cores[0], len(s.C), label)
+    return s._replace(W=W, rows=(flat_lead(a, W), flat_lead(pp, W)))
 
 
 def residual_rows(fn: str, s: Inputs, res: Any, tangent: bool) -> tuple[tuple, tuple]:
