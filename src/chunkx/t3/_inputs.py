@@ -67,10 +67,11 @@ def _samples(fn: str, s: Inputs, a: Any, pp: Any, label: str) -> Inputs:
     return s._replace(W=W, rows=(flat_lead(a, W), flat_lead(pp, W)))
 
 
-def residual_rows(fn: str, s: Inputs, res: Any, tangent: bool) -> tuple[tuple, tuple]:
+def residual_rows(fn: str, s: Inputs, res: Any, tangent: bool) -> tuple[tuple, tuple, tuple]:
     """The residual jets of a transpose (`ztildes`, `d` arrays `(T,) + W + B + C + (N_i,)`, for
     the probe kind; else `c`, one array `(T,) + W + B + C`) checked against `s`; returns
-    `(B, rows)` with rows `(Wf, [Bf,] Cf) + tail` (a tangent stack `B` only if `tangent`)."""
+    `(B, lead, rows)` with rows `(Wf,) + lead + tail`, `lead = ([Bf,] Cf)` (a tangent stack `B`
+    only if `tangent`)."""
     name, probe = ("ztildes", True) if s.kind == "probe" else ("c", False)
     if probe:
         res = as_arrays(res)
@@ -85,7 +86,7 @@ def residual_rows(fn: str, s: Inputs, res: Any, tangent: bool) -> tuple[tuple, t
             f"got {tuple(res[0].shape)} (extra axes {B})."
         )
     lead = ((prod(B),) if tangent else ()) + (prod(s.C),)
-    return B, jets_to_rows(res, s.W, len(B) + len(s.C), lead, scalar=not probe)
+    return B, lead, jets_to_rows(res, s.W, len(B) + len(s.C), lead, scalar=not probe)
 
 
 def check_order(fn: str, order) -> int:
