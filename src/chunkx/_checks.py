@@ -98,10 +98,6 @@ def check_in_axes(who: str, in_axes: Any) -> None:
             )
 
 
-def _count(k: int, one: str, many: str) -> str:
-    return f"{k} {one if k == 1 else many}"
-
-
 def in_axes_tuple(who: str, in_axes: InAxes, nargs: int) -> tuple[AxisSpec, ...]:
     """One int/`None` entry per positional argument (ints may be any axis)."""
     check_in_axes(who, in_axes)
@@ -115,9 +111,9 @@ def check_entries(who: str, in_axes: tuple | list, nargs: int) -> None:
     """Raise unless a tuple `in_axes` has one entry per positional argument."""
     if len(in_axes) != nargs:
         raise ValueError(
-            f"`{who}(in_axes={in_axes!r})`: in_axes has "
-            f"{_count(len(in_axes), 'entry', 'entries')} but the function was called with "
-            f"{_count(nargs, 'positional argument', 'positional arguments')}."
+            f"`{who}(in_axes={in_axes!r})`: in_axes has {len(in_axes)} "
+            f"{'entry' if len(in_axes) == 1 else 'entries'} but the function was called with "
+            f"{nargs} positional argument{'' if nargs == 1 else 's'}."
         )
 
 
@@ -164,9 +160,8 @@ def resolve_batch_size(
     if memory_budget is not None:
         check_budget(who, "memory_budget", memory_budget)
         if batch_size != "auto":
-            won = "" if alias is None or name == "chunk_size" else (
-                f" ({name} wins over its alias chunk_size={alias!r})"
-            )
+            won = ("" if alias is None or name == "chunk_size"
+                   else f" ({name} wins over its alias chunk_size={alias!r})")
             raise ValueError(
                 f"`{who}(memory_budget={memory_budget!r})`: memory_budget is only used with "
                 f"{name}='auto', got {name}={batch_size!r}{won}."

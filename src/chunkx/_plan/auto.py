@@ -157,9 +157,7 @@ def reverse_plan(
     return _search(chunk, tree, n, min(size, n), (wrt, axes))
 
 
-def _search(
-    chunk: Any, tree: tuple, n: int, size: int, reverse: tuple | None = None
-) -> MemoryPlan:
+def _search(chunk: Any, tree: tuple, n: int, size: int, reverse: tuple | None = None) -> MemoryPlan:
     """`search_sizes(quick=True)` for one pass of the Chunk on `tree` (`n` rows): the forward
     pass (sizes up to `size = n`), or with `reverse = (wrt, axes)` the VJP at forward size
     `size` (backward sizes up to `size`). Measurements are kept under a fingerprint of the
