@@ -183,11 +183,10 @@ def check_ztildes(fn: str, ztildes, order: int, W, C, modes):
                 f"got shape {s}."
             )
         nb = len(s) - 2 - len(W) - len(C)
-        N = modes[i]
+        N, b = modes[i], s[1 + len(W) : 1 + len(W) + nb]  # b: this residual's B
         ok = nb >= 0 and s[1 : 1 + len(W)] == W and s[len(s) - 1 - len(C) :] == C + (N,)
-        if ok and B is None:
-            B = s[1 + len(W) : 1 + len(W) + nb]
-        if not ok or s[1 + len(W) : 1 + len(W) + nb] != B:
+        B = b if ok and B is None else B
+        if not ok or b != B:
             raise ValueError(
                 f"`{fn}(ztildes)`: ztildes[{i}] must have shape (order+1,) + W + B + C + (N_{i},)"
                 f" with W={W}, C={C}, N_{i}={N}, B={B if B is not None else '(any)'}, got {s}."
