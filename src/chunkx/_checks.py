@@ -29,34 +29,33 @@ def as_size(value: Any) -> Any:
         return value
 
 
-def check_positive(who: str, name: str, value: Any, *, allow_none: bool = True) -> Any:
-    """Raise unless `value` is a positive integer of any integer type (`operator.index`), or
-    `None` where allowed; return it as a Python int."""
-    return _positive(who, name, value, allow_none, in_bytes=False)
-
-
-def check_budget(who: str, name: str, value: Any, *, allow_none: bool = True) -> Any:
-    """A memory budget in bytes: a positive integer of any integer type, or an integral float
-    (`64e6`, a NumPy float); returned as a Python int (`None` where allowed)."""
-    return _positive(who, name, value, allow_none, in_bytes=True)
-
-
-def _positive(who: str, name: str, value: Any, allow_none: bool, *, in_bytes: bool) -> Any:
-    """`check_positive`, or with `in_bytes` `check_budget`, which also takes integral floats."""
+def check_positive(
+    who: str, name: str, value: Any, *, allow_none: bool = True, in_bytes: bool = False,
+    least: int = 1,
+) -> Any:
+    """Raise unless `value` is an integer of any integer type (`operator.index`) of at least
+    `least` (a positive one by default), or `None` where allowed; return it as a Python int.
+    With `in_bytes` (see `check_budget`) integral floats are accepted too."""
     if value is None and allow_none:
         return None
     size = as_size(value)
     if in_bytes and isinstance(size, float | np.floating) and np.isfinite(size):
         size = int(size) if float(size).is_integer() else size
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+    if isinstance(size, bool) or not isinstance(size, int) or size < least:
         kind = ("a positive number of bytes (an int or an integral float such as 64e6)"
-                if in_bytes else "a positive int")
+                if in_bytes else "a positive int" if least > 0 else "a non-negative int")
         kind += " or None" if allow_none else ""
         raise ValueError(
             f"`{who}({name}={value!r})`: {name} must be {kind}, got {value!r} "
             f"({type(value).__name__})."
         )
     return size
+
+
+def check_budget(who: str, name: str, value: Any, *, allow_none: bool = True) -> Any:
+    """A memory budget in bytes: a positive integer of any integer type, or an integral float
+    (`64e6`, a NumPy float); returned as a Python int (`None` where allowed)."""
+    return check_positive(who, name, value, allow_none=allow_none, in_bytes=True)
 
 
 def check_choice(who: str, name: str, value: Any, choices: tuple) -> Any:
@@ -99,10 +98,6 @@ def check_in_axes(who: str, in_axes: Any) -> None:
             )
 
 
-def _count(k: int, one: str, many: str) -> str:
-    return f"{k} {one if k == 1 else many}"
-
-
 def in_axes_tuple(who: str, in_axes: InAxes, nargs: int) -> tuple[AxisSpec, ...]:
     """One int/`None` entry per positional argument (ints may be any axis)."""
     check_in_axes(who, in_axes)
@@ -116,9 +111,9 @@ def check_entries(who: str, in_axes: tuple | list, nargs: int) -> None:
     """Raise unless a tuple `in_axes` has one entry per positional argument."""
     if len(in_axes) != nargs:
         raise ValueError(
-            f"`{who}(in_axes={in_axes!r})`: in_axes has "
-            f"{_count(len(in_axes), 'entry', 'entries')} but the function was called with "
-            f"{_count(nargs, 'positional argument', 'positional arguments')}."
+            f"`{who}(in_axes={in_axes!r})`: in_axes has {len(in_axes)} "
+            f"{'entry' if len(in_axes) == 1 else 'entries'} but the function was called with "
+            f"{nargs} positional argument{'' if nargs == 1 else 's'}."
         )
 
 
@@ -165,9 +160,8 @@ def resolve_batch_size(
     if memory_budget is not None:
         check_budget(who, "memory_budget", memory_budget)
         if batch_size != "auto":
-            won = "" if alias is None or name == "chunk_size" else (
-                f" ({name} wins over its alias chunk_size={alias!r})"
-            )
+            won = ("" if alias is None or name == "chunk_size"
+                   else f" ({name} wins over its alias chunk_size={alias!r})")
             raise ValueError(
                 f"`{who}(memory_budget={memory_budget!r})`: memory_budget is only used with "
                 f"{name}='auto', got {name}={batch_size!r}{won}."

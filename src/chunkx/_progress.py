@@ -8,6 +8,7 @@ a map called at every step of a training loop shows one live bar and leaves no l
 call, so the training loop's own output (or an outer bar) stays readable.
 """
 
+import functools
 import sys
 import threading
 from collections.abc import Callable
@@ -44,10 +45,7 @@ def _new_bar(total: int, desc: str) -> Any:
         from tqdm import tqdm
     except ImportError:  # tqdm is optional: `pip install tqdm` for a live bar
         return _TextBar(total, desc)
-    return tqdm(
-        total=total, desc=desc, unit="chunk", file=sys.stderr,
-        leave=LEAVE_FINISHED_BARS,
-    )
+    return tqdm(total=total, desc=desc, unit="chunk", file=sys.stderr, leave=LEAVE_FINISHED_BARS)
 
 
 class ProgressState:
@@ -63,7 +61,9 @@ class ProgressState:
         self.bar: Any = None
         self.lock = threading.Lock()
 
-    def __call__(self, step: Any) -> None:
+    def __call__(self, step: Any, *after: Any) -> None:
+        """Report `step`; `after` (ignored) are values computed before the report, which a
+        traced call passes to order the report after them."""
         i = int(np.max(np.asarray(step)))
         with self.lock:
             if self.bar is None:
@@ -86,13 +86,8 @@ def ticker(total: int, desc: str = "chunkx", chained: bool = False) -> Callable[
     is an `io_callback` that takes the previous tick's result: the bar still moves forward.
     """
     state = ProgressState(total, desc)
-    if not chained:
-
-        def tick(step: Any, *after: Any) -> None:
-            """Report `step`; `after` (ignored by the bar) orders the report after them."""
-            jax.debug.callback(lambda s, *_: state(s), step, *after)
-
-        return tick
+    if not chained:  # `tick(step, *after)`: see `ProgressState.__call__`
+        return functools.partial(jax.debug.callback, state)
     token = [jnp.int32(0)]
 
     def after(step: Any, previous: Any) -> np.ndarray:
@@ -114,18 +109,16 @@ def scan(
     *,
     unroll: int = 1,
     progress: bool = False,
-    desc: str = "chunkx",
     tick: Callable[..., None] | None = None,
 ) -> tuple[Any, Any]:
     """`jax.lax.scan(step, init, xs)` over `length` steps, with a progress bar when asked.
 
     With `progress=False` this is exactly `jax.lax.scan`. With `progress=True` every step
-    reports its index through `jax.debug.callback` after computing (under `jit` too), to `tick`
-    if given (a bar that counts more steps than the scan's) or to a bar of `length` steps.
+    reports its index through `tick` (a `ticker`'s function, whose bar may count more steps
+    than the scan's) after computing, under `jit` too.
     """
     if not progress:
         return jax.lax.scan(step, init, xs, length=length, unroll=unroll)
-    tick = ticker(length, desc) if tick is None else tick
 
     def body(carry, x_i):
         x, i = x_i

@@ -157,9 +157,7 @@ def reverse_plan(
     return _search(chunk, tree, n, min(size, n), (wrt, axes))
 
 
-def _search(
-    chunk: Any, tree: tuple, n: int, size: int, reverse: tuple | None = None
-) -> MemoryPlan:
+def _search(chunk: Any, tree: tuple, n: int, size: int, reverse: tuple | None = None) -> MemoryPlan:
     """`search_sizes(quick=True)` for one pass of the Chunk on `tree` (`n` rows): the forward
     pass (sizes up to `size = n`), or with `reverse = (wrt, axes)` the VJP at forward size
     `size` (backward sizes up to `size`). Measurements are kept under a fingerprint of the
@@ -184,7 +182,7 @@ def _search(
     m = measured(key, measure, label, notice if chunk.progress else None)
     # reverse: far below the answer, as the forward size is the budget's
     base = size if size >= n else divisor_below(n, size // 8)
-    first = (base, proportional_size(base, size, budget, n, _shift(chunk)))
+    first = (base, proportional_size(base, m(base), size, budget, n, _shift(chunk)))
     plan = search_sizes(m, size, budget, n, first, quick=True, shift=_shift(chunk),
                         who=who["who"], what=who["what"], name=who["name"])
     if first_time((key, plan.chunk_size)):

@@ -63,17 +63,24 @@ class VjpProgram(eqx.Module):
     wrt: tuple[bool, ...] = eqx.field(static=True)
 
     def __call__(self, tree: Any) -> Any:
-        dyn, static = eqx.partition(tree, eqx.is_array)
-        leaves, treedef = jax.tree_util.tree_flatten(dyn)
-
-        def run(live):
-            it = iter(live)
-            full = [next(it) if w else x for x, w in zip(leaves, self.wrt)]
-            return self.run(eqx.combine(jax.tree_util.tree_unflatten(treedef, full), static),
-                            self.size)
-
-        out, pull = jax.vjp(run, [x for x, w in zip(leaves, self.wrt) if w])
+        live, rebuild = _live(tree, self.wrt)
+        out, pull = jax.vjp(lambda live: self.run(rebuild(live), self.size), live)
         return out, pull(jax.tree_util.tree_map(jnp.ones_like, out))
+
+
+def _live(tree: Any, mask: tuple[bool, ...] | None) -> tuple[list, Callable[[Any], Any]]:
+    """`(live, rebuild)`: the array leaves of `tree` marked in `mask` (all if `None`), and
+    `rebuild(new)`: `tree` with those leaves replaced by `new`, in order."""
+    dyn, static = eqx.partition(tree, eqx.is_array)
+    leaves, treedef = jax.tree_util.tree_flatten(dyn)
+    mask = (True,) * len(leaves) if mask is None else mask
+
+    def rebuild(new: Any) -> Any:
+        it = iter(new)
+        full = [next(it) if m else x for x, m in zip(leaves, mask)]
+        return eqx.combine(jax.tree_util.tree_unflatten(treedef, full), static)
+
+    return [x for x, m in zip(leaves, mask) if m], rebuild
 
 
 def planned_on_differentiation(run: Run, plan: Callable[[Any, tuple], int], tree: Any) -> Any:
@@ -85,11 +92,7 @@ def planned_on_differentiation(run: Run, plan: Callable[[Any, tuple], int], tree
     JVP, as without the rule). Every array leaf of `tree` is an input of the rule, so every
     derivative is exact.
     """
-    dyn, static = eqx.partition(tree, eqx.is_array)
-    leaves, treedef = jax.tree_util.tree_flatten(dyn)
-
-    def rebuild(xs):
-        return eqx.combine(jax.tree_util.tree_unflatten(treedef, list(xs)), static)
+    leaves, rebuild = _live(tree, None)
 
     @jax.custom_jvp
     def f(*xs):
@@ -98,13 +101,9 @@ def planned_on_differentiation(run: Run, plan: Callable[[Any, tuple], int], tree
     def rule(primals, tangents):
         mask = tuple(not isinstance(t, SymbolicZero) for t in tangents)
         size = plan(rebuild(primals), mask)
-
-        def at_size(*live):
-            it = iter(live)
-            return run(rebuild([next(it) if m else x for x, m in zip(primals, mask)]), size)
-
-        live = tuple(x for x, m in zip(primals, mask) if m)
-        return jax.jvp(at_size, live, tuple(t for t, m in zip(tangents, mask) if m))
+        live, at = _live(rebuild(primals), mask)
+        return jax.jvp(lambda *xs: run(at(xs), size), tuple(live),
+                       tuple(t for t, m in zip(tangents, mask) if m))
 
     f.defjvp(rule, symbolic_zeros=True)
     return f(*leaves)

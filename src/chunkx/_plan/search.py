@@ -225,7 +225,7 @@ def search_sizes(
     n: int,
     budget: int,
     rows: int,
-    first: tuple[Any, ...],
+    first: tuple[int, ...],
     *,
     who: str,
     what: str,
@@ -234,8 +234,7 @@ def search_sizes(
     shift: bool = False,
 ) -> MemoryPlan:
     """`fit_memory`'s search, or with `quick` the one `"auto"` runs, starting from the sizes
-    `first`. An entry of `first` may be a function of the measurements so far (`{size: bytes}`)
-    that returns the size to measure.
+    `first`, measured in order.
 
     If `n` is measured first and fits, the answer is `n` (one compilation). With `quick`, the
     line `a + b·B` through the measurements of `first` gives the largest size within `MARGIN`
@@ -254,7 +253,6 @@ def search_sizes(
         return seen[size]
 
     for size in first:
-        size = size(dict(seen)) if callable(size) else size
         if m(size) <= budget and size == n:  # the whole batch fits: no chunking
             return MemoryPlan(n, budget, tuple(seen.items()), float(m(n)), 0.0, n, n, rows=rows)
     if quick:
@@ -330,16 +328,12 @@ def _bracketed(seen: dict[int, int], model: _Model, n: int, rows: int, budget: i
 
 
 def proportional_size(
-    base: int, limit: int, budget: int, rows: int, shift: bool
-) -> Callable[[dict], int]:
-    """The next size to measure after `base`: 90% of the size at which memory proportional to
-    the rows would meet the budget, given what `base` measured (at most `limit - 1`; a divisor
-    of the rows unless `shift`), so that it usually fits and, with `base`, brackets the answer
-    or lies within 10% below it."""
-
-    def second(seen: dict[int, int]) -> int:
-        size = int(0.9 * base * budget / max(seen[base], 1))
-        size = max(1, min(limit - 1, size)) if base == limit else max(1, min(limit, size))
-        return size if shift else divisor_below(rows, size)
-
-    return second
+    base: int, measured: int, limit: int, budget: int, rows: int, shift: bool
+) -> int:
+    """The size to measure after `base` (which `measured` bytes): 90% of the size at which
+    memory proportional to the rows would meet the budget (at most `limit - 1`; a divisor of
+    the rows unless `shift`), so that it usually fits and, with `base`, brackets the answer or
+    lies within 10% below it."""
+    size = int(0.9 * base * budget / max(measured, 1))
+    size = max(1, min(limit - 1, size)) if base == limit else max(1, min(limit, size))
+    return size if shift else divisor_below(rows, size)

@@ -23,7 +23,5 @@ from ._transpose import (
     t3_probe_corewise_derivatives_transpose as t3_probe_corewise_derivatives_transpose,
 )
 from ._transpose import tv_apply_derivatives_transpose as tv_apply_derivatives_transpose
-from ._transpose import (
-    tv_entries_derivatives_transpose as tv_entries_derivatives_transpose,
-)
+from ._transpose import tv_entries_derivatives_transpose as tv_entries_derivatives_transpose
 from ._transpose import tv_probe_derivatives_transpose as tv_probe_derivatives_transpose

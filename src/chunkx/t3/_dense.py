@@ -9,7 +9,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
 from .._public import public
-from ._inputs import as_arrays, check_order
+from ._format import as_arrays, check_len
+from ._inputs import check_order
 from ._jets import binomial_table
 
 
@@ -78,11 +79,8 @@ def dense_probe_derivatives(
     order = check_order(fn, order)
     ww, pp, T = as_arrays(ww), as_arrays(pp), jnp.asarray(T)
     d = T.ndim
-    if len(ww) != d or len(pp) != d:
-        raise ValueError(
-            f"`{fn}(ww, pp)`: expected d={d} vectors each (T has shape {tuple(T.shape)}), "
-            f"got {len(ww)} and {len(pp)}."
-        )
+    check_len(fn, "ww", ww, d)
+    check_len(fn, "pp", pp, d)
     for i in range(d):
         if ww[i].shape != (T.shape[i],) or pp[i].shape != (T.shape[i],):
             raise ValueError(

@@ -24,7 +24,7 @@ from chunkx._plan.measure import equal_chunks, padded_rows_per_device
 from chunkx._types import Budget, Size
 
 from .._public import public
-from ._format import core_shapes, prod
+from ._format import check_ranks, core_shapes, prod
 from ._inputs import check_order
 from ._transpose import tv_probe_derivatives_transpose
 
@@ -59,12 +59,7 @@ class _Problem(NamedTuple):
 
 def _problem(fn, mode_shapes, tucker_ranks, tt_ranks, order, n_probes, *, n_tangent, stack_shape,
              n_shards, dtype) -> _Problem:
-    d = len(mode_shapes)
-    if d == 0 or len(tucker_ranks) != d or len(tt_ranks) != d + 1:
-        raise ValueError(
-            f"`{fn}(mode_shapes, tucker_ranks, tt_ranks)`: expected d, d and d+1 entries, got "
-            f"{len(mode_shapes)}, {len(tucker_ranks)} and {len(tt_ranks)}."
-        )
+    check_ranks(fn, "mode_shapes, tucker_ranks, tt_ranks", mode_shapes, tucker_ranks, tt_ranks)
     order = check_order(fn, order)
     for name, v in (("n_probes", n_probes), ("n_tangent", n_tangent), ("n_shards", n_shards)):
         check_positive(fn, name, v, allow_none=False)
@@ -231,9 +226,8 @@ def max_chunk_size_within(
         ```
     """
     fn = "max_chunk_size_within"
-    if isinstance(target_bytes, bool) or not isinstance(target_bytes, numbers.Real) or not (
-        target_bytes >= 1
-    ):
+    if (isinstance(target_bytes, bool) or not isinstance(target_bytes, numbers.Real)
+            or not target_bytes >= 1):  # NaN included
         raise ValueError(
             f"`{fn}(target_bytes={target_bytes!r})`: must be at least 1 byte, got {target_bytes!r}."
         )

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from beartype import beartype
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, jaxtyped
 
@@ -45,8 +44,8 @@ class TuckerTensorTrain(eqx.Module):
     tt_cores: tuple[TTCore, ...]
 
     def __init__(self, tucker_cores: Sequence[TuckerCore], tt_cores: Sequence[TTCore]):
-        self.tucker_cores = _arrays(tucker_cores)
-        self.tt_cores = _arrays(tt_cores)
+        self.tucker_cores = as_arrays(tucker_cores)
+        self.tt_cores = as_arrays(tt_cores)
 
     def __check_init__(self):
         check_cores("TuckerTensorTrain", "tucker_cores, tt_cores", self.tucker_cores, self.tt_cores)
@@ -112,13 +111,8 @@ class TuckerTensorTrain(eqx.Module):
 
         A `TuckerTensorTrain`.
         """
-        d = len(shape)
-        if len(tucker_ranks) != d or len(tt_ranks) != d + 1:
-            raise ValueError(
-                f"`TuckerTensorTrain.randn(tucker_ranks, tt_ranks)`: expected {d} Tucker ranks and "
-                f"{d + 1} TT ranks for shape {tuple(shape)}, got {tuple(tucker_ranks)} and "
-                f"{tuple(tt_ranks)}."
-            )
+        d = check_ranks("TuckerTensorTrain.randn", "tucker_ranks, tt_ranks", shape, tucker_ranks,
+                        tt_ranks)
         tucker_shapes, tt_shapes = core_shapes(shape, tucker_ranks, tt_ranks, stack_shape)
         shapes = tucker_shapes + tt_shapes
         sizes = [prod(s) for s in shapes]
@@ -142,18 +136,33 @@ def as_core_pair(fn: str, name: str, x):
     if isinstance(x, TuckerTensorTrain):
         return x.data
     if isinstance(x, Sequence) and len(x) == 2:
-        return _arrays(x[0]), _arrays(x[1])
+        return as_arrays(x[0]), as_arrays(x[1])
     raise ValueError(
         f"`{fn}({name})`: expected a TuckerTensorTrain or a (tucker_cores, tt_cores) pair, "
         f"got {type(x).__name__}."
     )
 
 
-def _arrays(cores) -> tuple:
-    """NumPy arrays and lists become jax arrays; jax arrays, tracers and structs stay as is."""
-    if not isinstance(cores, Sequence):
-        return cores
-    return tuple(jnp.asarray(a) if isinstance(a, np.ndarray | list) else a for a in cores)
+def as_arrays(seq) -> tuple:
+    """Every element of a sequence as a jax array: NumPy arrays, lists and scalars are
+    converted, jax arrays, tracers and `ShapeDtypeStruct`s stay as they are; anything but a
+    sequence comes back unchanged (for the checks that follow to report)."""
+    if not isinstance(seq, Sequence):
+        return seq
+    return tuple(a if isinstance(a, jax.Array | jax.ShapeDtypeStruct) else jnp.asarray(a)
+                 for a in seq)
+
+
+def check_ranks(fn: str, names: str, N, n, r) -> int:
+    """Mode sizes `N`, Tucker ranks `n` and TT ranks `r` of `d >= 1`, `d` and `d + 1` entries
+    (`names`: the arguments that gave them); returns `d`."""
+    d = len(N)
+    if d == 0 or len(n) != d or len(r) != d + 1:
+        raise ValueError(
+            f"`{fn}({names})`: expected d, d and d+1 entries (d modes, d Tucker ranks, d+1 TT "
+            f"ranks), got {len(N)}, {len(n)} and {len(r)}: {tuple(N)}, {tuple(n)} and {tuple(r)}."
+        )
+    return d
 
 
 def core_shapes(N, n, r, C=()) -> tuple[tuple, tuple]:
@@ -185,13 +194,8 @@ def check_cores(fn: str, name: str, tucker, tt):
     if not isinstance(tucker, Sequence) or len(tucker) == 0:
         raise ValueError(f"`{fn}({name})`: expected a non-empty sequence of Tucker cores.")
     d = len(tucker)
-    check_len(fn, f"{name} tucker cores", tucker, d)
     check_len(fn, f"{name} tt cores", tt, d)
-    if tucker[0].ndim < 2:
-        raise ValueError(
-            f"`{fn}({name})`: Tucker core 0 must be C + (n, N), got shape {shape_of(tucker[0])}."
-        )
-    C = shape_of(tucker[0])[:-2]
+    C = shape_of(tucker[0])[:-2]  # a core 0 of fewer than 2 axes fails the check below
     nc = len(C)
     for i in range(d):
         U, G = shape_of(tucker[i]), shape_of(tt[i])

@@ -39,8 +39,10 @@ def corewise_jets(s: Inputs) -> Any:
     return _jets(s, fwd(*s.rows, *(flat_lead(part, s.C) for part in s.cores)), s.C)
 
 
-def tangent_jets_of(fn: str, s: Inputs, variation: Any) -> Any:
-    """The forward jets of the tangent vector `variation` in the frame `s.cores`."""
+def tv_jets(fn: str, kind: str, a: Any, pp: Any, variation: Any, frame: Any, order: Any) -> Any:
+    """The forward jets of the `kind` of the tangent vector `variation` in `frame`, for the
+    entry point `fn` (arguments checked in the order of `tangent_inputs`, then `variation`)."""
+    s = tangent_inputs(fn, kind, a, pp, frame, order)
     variation = as_parts(variation, 2)
     B = check_variation(fn, variation, s.cores, s.C)
     dU, dG = (flat_lead(v, B, s.C) for v in variation)
@@ -127,8 +129,7 @@ def tv_probe_derivatives(
         assert [a.shape for a in z] == [(2, 7, 4), (2, 7, 5)]
         ```
     """
-    fn = "tv_probe_derivatives"
-    return tangent_jets_of(fn, tangent_inputs(fn, "probe", ww, pp, frame, order), variation)
+    return tv_jets("tv_probe_derivatives", "probe", ww, pp, variation, frame, order)
 
 
 Index = Int[ArrayLike, "_d *W"]
@@ -248,8 +249,7 @@ def tv_apply_derivatives(
         assert y.shape == (2, 7)
         ```
     """
-    fn = "tv_apply_derivatives"
-    return tangent_jets_of(fn, tangent_inputs(fn, "apply", ww, pp, frame, order), variation)
+    return tv_jets("tv_apply_derivatives", "apply", ww, pp, variation, frame, order)
 
 
 @public
@@ -283,7 +283,6 @@ def tv_entries_derivatives(
         assert y.shape == (1, 2)
         ```
     """
-    fn = "tv_entries_derivatives"
-    return tangent_jets_of(fn, tangent_inputs(fn, "entries", index, pp, frame, order), variation)
+    return tv_jets("tv_entries_derivatives", "entries", index, pp, variation, frame, order)
 
 

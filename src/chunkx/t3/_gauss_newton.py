@@ -10,9 +10,9 @@ from jaxtyping import Array, ArrayLike, Float
 
 from chunkx._checks import as_size, check_positive
 
-from ._format import TuckerTensorTrain, as_core_pair, check_cores, prod
+from ._format import TuckerTensorTrain, as_arrays, as_core_pair, check_cores, prod
 from ._forward import corewise_jets
-from ._inputs import Inputs, as_arrays, check_order, corewise_inputs
+from ._inputs import Inputs, check_order, corewise_inputs
 from ._pipeline import chunk_rows, normal_pipeline
 from ._stacks import KINDS, flat_lead
 from ._transpose import Call, transpose
@@ -119,7 +119,7 @@ class GaussNewton(eqx.Module):
 
     def gradient(self, residual) -> TuckerTensorTrain:
         """`J^T diag(weights) residual` (residual jets laid out like `forward()`)."""
-        W = self._inputs().W
+        W = self.weights.shape
 
         def weighted(r):  # residual jets `(T,) + W + ...` times the per-sample weights `W`
             return r * self.weights.reshape((1,) + W + (1,) * (r.ndim - 1 - len(W))).astype(r.dtype)

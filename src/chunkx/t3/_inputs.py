@@ -12,9 +12,9 @@ from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
-from chunkx._checks import as_size
+from chunkx._checks import check_positive
 
-from ._format import as_core_pair, check_cores, check_len, prod, shape_of
+from ._format import as_arrays, as_core_pair, check_cores, check_len, prod, shape_of
 from ._stacks import flat_lead, jets_to_rows
 
 
@@ -59,18 +59,19 @@ def _samples(fn: str, s: Inputs, a: Any, pp: Any, label: str) -> Inputs:
     `pp` checked against its Tucker cores (`label` in messages) and laid out as rows."""
     pp = as_arrays(pp)
     if s.kind == "entries":
-        index = jnp.asarray(a)
-        W = check_index(fn, index, pp, s.modes)
-        return s._replace(W=W, rows=(tuple(i.reshape(prod(W)) for i in index), flat_lead(pp, W)))
-    ww = as_arrays(a)
-    W = check_probes(fn, ww, pp, s.cores[0], len(s.C), label)
-    return s._replace(W=W, rows=(flat_lead(ww, W), flat_lead(pp, W)))
+        a = jnp.asarray(a)
+        W = check_index(fn, a, pp, s.modes)
+    else:
+        a = as_arrays(a)
+        W = check_probes(fn, a, pp, s.cores[0], len(s.C), label)
+    return s._replace(W=W, rows=(flat_lead(a, W), flat_lead(pp, W)))
 
 
-def residual_rows(fn: str, s: Inputs, res: Any, tangent: bool) -> tuple[tuple, tuple]:
+def residual_rows(fn: str, s: Inputs, res: Any, tangent: bool) -> tuple[tuple, tuple, tuple]:
     """The residual jets of a transpose (`ztildes`, `d` arrays `(T,) + W + B + C + (N_i,)`, for
     the probe kind; else `c`, one array `(T,) + W + B + C`) checked against `s`; returns
-    `(B, rows)` with rows `(Wf, [Bf,] Cf) + tail` (a tangent stack `B` only if `tangent`)."""
+    `(B, lead, rows)` with rows `(Wf,) + lead + tail`, `lead = ([Bf,] Cf)` (a tangent stack `B`
+    only if `tangent`)."""
     name, probe = ("ztildes", True) if s.kind == "probe" else ("c", False)
     if probe:
         res = as_arrays(res)
@@ -85,17 +86,12 @@ def residual_rows(fn: str, s: Inputs, res: Any, tangent: bool) -> tuple[tuple, t
             f"got {tuple(res[0].shape)} (extra axes {B})."
         )
     lead = ((prod(B),) if tangent else ()) + (prod(s.C),)
-    return B, jets_to_rows(res, s.W, len(B) + len(s.C), lead, scalar=not probe)
+    return B, lead, jets_to_rows(res, s.W, len(B) + len(s.C), lead, scalar=not probe)
 
 
 def check_order(fn: str, order) -> int:
     """A non-negative integer of any integer type (`operator.index`), as a Python int."""
-    size = as_size(order)
-    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-        raise ValueError(
-            f"`{fn}(order={order!r})`: order must be a non-negative int, got {order!r}."
-        )
-    return size
+    return check_positive(fn, "order", order, allow_none=False, least=0)
 
 
 def check_probes(fn: str, ww, pp, tucker, nc: int, label: str):
@@ -103,7 +99,7 @@ def check_probes(fn: str, ww, pp, tucker, nc: int, label: str):
     names the cores in the message); returns W."""
     check_len(fn, "ww", ww, len(tucker))
     check_len(fn, "pp", pp, len(tucker))
-    W = None
+    W = shape_of(ww[0])[:-1]
     for i, (w, p, U) in enumerate(zip(ww, pp, tucker)):
         if w.ndim < 1:
             raise ValueError(f"`{fn}(ww)`: ww[{i}] must have a mode axis, got shape {shape_of(w)}.")
@@ -112,9 +108,7 @@ def check_probes(fn: str, ww, pp, tucker, nc: int, label: str):
                 f"`{fn}(pp)`: pp[{i}] must have the shape of ww[{i}] {shape_of(w)}, "
                 f"got {shape_of(p)}."
             )
-        if W is None:
-            W = shape_of(w)[:-1]
-        elif shape_of(w)[:-1] != W:
+        if shape_of(w)[:-1] != W:
             raise ValueError(
                 f"`{fn}(ww)`: every ww[i] must share the probe stack W={W}, "
                 f"ww[{i}] has shape {shape_of(w)}."
@@ -154,6 +148,10 @@ def variation_shapes(frame, nc: int, lead: tuple) -> tuple[list, list]:
             [lead + (a[0], b[0], a[2]) for a, b in zip(o, u)])
 
 
+# The core shapes of a variation's `dU_i` and `dG_i`, for messages.
+_VARIATION_CORES = ("(nO_{i}, N_{i})", "(rL_{i}, nU_{i}, rR_{j})")
+
+
 def check_variation(fn: str, variation, frame, C):
     """Variation `(dU, dG)` matching the frame, with a tangent stack B in front; returns B."""
     if not isinstance(variation, Sequence) or len(variation) != 2:
@@ -162,17 +160,14 @@ def check_variation(fn: str, variation, frame, C):
     check_len(fn, "variation dU", dU, len(frame[0]))
     check_len(fn, "variation dG", dG, len(frame[0]))
     B = shape_of(dU[0])[: dU[0].ndim - len(C) - 2]
-    for i, (want_u, want_g) in enumerate(zip(*variation_shapes(frame, len(C), B + C))):
-        if shape_of(dU[i]) != want_u:
-            raise ValueError(
-                f"`{fn}(variation)`: dU[{i}] must have shape B + C + (nO_{i}, N_{i}) = {want_u}, "
-                f"got {shape_of(dU[i])}."
-            )
-        if shape_of(dG[i]) != want_g:
-            raise ValueError(
-                f"`{fn}(variation)`: dG[{i}] must have shape B + C + (rL_{i}, nU_{i}, rR_{i + 1}) "
-                f"= {want_g}, got {shape_of(dG[i])}."
-            )
+    wants = variation_shapes(frame, len(C), B + C)
+    for name, part, want, core in zip(("dU", "dG"), variation, wants, _VARIATION_CORES):
+        for i, (a, shape) in enumerate(zip(part, want)):
+            if shape_of(a) != shape:
+                raise ValueError(
+                    f"`{fn}(variation)`: {name}[{i}] must have shape B + C + "
+                    f"{core.format(i=i, j=i + 1)} = {shape}, got {shape_of(a)}."
+                )
     return B
 
 
@@ -188,11 +183,10 @@ def check_ztildes(fn: str, ztildes, order: int, W, C, modes):
                 f"got shape {s}."
             )
         nb = len(s) - 2 - len(W) - len(C)
-        N = modes[i]
+        N, b = modes[i], s[1 + len(W) : 1 + len(W) + nb]  # b: this residual's B
         ok = nb >= 0 and s[1 : 1 + len(W)] == W and s[len(s) - 1 - len(C) :] == C + (N,)
-        if ok and B is None:
-            B = s[1 + len(W) : 1 + len(W) + nb]
-        if not ok or s[1 + len(W) : 1 + len(W) + nb] != B:
+        B = b if ok and B is None else B
+        if not ok or b != B:
             raise ValueError(
                 f"`{fn}(ztildes)`: ztildes[{i}] must have shape (order+1,) + W + B + C + (N_{i},)"
                 f" with W={W}, C={C}, N_{i}={N}, B={B if B is not None else '(any)'}, got {s}."
@@ -233,14 +227,9 @@ def check_sample_jets(fn: str, c, order: int, W, C):
     return s[1 + len(W) : 1 + len(W) + nb]
 
 
-def as_arrays(seq):
-    """`jnp.asarray` every element of a sequence (NumPy arrays and lists are accepted)."""
-    return tuple(jnp.asarray(a) for a in seq)
-
-
 def as_parts(parts, k: int):
     """`k` sequences of cores (a frame `(U, O, P, Q)`: 4, a variation `(dU, dG)`: 2) with every
     core a jax array (left as is if it is not a `k`-sequence)."""
     if isinstance(parts, Sequence) and len(parts) == k:
-        return tuple(as_arrays(part) if isinstance(part, Sequence) else part for part in parts)
+        return tuple(as_arrays(part) for part in parts)
     return parts

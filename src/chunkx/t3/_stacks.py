@@ -25,21 +25,15 @@ def flat_lead(arrays, *stacks):
 def jets_to_rows(jets, W, n, lead, scalar=False):
     """`(T,) + W + stacks + (N,)` -> `(Wf,) + lead + (T, N)`: the `n` stack axes reshaped to
     `lead` (`scalar`: no `N`)."""
-    out = []
-    for z in jets:
-        z = jnp.moveaxis(z, 0, -1 if scalar else -2)
-        out.append(z.reshape((prod(W),) + tuple(lead) + tuple(z.shape[len(W) + n :])))
-    return tuple(out)
+    moved = (jnp.moveaxis(z, 0, -1 if scalar else -2) for z in jets)
+    return tuple(z.reshape((prod(W),) + tuple(lead) + z.shape[len(W) + n :]) for z in moved)
 
 
 def rows_to_jets(rows, W, n, stacks, scalar=False):
     """Inverse of `jets_to_rows`: `(Wf,) + lead + (T, N)` (`n` lead axes) ->
     `(T,) + W + stacks + (N,)`."""
-    out = []
-    for z in rows:
-        z = z.reshape(tuple(W) + tuple(stacks) + tuple(z.shape[1 + n :]))
-        out.append(jnp.moveaxis(z, -1 if scalar else -2, 0))
-    return tuple(out)
+    shaped = (z.reshape(tuple(W) + tuple(stacks) + z.shape[1 + n :]) for z in rows)
+    return tuple(jnp.moveaxis(z, -1 if scalar else -2, 0) for z in shaped)
 
 
 def _lift(fn, axes, stacked):

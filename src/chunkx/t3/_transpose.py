@@ -53,20 +53,19 @@ def transpose(fn: str, kind: str, call: Call, tangent: bool) -> Grads:
         s = tangent_inputs(fn, kind, call.samples, call.pp, call.cores, call.order)
     else:
         s = corewise_inputs(fn, "core_pair", kind, call.samples, call.pp, call.cores, call.order)
-    B, zt = residual_rows(fn, s, call.residuals, tangent)
-    C, lead = s.C, ((prod(B),) if tangent else ()) + (prod(s.C),)
-    fixed = tuple(flat_lead(part, C) for part in s.cores)
+    B, lead, zt = residual_rows(fn, s, call.residuals, tangent)
+    fixed = tuple(flat_lead(part, s.C) for part in s.cores)
     if tangent:
-        fwd = tangent_rows_fn(s.order, B != (), C != (), kind)
-        zeros = variation_shapes(s.cores, len(C), lead)
+        fwd = tangent_rows_fn(s.order, B != (), s.C != (), kind)
+        zeros = variation_shapes(s.cores, len(s.C), lead)
         dtype = s.cores[1][0].dtype
         fixed = tuple(tuple(jnp.zeros(z, dtype) for z in part) for part in zeros) + (fixed,)
     else:
-        fwd = corewise_rows_fn(s.order, C != (), kind)
+        fwd = corewise_rows_fn(s.order, s.C != (), kind)
     cs = chunk_rows(prod(s.W), chunk_size, call.mesh, sop)
     grads = transpose_pipeline(fwd, len(fixed), sop, cs, call.mesh)(zt, *s.rows, *fixed)
     front, n = ((), len(lead)) if sop else (s.W, 1 + len(lead))
-    gU, gG = (tuple(g.reshape(front + B + C + g.shape[n:]) for g in part) for part in grads)
+    gU, gG = (tuple(g.reshape(front + B + s.C + g.shape[n:]) for g in part) for part in grads)
     return TuckerTensorTrain(gU, gG) if isinstance(call.cores, TuckerTensorTrain) else (gU, gG)
 
 
