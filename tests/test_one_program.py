@@ -270,3 +270,29 @@ def test_the_function_is_traced_as_often_as_jax_vmap_traces_it(reducer, differen
         return out if reducer is None else jnp.sum(out)
 
     assert run(chunked) == run(plain) == 1
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: chunkx.vmap(per, (1, None), 1, batch_size=5),
+        lambda: chunkx.filter_vmap(per, in_axes=(1, None), out_axes=1, batch_size=5),
+        lambda: chunkx.batch_vmap(per, (1, None), batch_size=5),
+    ],
+    ids=["vmap", "filter_vmap", "batch_vmap"],
+)
+def test_an_eager_call_is_one_compiled_program(make):
+    """Called eagerly, a map with axes to move compiles one program (the moves, the chunk loop
+    and the output's move together), and calling it again compiles nothing."""
+    from helpers import BackendCompiles
+
+    g, x = make(), X.T  # rows along axis 1
+    ref = jax.vmap(per, (1, None), 1)(x, W)
+    if "batch_vmap" in repr(g):
+        ref = jnp.moveaxis(ref, 1, 0)  # adv's out_axes: the mapped axis first
+    with BackendCompiles() as first:
+        out = g(x, W)
+    with BackendCompiles() as again:
+        np.testing.assert_allclose(g(x, W), out)
+    np.testing.assert_allclose(out, ref, rtol=1e-6)
+    assert (first.count, again.count) == (1, 0)

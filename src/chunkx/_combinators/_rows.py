@@ -26,7 +26,7 @@ def mapped_length(args: tuple, axes: tuple[AxisSpec, ...], who: str) -> int:
         if a is None:
             continue
         for path, leaf in jax.tree_util.tree_flatten_with_path(arg)[0]:
-            if not eqx.is_array(leaf):
+            if not (eqx.is_array(leaf) or isinstance(leaf, jax.ShapeDtypeStruct)):
                 continue
             if jnp.ndim(leaf) == 0:
                 raise ValueError(

@@ -7,10 +7,11 @@ from typing import Any, ClassVar, Literal
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from .._checks import as_in_axes, check_in_axes, in_axes_tuple
-from .._combinators._rows import mapped_length, moveaxis
+from .._combinators._rows import mapped_length
 from .._combinators._sharding import auto_twin, on_inputs_mesh, to_mesh
 from .._combinators.reduce import AbstractReducer, identity
 from .._public import public
@@ -71,14 +72,14 @@ class BatchVmap(AbstractChunkedVmap):
             opts = dataclasses.replace(self.opts, mesh=twin)
             return dataclasses.replace(self, opts=opts)(*args, **kwargs)
         with on_inputs_mesh((args, kwargs)):
-            out = self._call(args, kwargs)
+            out = self._run(args, kwargs)
             return out if self.post is None else self.post(out)
 
     def _resolve(self, args: tuple, kwargs: dict) -> tuple:
         """adv's `in_axes` (one int/`None` per argument): an entry `k` maps every array leaf
         of its argument along `k` (negative: from the end of that leaf's shape) and passes the
-        other leaves whole, as `eqx.if_array(k)` does; keywords pass whole. The mapped leaves
-        come back with their axis moved to the front."""
+        other leaves whole, as `eqx.if_array(k)` does; keywords pass whole. Nothing is moved
+        here: the lengths are checked on the mapped leaves' structs with their axis in front."""
         who = self._who
         axes = in_axes_tuple(who, self.in_axes, len(args))
         if all(a is None for a in axes):
@@ -89,9 +90,18 @@ class BatchVmap(AbstractChunkedVmap):
         spec = (tuple(None if a is None else eqx.if_array(a) for a in axes), None)
         what = "the arguments"
         leaves, at, treedef, names = resolve(who, spec, (args, kwargs), what, self.in_axes)
-        leaves = [x if a is None else moveaxis(x, a, 0) for x, a in zip(leaves, at)]
-        mapped_length(jax.tree_util.tree_unflatten(treedef, leaves)[0], axes, who)
-        return leaves, [a if a is None else 0 for a in at], treedef, names
+        front = [x if a is None else _in_front(x, a) for x, a in zip(leaves, at)]
+        mapped_length(jax.tree_util.tree_unflatten(treedef, front)[0], axes, who)
+        return leaves, at, treedef, names
+
+
+def _in_front(x: Any, axis: int) -> Any:
+    """The struct of array `x` with `axis` moved to the front (`x` itself if it is 0-d)."""
+    shape = jnp.shape(x)
+    if not shape:
+        return x
+    axis %= len(shape)
+    return jax.ShapeDtypeStruct((shape[axis],) + shape[:axis] + shape[axis + 1 :], x.dtype)
 
 
 @public

@@ -15,7 +15,7 @@ from jax.sharding import Mesh
 from jaxtyping import PyTree
 
 from .._checks import check_entries, check_positive
-from .._combinators._rows import moveaxis
+from .._combinators._rows import is_eager, moveaxis
 from .._combinators._sharding import on_inputs_mesh
 from .._combinators.reduce import AbstractReducer, Concat, Monoid
 from .._combinators.vmap import Vmap
@@ -71,6 +71,22 @@ class AbstractChunkedVmap(eqx.Module):
         return self.opts.size
 
     @property
+    def grad_batch_size(self) -> int | Literal["auto"] | None:
+        return self.opts.grad_size
+
+    @property
+    def mesh(self) -> Mesh | None:
+        return self.opts.mesh
+
+    @property
+    def shard(self) -> bool:
+        return self.opts.shard
+
+    @property
+    def memory_budget(self) -> int | None:
+        return self.opts.memory_budget
+
+    @property
     def _who(self) -> str:
         """The map named in messages."""
         return self.opts.who
@@ -99,20 +115,44 @@ class AbstractChunkedVmap(eqx.Module):
         """
         return plan_call(self._call, self.opts, "memory_plan", args, kwargs)
 
+    def _run(self, args: tuple, kwargs: dict) -> Any:
+        """The map's value; called eagerly, as one compiled program (not op by op: axis moves,
+        the chunk loop and the outputs' moves compile together; repeated calls reuse it)."""
+        if is_eager((self, args, kwargs)):
+            self._checked(args, kwargs)  # argument errors raised here, not from inside a jit
+            return eqx.filter_jit(_value)(self, args, kwargs)
+        return self._call(args, kwargs)
+
+    def _checked(self, args: tuple, kwargs: dict) -> tuple:
+        """`_resolve`'s `(leaves, axes, treedef, names)`, the mapped axes' sizes checked."""
+        leaves, axes, treedef, names = self._resolve(args, kwargs)
+        mapped = [(x, a, nm) for x, a, nm in zip(leaves, axes, names) if a is not None]
+        sizes = {}
+        for x, a, nm in mapped:
+            sizes.setdefault(int(jnp.shape(x)[a]), nm)
+        if self.axis_size is not None and mapped:
+            sizes.setdefault(self.axis_size, "axis_size")
+        if len(sizes) > 1:
+            seen = ", ".join(f"{nm} has {k}" for k, nm in sizes.items())
+            raise ValueError(
+                f"`{self._who}`: the mapped axes must all have the same size (and equal "
+                f"axis_size where given), got: {seen}."
+            )
+        return leaves, axes, treedef, names
+
     def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
         """The map's value, or with `plan` (`"memory_plan"`, `"grad_memory_plan"`) the plan
         its Chunk follows for these arguments: the pipeline runs on the mapped outputs (every
         output, or those `_sorted` tells), which go where out_axes says; the others come from
         one row."""
         who = self._who
-        leaves, axes, treedef, names = self._resolve(args, kwargs)
+        leaves, axes, treedef, names = self._checked(args, kwargs)
         if all(a is None for a in axes):
             if plan is not None:
                 raise ValueError(f"`{who}.{plan}`: no argument is mapped; nothing to plan.")
             return self._unmapped(args, kwargs)
         rows = [moveaxis(x, a, 0) for x, a in zip(leaves, axes) if a is not None]
         fixed = [x for x, a in zip(leaves, axes) if a is None]
-        self._length(rows, [nm for nm, a in zip(names, axes) if a is not None])
         body = _Body(self.fun, treedef, tuple(a is not None for a in axes))
         every = not self.filtered and type(self.out_axes.tree) is int  # every output mapped
         if not every:  # one row traced tells which outputs are mapped
@@ -138,20 +178,6 @@ class AbstractChunkedVmap(eqx.Module):
             for a, k in zip(out_axes, kept)
         ]
         return jax.tree_util.tree_unflatten(out_tree, final)
-
-    def _length(self, rows: list, names: list) -> None:
-        """Raise unless the mapped axes (and `axis_size`, where given) have one size."""
-        sizes = {}
-        for x, nm in zip(rows, names):
-            sizes.setdefault(int(x.shape[0]), nm)
-        if self.axis_size is not None:
-            sizes.setdefault(self.axis_size, "axis_size")
-        if len(sizes) > 1:
-            seen = ", ".join(f"{nm} has {k}" for k, nm in sizes.items())
-            raise ValueError(
-                f"`{self._who}`: the mapped axes must all have the same size (and equal "
-                f"axis_size where given), got: {seen}."
-            )
 
     def _unmapped(self, args: tuple, kwargs: dict) -> Any:
         """No mapped leaf: nothing to chunk; every row is the same (jax.vmap's broadcast)."""
@@ -201,6 +227,10 @@ class AbstractChunkedVmap(eqx.Module):
         return body, treedef, axes, kept
 
 
+def _value(chunked: AbstractChunkedVmap, args: tuple, kwargs: dict) -> Any:
+    return chunked._call(args, kwargs)
+
+
 class ChunkedVmap(AbstractChunkedVmap):
     """The callable returned by [`chunkx.vmap`][] and [`chunkx.filter_vmap`][]; an equinox
     Module (a pytree: the arrays `fun` holds are its leaves).
@@ -232,7 +262,7 @@ class ChunkedVmap(AbstractChunkedVmap):
                 f"with eqx.filter_vmap), got {sorted(kwargs)}; pass them positionally."
             )
         with on_inputs_mesh((args, kwargs)):
-            return self._call(args, kwargs)
+            return self._run(args, kwargs)
 
     @property
     def __wrapped__(self) -> Callable[..., Any]:  # `inspect.signature` reads fun's
