@@ -190,22 +190,9 @@ def compose(inner: Callable, axes: tuple, reducer: AbstractReducer, opts: Option
 
 def plan_of(pipeline: Any, method: str, args: tuple, axes: tuple, opts: Options) -> Any:
     """`method` (`"memory_plan"`, `"grad_memory_plan"`) of the pipeline's Chunk (inside its
-    Shard, if any), on the rows one device's Chunk sees."""
-    local = local_args(args, axes, opts.who, opts.devices(args))
-    return getattr(the_chunk(pipeline), method)(*local)
-
-
-def plan_call(call: Callable, opts: Options, method: str, args: tuple, kwargs: dict) -> Any:
-    """The plan `method` (`"memory_plan"`, `"grad_memory_plan"`) names: `call(args, kwargs,
-    method)` traced, on arrays and `jax.ShapeDtypeStruct`s alike; refused unless planned."""
-    opts.check_planned(method)
-    return eqx.filter_eval_shape(lambda args, kwargs: call(args, kwargs, method), args, kwargs)
-
-
-def local_args(args: tuple, axes: tuple, who: str, ndev: int) -> tuple:
-    """`jax.ShapeDtypeStruct`s of the rows one device's Chunk sees (`per_device_rows`)."""
-    n = mapped_length(args, axes, who)
-    k = per_device_rows(n, ndev)
+    Shard, if any), on `jax.ShapeDtypeStruct`s of the rows one device's Chunk sees
+    (`per_device_rows`)."""
+    k = per_device_rows(mapped_length(args, axes, opts.who), opts.devices(args))
 
     def struct(x, mapped):
         if not eqx.is_array(x):
@@ -213,15 +200,19 @@ def local_args(args: tuple, axes: tuple, who: str, ndev: int) -> tuple:
         shape = np.shape(x)
         return jax.ShapeDtypeStruct((k,) + shape[1:] if mapped else shape, x.dtype)
 
-    return tuple(
+    local = tuple(
         jax.tree_util.tree_map(lambda x, a=a: struct(x, a is not None), arg)
         for arg, a in zip(args, axes)
     )
+    chunk = pipeline.fn if isinstance(pipeline, Shard) else pipeline
+    return getattr(chunk, method)(*local)
 
 
-def the_chunk(pipeline: Any) -> Chunk:
-    """The Chunk of a pipeline (inside its Shard, if any)."""
-    return pipeline.fn if isinstance(pipeline, Shard) else pipeline
+def plan_call(call: Callable, opts: Options, method: str, args: tuple, kwargs: dict) -> Any:
+    """The plan `method` (`"memory_plan"`, `"grad_memory_plan"`) names: `call(args, kwargs,
+    method)` traced, on arrays and `jax.ShapeDtypeStruct`s alike; refused unless planned."""
+    opts.check_planned(method)
+    return eqx.filter_eval_shape(lambda args, kwargs: call(args, kwargs, method), args, kwargs)
 
 
 def fn_name(f: Any) -> str:
