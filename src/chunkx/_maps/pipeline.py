@@ -119,22 +119,20 @@ def check_options(
     )
 
 
-def check_grad_options(
-    who: str, batch_size: Any, grad: str, grad_batch_size: Any, names: tuple = BATCH_NAMES
-) -> Any:
+def check_grad_options(who: str, size: Any, grad: str, grad_size: Any, names: tuple) -> Any:
     """The reverse-mode options: a policy, and a backward size ("auto" with an "auto" map),
-    named as the map names its sizes (`names`)."""
-    size, grad_size = names
+    named as the map names its forward and backward sizes (`names`)."""
+    size_name, grad_name = names
     check_choice(who, "grad", grad, ("auto", "fused", "recompute", "store"))
-    grad_batch_size = check_positive(who, grad_size, grad_batch_size)
-    if grad_batch_size is not None and batch_size is None:
+    grad_size = check_positive(who, grad_name, grad_size)
+    if grad_size is not None and size is None:
         raise ValueError(
-            f"`{who}({grad_size}={grad_batch_size!r})`: a backward chunk size needs a "
-            f"forward one; got {size}=None (no chunking)."
+            f"`{who}({grad_name}={grad_size!r})`: a backward chunk size needs a "
+            f"forward one; got {size_name}=None (no chunking)."
         )
-    if grad_batch_size is None and batch_size == "auto" and grad != "store":
+    if grad_size is None and size == "auto" and grad != "store":
         return "auto"  # both passes are planned
-    return grad_batch_size
+    return grad_size
 
 
 def reducer_for(
