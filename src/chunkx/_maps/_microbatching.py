@@ -137,22 +137,19 @@ class Microbatched(eqx.Module):
         arguments (one device's rows with `shard=True`; for `microbatch`, its `chunk_size` is
         the microbatch size the call runs: the largest divisor of the batch within the planned
         size). Nothing is run; the plan is cached."""
-        return self._planned("memory_plan", args, kwargs)
+        return plan_call(self._call, self.opts, "memory_plan", args, kwargs)
 
     def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
         """The [`chunkx.MemoryPlan`][] of the reverse pass of `grad_microbatch_size="auto"`
         (the per-example maps; for `micro_grad`, differentiating through it)."""
-        return self._planned("grad_memory_plan", args, kwargs)
-
-    def _planned(self, method: str, args: tuple, kwargs: dict) -> MemoryPlan:
         opts = self.opts
-        opts.check_size_planned(method)
-        if method == "grad_memory_plan" and (opts.grad_size != "auto" or not self.per_example):
+        opts.check_size_planned("grad_memory_plan")  # either plan needs an "auto" forward size
+        if opts.grad_size != "auto" or not self.per_example:
             raise ValueError(
                 f"`{opts.who}.grad_memory_plan`: only a per-example map (micro_vmap, micro_grad) "
                 "built with grad_microbatch_size='auto' has a gradient plan."
             )
-        return plan_call(self._call, opts, method, args, kwargs)
+        return plan_call(self._call, opts, "grad_memory_plan", args, kwargs)
 
     def _resolve(self, args: tuple, kwargs: dict) -> tuple:
         """`resolve` of `(args, kwargs)`: each batch argument's array leaves along its axis (the
