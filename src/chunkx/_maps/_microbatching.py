@@ -17,7 +17,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._checks import check_budget, check_positive
+from .._checks import check_budget, resolve_batch_size
 from .._combinators._rows import mapped_length, moveaxis, zeros_like_struct
 from .._combinators.groups import _swap_blocks
 from .._combinators.pad import Pad
@@ -137,26 +137,19 @@ class Microbatched(eqx.Module):
         arguments (one device's rows with `shard=True`; for `microbatch`, its `chunk_size` is
         the microbatch size the call runs: the largest divisor of the batch within the planned
         size). Nothing is run; the plan is cached."""
-        return self._planned("memory_plan", args, kwargs)
+        return plan_call(self._call, self.opts, "memory_plan", args, kwargs)
 
     def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
         """The [`chunkx.MemoryPlan`][] of the reverse pass of `grad_microbatch_size="auto"`
         (the per-example maps; for `micro_grad`, differentiating through it)."""
-        return self._planned("grad_memory_plan", args, kwargs)
-
-    def _planned(self, method: str, args: tuple, kwargs: dict) -> MemoryPlan:
-        who, opts = self.opts.who, self.opts
-        if opts.size != "auto":
+        opts = self.opts
+        opts.check_size_planned("grad_memory_plan")  # either plan needs an "auto" forward size
+        if opts.grad_size != "auto" or not self.per_example:
             raise ValueError(
-                f"`{who}(microbatch_size={opts.size!r}).{method}`: only a map built "
-                "with microbatch_size='auto' has a memory plan."
-            )
-        if method == "grad_memory_plan" and (opts.grad_size != "auto" or not self.per_example):
-            raise ValueError(
-                f"`{who}.grad_memory_plan`: only a per-example map (micro_vmap, micro_grad) "
+                f"`{opts.who}.grad_memory_plan`: only a per-example map (micro_vmap, micro_grad) "
                 "built with grad_microbatch_size='auto' has a gradient plan."
             )
-        return plan_call(self._call, opts, method, args, kwargs)
+        return plan_call(self._call, opts, "grad_memory_plan", args, kwargs)
 
     def _resolve(self, args: tuple, kwargs: dict) -> tuple:
         """`resolve` of `(args, kwargs)`: each batch argument's array leaves along its axis (the
@@ -253,8 +246,7 @@ class Microbatched(eqx.Module):
                 f"microbatch_size (divisible by {mb}): fun sees whole microbatches, so padded "
                 "rows would reach it (micro_vmap and micro_grad take any batch)."
             )
-        for name, size in (("microbatch_size", self.opts.size),
-                           ("grad_microbatch_size", self.opts.grad_size)):
+        for name, size in zip(self.opts.names, (self.opts.size, self.opts.grad_size)):
             if isinstance(size, int) and size % d:
                 raise ValueError(
                     f"`{who}({name}={size}, shard=True)`: {name} must be a multiple of the "
@@ -272,16 +264,14 @@ def microbatched(
 ) -> Microbatched:
     """`fun` microbatched: the options of the map `who`, each checked once in its name, and
     its accumulation. `spec`: `Microbatched`'s `(in_axes, argnums, argnames)`."""
-    if size != "auto":
-        size = check_positive(who, "microbatch_size", size)
-    elif num_real is not None:
+    size = resolve_batch_size(who, size, {}, name="microbatch_size")
+    if size == "auto" and num_real is not None:
         raise ValueError(
             f'`{who}(microbatch_size="auto", num_real_microbatches=...)`: with an automatic '
             "size the number of microbatches is not known in advance; give an int size."
         )
-    if grad_size != "auto":
-        grad_size = check_positive(who, "grad_microbatch_size", grad_size)
-    elif size is None:
+    grad_size = resolve_batch_size(who, grad_size, {}, name="grad_microbatch_size")
+    if grad_size == "auto" and size is None:
         raise ValueError(
             f'`{who}(grad_microbatch_size="auto")`: a planned backward size needs a forward '
             'one; give microbatch_size (an int or "auto").'
@@ -298,10 +288,12 @@ def microbatched(
     leaves = plan_leaves(who, accumulator, per_example, num_real, compensated)
     refuse_user(who, leaves, {'microbatch_size="auto"': size == "auto", "shard=True": shard,
                               "grad_microbatch_size": grad_size is not None})
+    # microbatch's reverse pass is planned for its one size argument, microbatch_size="auto"
+    grad_name = "grad_microbatch_size" if per_example else "microbatch_size"
     opts = Options(
         who, size, grad_size=grad_size, memory_budget=budget, shard=shard, mesh=mesh,
         remainder="shift" if size == "auto" and per_example else "call",
-        names=("microbatch_size" if size == "auto" else "grad_microbatch_size", "memory_budget"),
+        names=("microbatch_size", grad_name, "memory_budget"),
     )
     return Microbatched(fun, opts, leaves, *spec, per_example, num_real, vmap_fn)
 

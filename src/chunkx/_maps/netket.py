@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import PyTree
 
-from .._checks import as_size, check_positive
+from .._checks import as_in_axes, as_size, check_positive
 from .._combinators.chunk import Chunk
 from .._combinators.reduce import Concat, Sum, zero_masked
 from .._combinators.shard import Shard
@@ -39,7 +39,7 @@ def _chunk_in_axes(who: str, in_axes: Any) -> tuple[int | None, ...] | int | Non
         if a is not None and (isinstance(a, bool) or a != 0):
             raise NotImplementedError(f"`{who}(in_axes={in_axes!r})`: every in_axes entry must be "
                                       f"0 or None (netket's rule), got {a!r}.")
-    return tuple(in_axes) if isinstance(in_axes, list) else in_axes
+    return as_in_axes(in_axes)
 
 
 def _sharded(axis_0_is_sharded: bool | None) -> bool:

@@ -26,13 +26,14 @@ from .._plan.measure import per_device_rows
 from .._types import GradPolicy, Remainder
 
 Planned = int | Literal["auto"] | None
+BATCH_NAMES = ("batch_size", "grad_batch_size")
 
 
 class Options(eqx.Module):
     """A map's options, checked once (by `check_options`) where the user gave them.
 
-    `who` is the public map; `names` are its size and budget arguments, as its plans and
-    messages name them. Every field after `size` is keyword-only.
+    `who` is the public map; `names` are its forward size, backward size and budget
+    arguments, as its plans and messages name them. Every field after `size` is keyword-only.
     """
 
     who: str = eqx.field(static=True)
@@ -45,24 +46,39 @@ class Options(eqx.Module):
     checkpoint: bool = eqx.field(static=True, kw_only=True, default=True)
     progress: bool = eqx.field(static=True, kw_only=True, default=False)
     remainder: Remainder | None = eqx.field(static=True, kw_only=True, default=None)
-    names: tuple[str, str] = eqx.field(
-        static=True, kw_only=True, default=("batch_size", "memory_budget")
+    names: tuple[str, str, str] = eqx.field(
+        static=True, kw_only=True, default=(*BATCH_NAMES, "memory_budget")
     )
 
     def owner(self, what: str) -> tuple[str, str, str, str]:
-        """The Chunk's `owner`: the map, its size and budget arguments, and `what` it maps."""
-        return (self.who, *self.names, what)
+        """The Chunk's `owner`: the map, its "auto" size argument (the forward one, else the
+        backward one) and budget argument, and `what` it maps."""
+        size, grad_size, budget = self.names
+        return (self.who, size if self.size == "auto" else grad_size, budget, what)
 
-    def check_planned(self, method: str) -> None:
+    def check_planned(self, method: str, how: str | None = None) -> None:
         """Raise unless the size `method` (`"memory_plan"`, `"grad_memory_plan"`) reports is
-        planned ("auto")."""
-        name, size, which = {
-            "memory_plan": ("batch_size", self.size, "built with batch_size='auto' has a memory"),
-            "grad_memory_plan": ("grad_batch_size", self.grad_size, "whose backward size is "
-                                 "planned (batch_size='auto') has a gradient"),
-        }[method]
-        if size != "auto":
-            raise ValueError(f"`{self.who}({name}={size!r}).{method}`: only a map {which} plan.")
+        planned ("auto"); `how`: the options that plan the backward size, for the message (by
+        default the forward size's "auto")."""
+        if method == "memory_plan":
+            self.check_size_planned(method)
+        elif self.grad_size != "auto":
+            size, grad_size, _ = self.names
+            how = how or f"{size}='auto'"
+            raise ValueError(
+                f"`{self.who}({grad_size}={self.grad_size!r}).{method}`: only a map whose "
+                f"backward size is planned ({how}) has a gradient plan."
+            )
+
+    def check_size_planned(self, method: str) -> None:
+        """Raise unless the forward size is planned ("auto"), which both plans of a map that
+        plans its backward size from the forward one's need."""
+        size = self.names[0]
+        if self.size != "auto":
+            raise ValueError(
+                f"`{self.who}({size}={self.size!r}).{method}`: only a map built with "
+                f"{size}='auto' has a memory plan."
+            )
 
     def devices(self, args: Any) -> int:
         """Devices the rows are split over: those of the mesh `Shard` will run on."""
@@ -79,39 +95,44 @@ def check_options(
     grad_size: Any = None,
     plan_grad: bool = True,
     budget_name: str = "memory_budget",
+    names: tuple[str, str] = BATCH_NAMES,
+    mesh_1d: bool = True,
     **rest: Any,
 ) -> Options:
     """The options of a map, each checked once, in `who`'s name.
 
     The chunk size (and adv's `chunk_size=` alias in `kwargs`), the budget (`64e6` as
-    well as ints: `check_budget`), the mesh where `shard`, and the reverse-mode options
-    (`check_grad_options`; with `plan_grad=False` an "auto" map plans no backward size of
-    its own). `rest`: the other `Options` fields (`shard`, `mesh`, `checkpoint`, ...).
+    well as ints: `check_budget`), the mesh where `shard` (with `mesh_1d`, one axis), and the
+    reverse-mode options (`check_grad_options`; with `plan_grad=False` an "auto" map plans no
+    backward size of its own). `names`: the map's forward and backward size arguments;
+    `rest`: the other `Options` fields (`shard`, `mesh`, `checkpoint`, ...).
     """
     memory_budget = check_budget(who, budget_name, memory_budget)
-    size = resolve_batch_size(who, batch_size, kwargs or {}, memory_budget)
-    if rest.get("shard"):
+    size = resolve_batch_size(who, batch_size, kwargs or {}, memory_budget, name=names[0])
+    if rest.get("shard") and mesh_1d:
         check_mesh_1d(who, rest.get("mesh"))
-    planned = check_grad_options(who, size, grad, grad_size)
+    planned = check_grad_options(who, size, grad, grad_size, names)
     grad_size = planned if plan_grad or grad_size is not None else None
-    names = ("batch_size", budget_name)
     return Options(
-        who, size, grad=grad, grad_size=grad_size, memory_budget=memory_budget, names=names, **rest
+        who, size, grad=grad, grad_size=grad_size, memory_budget=memory_budget,
+        names=(*names, budget_name), **rest,
     )
 
 
-def check_grad_options(who: str, batch_size: Any, grad: str, grad_batch_size: Any) -> Any:
-    """The reverse-mode options: a policy, and a backward size ("auto" with an "auto" map)."""
+def check_grad_options(who: str, size: Any, grad: str, grad_size: Any, names: tuple) -> Any:
+    """The reverse-mode options: a policy, and a backward size ("auto" with an "auto" map),
+    named as the map names its forward and backward sizes (`names`)."""
+    size_name, grad_name = names
     check_choice(who, "grad", grad, ("auto", "fused", "recompute", "store"))
-    grad_batch_size = check_positive(who, "grad_batch_size", grad_batch_size)
-    if grad_batch_size is not None and batch_size is None:
+    grad_size = check_positive(who, grad_name, grad_size)
+    if grad_size is not None and size is None:
         raise ValueError(
-            f"`{who}(grad_batch_size={grad_batch_size!r})`: a backward chunk size needs a "
-            "forward one; got batch_size=None (no chunking)."
+            f"`{who}({grad_name}={grad_size!r})`: a backward chunk size needs a "
+            f"forward one; got {size_name}=None (no chunking)."
         )
-    if grad_batch_size is None and batch_size == "auto" and grad != "store":
+    if grad_size is None and size == "auto" and grad != "store":
         return "auto"  # both passes are planned
-    return grad_batch_size
+    return grad_size
 
 
 def reducer_for(
@@ -167,22 +188,9 @@ def compose(inner: Callable, axes: tuple, reducer: AbstractReducer, opts: Option
 
 def plan_of(pipeline: Any, method: str, args: tuple, axes: tuple, opts: Options) -> Any:
     """`method` (`"memory_plan"`, `"grad_memory_plan"`) of the pipeline's Chunk (inside its
-    Shard, if any), on the rows one device's Chunk sees."""
-    local = local_args(args, axes, opts.who, opts.devices(args))
-    return getattr(the_chunk(pipeline), method)(*local)
-
-
-def plan_call(call: Callable, opts: Options, method: str, args: tuple, kwargs: dict) -> Any:
-    """The plan `method` (`"memory_plan"`, `"grad_memory_plan"`) names: `call(args, kwargs,
-    method)` traced, on arrays and `jax.ShapeDtypeStruct`s alike; refused unless planned."""
-    opts.check_planned(method)
-    return eqx.filter_eval_shape(lambda args, kwargs: call(args, kwargs, method), args, kwargs)
-
-
-def local_args(args: tuple, axes: tuple, who: str, ndev: int) -> tuple:
-    """`jax.ShapeDtypeStruct`s of the rows one device's Chunk sees (`per_device_rows`)."""
-    n = mapped_length(args, axes, who)
-    k = per_device_rows(n, ndev)
+    Shard, if any), on `jax.ShapeDtypeStruct`s of the rows one device's Chunk sees
+    (`per_device_rows`)."""
+    k = per_device_rows(mapped_length(args, axes, opts.who), opts.devices(args))
 
     def struct(x, mapped):
         if not eqx.is_array(x):
@@ -190,15 +198,19 @@ def local_args(args: tuple, axes: tuple, who: str, ndev: int) -> tuple:
         shape = np.shape(x)
         return jax.ShapeDtypeStruct((k,) + shape[1:] if mapped else shape, x.dtype)
 
-    return tuple(
+    local = tuple(
         jax.tree_util.tree_map(lambda x, a=a: struct(x, a is not None), arg)
         for arg, a in zip(args, axes)
     )
+    chunk = pipeline.fn if isinstance(pipeline, Shard) else pipeline
+    return getattr(chunk, method)(*local)
 
 
-def the_chunk(pipeline: Any) -> Chunk:
-    """The Chunk of a pipeline (inside its Shard, if any)."""
-    return pipeline.fn if isinstance(pipeline, Shard) else pipeline
+def plan_call(call: Callable, opts: Options, method: str, args: tuple, kwargs: dict) -> Any:
+    """The plan `method` (`"memory_plan"`, `"grad_memory_plan"`) names: `call(args, kwargs,
+    method)` traced, on arrays and `jax.ShapeDtypeStruct`s alike; refused unless planned."""
+    opts.check_planned(method)
+    return eqx.filter_eval_shape(lambda args, kwargs: call(args, kwargs, method), args, kwargs)
 
 
 def fn_name(f: Any) -> str:

@@ -8,14 +8,7 @@ import equinox as eqx
 import jax
 from jax.sharding import Mesh
 
-from .._checks import (
-    as_in_axes,
-    check_budget,
-    check_in_axes,
-    check_positive,
-    in_axes_tuple,
-    resolve_batch_size,
-)
+from .._checks import as_in_axes, check_in_axes, in_axes_tuple
 from .._combinators._rows import mapped_length, moveaxis
 from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.chunk import Chunk
@@ -29,7 +22,7 @@ from .._public import public
 from .._types import Budget, InAxes, Size
 from ._axes import move_axis
 from ._vmap_axes import resolve
-from .pipeline import Options, compose, fn_name, plan_of
+from .pipeline import Options, check_options, compose, fn_name, plan_of
 
 
 class ChunkMap(eqx.Module):
@@ -82,21 +75,12 @@ class ChunkMap(eqx.Module):
     def grad_memory_plan(self, *args: Any):
         """The [`chunkx.MemoryPlan`][] of the reverse pass of `chunk_size="auto"` with
         `use_scan=True` (see [`chunkx.BatchVmap`][]'s `grad_memory_plan`)."""
-        if self.opts.size == "auto" and self.opts.grad_size != "auto":
-            raise ValueError(
-                f"`chunk_map(chunk_size_bwd={self.opts.grad_size!r}).grad_memory_plan`: only a "
-                "map whose backward size is planned (chunk_size='auto', use_scan=True, "
-                "chunk_size_bwd=None) has a gradient plan."
-            )
         return self._memory("grad_memory_plan", args)
 
     def _memory(self, method: str, args: tuple):
         """The plan `method` of the Chunk that one device runs, traced abstractly."""
-        if self.opts.size != "auto":
-            raise ValueError(
-                f"`chunk_map(chunk_size={self.opts.size!r}).{method}`: only a map built with "
-                "chunk_size='auto' has a memory plan."
-            )
+        self.opts.check_size_planned(method)
+        self.opts.check_planned(method, "chunk_size='auto', use_scan=True, chunk_size_bwd=None")
         return eqx.filter_eval_shape(lambda args: self._call(args, method), args)
 
     def _pipeline(self, inner, zero, n, ndev):
@@ -248,18 +232,20 @@ def chunk_map(
     """
     who = "chunk_map"
     check_in_axes(who, in_axes)
-    memory_budget = check_budget(who, "memory_budget", memory_budget)
-    chunk_size = resolve_batch_size(who, chunk_size, {}, memory_budget, name="chunk_size")
-    chunk_size_bwd = check_positive(who, "chunk_size_bwd", chunk_size_bwd)
-    if chunk_size_bwd is not None and not use_scan:
+    opts = check_options(  # with use_scan, an "auto" map plans its reverse pass too
+        who, chunk_size, memory_budget=memory_budget, grad_size=chunk_size_bwd,
+        plan_grad=use_scan, names=("chunk_size", "chunk_size_bwd"), mesh_1d=False,
+        shard=shard_batch, mesh=mesh, progress=progress, remainder="shift",
+    )
+    if opts.grad_size is not None and not use_scan:
         raise ValueError(
-            f"`{who}(chunk_size_bwd={chunk_size_bwd})`: a backward chunk size needs the scan "
+            f"`{who}(chunk_size_bwd={opts.grad_size})`: a backward chunk size needs the scan "
             "loop (use_scan=True); the Python loop (use_scan=False) differentiates each "
             "unrolled chunk as a whole."
         )
     in_axes = as_in_axes(in_axes)
     unmapped = in_axes is None or (isinstance(in_axes, tuple) and all(a is None for a in in_axes))
-    if unmapped or (chunk_size is None and not shard_batch):
+    if unmapped or (opts.size is None and not shard_batch):
         return f
     if out_axes is None or (isinstance(out_axes, tuple) and None in out_axes):
         raise NotImplementedError(
@@ -270,13 +256,6 @@ def chunk_map(
         if isinstance(a, bool) or not isinstance(a, int):
             raise TypeError(f"`{who}(out_axes={out_axes!r})`: out_axes must be an int or a tuple "
                             f"of ints, got {a!r}.")
-    if chunk_size == "auto" and chunk_size_bwd is None and use_scan:
-        chunk_size_bwd = "auto"  # the scan's reverse pass is planned too
-    opts = Options(
-        who, chunk_size, grad_size=chunk_size_bwd, memory_budget=memory_budget,
-        shard=shard_batch, mesh=mesh, progress=progress, remainder="shift",
-        names=("chunk_size", "memory_budget"),
-    )
     return ChunkMap(f, in_axes, out_axes, use_scan, atleast_1chunk, opts)
 
 
