@@ -197,7 +197,7 @@ def _full_ensemble():
 
 def _ensemble(n):
     """The first n members of one 10-member ensemble (sliced in NumPy: compiles nothing)."""
-    return jax.tree.map(lambda a: jnp.asarray(np.asarray(a)[:n]) if eqx.is_array(a) else a,
+    return jax.tree.map(lambda a: jax.device_put(np.asarray(a)[:n]) if eqx.is_array(a) else a,
                         _full_ensemble())
 
 
