@@ -22,16 +22,16 @@ def rand(key, shape, dtype):
                          else key).ravel().tolist()
     rng = np.random.default_rng(key)
     if jnp.issubdtype(dtype, jnp.integer):
-        return jnp.asarray(rng.integers(1, 9, shape).astype(dtype))
+        return jax.device_put(rng.integers(1, 9, shape).astype(dtype))
     x = rng.uniform(0.5, 1.5, shape)
     if jnp.issubdtype(dtype, jnp.complexfloating):
         x = x + 1j * rng.uniform(-1, 1, shape)
-    return jnp.asarray(x.astype(dtype))
+    return jax.device_put(x.astype(dtype))
 
 
 def normal(seed, shape, dtype=jnp.float64):
     """Deterministic standard-normal data from NumPy (compiles nothing)."""
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape).astype(dtype))
+    return jax.device_put(np.random.default_rng(seed).standard_normal(shape).astype(dtype))
 
 
 def per_example(x, w, d):

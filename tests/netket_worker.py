@@ -28,20 +28,20 @@ def params(dtype, seed=0):
         x = rng.normal(size=shape) * 0.3
         if np.issubdtype(dtype, np.complexfloating):
             x = x + 1j * rng.normal(size=shape) * 0.3
-        return jnp.asarray(x, dtype)
+        return jax.device_put(np.asarray(x, dtype))
 
     return {"W": draw(H, L), "b": draw(H), "a": draw(L)}
 
 
 def samples(seed=1):
     rng = np.random.default_rng(seed)
-    return jnp.asarray(rng.choice([-1.0, 1.0], size=(N, L)))
+    return jax.device_put(rng.choice([-1.0, 1.0], size=(N, L)))
 
 
 def cotangent(kind, seed=2):
     rng = np.random.default_rng(seed)
     re, im = rng.normal(size=N), rng.normal(size=N)
-    return jnp.asarray(re + 1j * im if kind == "complex" else re)
+    return jax.device_put(re + 1j * im if kind == "complex" else re)
 
 
 def rbm(p, s):

@@ -56,7 +56,7 @@ def _data(d=64):
 
 def data(n=512, d=64):
     x, w = _data(d)
-    return jnp.asarray(x[:n]), w  # sliced in NumPy: compiles nothing
+    return jax.device_put(x[:n]), w  # sliced in NumPy: compiles nothing
 
 
 def vmap_sum(x, w, f=None):
@@ -118,7 +118,7 @@ def test_auto_inside_pad_and_inside_another_map(fresh_cache):
     chunk = chunkx.Chunk(chunkx.Vmap(energy, (0, None)), "auto", reducer=chunkx.Sum(),
                          in_axes=(0, None), memory_budget=2**17)
     padded = chunkx.Pad(chunk, 8, in_axes=(0, None))
-    xs = jnp.asarray(np.stack([np.asarray(x), 2 * np.asarray(x)]))
+    xs = jax.device_put(np.stack([np.asarray(x), 2 * np.asarray(x)]))
     ref, refs = jax.jit(lambda x, xs, w: (vmap_sum(x, w), jax.vmap(vmap_sum, (0, None))(
         xs, w)))(x, xs, w)
     np.testing.assert_allclose(jax.jit(padded)(x, w), ref, rtol=1e-5)
@@ -246,7 +246,7 @@ def test_under_an_outer_vmap_the_batched_program_is_within_budget(fresh_cache):
     budget = 2**22
     chunk = chunkx.Chunk(chunkx.Vmap(sorted_energy, (0, None)), "auto", reducer=chunkx.Sum(),
                          in_axes=(0, None), memory_budget=budget)
-    xs = jnp.asarray(np.stack([k * np.asarray(x) for k in (1, 2, 3)]))
+    xs = jax.device_put(np.stack([k * np.asarray(x) for k in (1, 2, 3)]))
     ensemble = lambda xs, w: eqx.filter_vmap(lambda x: chunk(x, w))(xs)  # noqa: E731
     # the premise: the size planned for one call, batched over 3, is over the budget
     size = chunk.memory_plan(x, w).chunk_size

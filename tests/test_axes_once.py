@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import chunkx
@@ -9,8 +10,8 @@ from chunkx._combinators.groups import Groups
 from chunkx._combinators.unrolled import Unrolled
 from helpers import assert_tree_close
 
-X = jnp.arange(10.0)
-W = jnp.linspace(0.5, 2.0, 10)  # as long as X: mapping it by mistake changes the shape
+X = jax.device_put(np.arange(10.0))  # NumPy data: compiles nothing
+W = jax.jit(lambda: jnp.linspace(0.5, 2.0, 10))()  # as long as X: mapping it by mistake changes the shape
 
 
 def f(x, w):
@@ -21,7 +22,38 @@ def loss(x, w):
     return jnp.sum(jnp.sin(x * w))
 
 
-WANT = jax.vmap(f, (0, None))(X, W)  # (10, 10)
+def _sum_ref(x, w):
+    return jnp.sum(jax.vmap(loss, (0, None))(x, w))
+
+
+def _cos_total(h):
+    return lambda x, w: jnp.sum(jnp.cos(h(x, w)))
+
+
+def _pytree_h(p, q):
+    return p["a"] * q["b"] + p["c"]
+
+
+@jax.jit
+def _references(x, w):
+    """Every jax.vmap reference of this file (and its gradients), one compiled program."""
+    return {
+        "concat": jax.vmap(f, (0, None))(x, w),  # (10, 10)
+        "sum": _sum_ref(x, w),
+        "sum_value_and_grad": jax.value_and_grad(_sum_ref, argnums=(0, 1))(x, w),
+        "concat_grad": jax.grad(_cos_total(jax.vmap(f, (0, None))), argnums=(0, 1))(x, w),
+        "max": jnp.max(jax.vmap(loss, (0, None))(x, w)),
+        "pytree": jax.vmap(_pytree_h, (0, None))({"a": x, "c": 2 * x}, {"b": w}),
+        "both_mapped": jax.vmap(f)(x, w),
+        "pytree_c": 2 * x,
+        "x_times_w": x * w,
+        "x_times_3": x * jnp.float64(3.0),
+    }
+
+
+REFS = _references(X, W)
+THREE = jax.device_put(np.float64(3.0))
+WANT = REFS["concat"]
 
 
 def _inner():
@@ -70,39 +102,28 @@ def test_issue_example_shape():
 )
 def test_sum_and_gradients_said_once(build):
     g = build(chunkx.Vmap(loss, (0, None)))
-
-    def ref(x, w):
-        return jnp.sum(jax.vmap(loss, (0, None))(x, w))
-
-    assert_tree_close(g(X, W), ref(X, W))
+    assert_tree_close(g(X, W), REFS["sum"])  # jnp.sum(jax.vmap(loss, (0, None))(X, W))
     got = jax.jit(jax.value_and_grad(g, argnums=(0, 1)))(X, W)
-    assert_tree_close(got, jax.value_and_grad(ref, argnums=(0, 1))(X, W))
+    assert_tree_close(got, REFS["sum_value_and_grad"])
 
 
 def test_concat_gradient_said_once():
     g = chunkx.Shard(chunkx.Pad(chunkx.Chunk(_inner(), 3), 3))
-
-    def total(h):
-        return lambda x, w: jnp.sum(jnp.cos(h(x, w)))
-
-    want = jax.grad(total(jax.vmap(f, (0, None))), argnums=(0, 1))(X, W)
-    assert_tree_close(jax.jit(jax.grad(total(g), argnums=(0, 1)))(X, W), want)
+    want = REFS["concat_grad"]  # jax.grad of the cos-sum of jax.vmap(f, (0, None))
+    assert_tree_close(jax.jit(jax.grad(_cos_total(g), argnums=(0, 1)))(X, W), want)
 
 
 def test_monoid_said_once():
     v = chunkx.Vmap(loss, (0, None))
     g = chunkx.Shard(chunkx.Chunk(v, 2, reducer=chunkx.Monoid(jnp.maximum, jnp.max)))
-    assert_tree_close(g(X, W), jnp.max(jax.vmap(loss, (0, None))(X, W)))
+    assert_tree_close(g(X, W), REFS["max"])  # jnp.max(jax.vmap(loss, (0, None))(X, W))
 
 
 def test_pytree_arguments_said_once():
-    def h(p, q):
-        return p["a"] * q["b"] + p["c"]
-
-    p = {"a": X, "c": 2 * X}
+    p = {"a": X, "c": REFS["pytree_c"]}
     q = {"b": W}
-    want = jax.vmap(h, (0, None))(p, q)
-    g = chunkx.Pad(chunkx.Chunk(chunkx.Vmap(h, (0, None)), 3), 3)
+    want = REFS["pytree"]  # jax.vmap(h, (0, None))(p, q)
+    g = chunkx.Pad(chunkx.Chunk(chunkx.Vmap(_pytree_h, (0, None)), 3), 3)
     assert_tree_close(g(p, q), want)
 
 
@@ -120,7 +141,7 @@ def test_old_spelling_still_works():
 def test_equivalent_spellings_agree():
     """`0` maps every argument: the same as a tuple of zeros; `None` likewise."""
     v = chunkx.Vmap(f)  # in_axes=0: both mapped
-    want = jax.vmap(f)(X, W)
+    want = REFS["both_mapped"]  # jax.vmap(f)(X, W)
     assert_tree_close(chunkx.Chunk(v, 4, in_axes=(0, 0))(X, W), want)
     v2 = chunkx.Vmap(f, (0, 0))
     assert_tree_close(chunkx.Pad(chunkx.Chunk(v2, 4, in_axes=0), 4)(X, W), want)
@@ -132,11 +153,11 @@ def test_plain_function_defaults_to_zero():
     def batched(x, w):
         return x * w
 
-    assert_tree_close(chunkx.Chunk(batched, 4)(X, W), X * W)
+    assert_tree_close(chunkx.Chunk(batched, 4)(X, W), REFS["x_times_w"])
     assert chunkx.Chunk(batched, 4).in_axes == 0
     g = chunkx.Chunk(lambda x, w: x * w, 4, in_axes=(0, None))  # said on the outer layer
-    assert_tree_close(g(X, jnp.float64(3.0)), X * 3.0)
-    assert_tree_close(chunkx.Pad(g, 4)(X, jnp.float64(3.0)), X * 3.0)
+    assert_tree_close(g(X, THREE), REFS["x_times_3"])  # X * 3.0
+    assert_tree_close(chunkx.Pad(g, 4)(X, THREE), REFS["x_times_3"])
 
 
 @pytest.mark.parametrize(

@@ -126,8 +126,8 @@ def _run(g, transform, x, w, d):
         return eqx.filter_jit(g)(x, w, d)
     if transform == "grad":  # jitted: eager op-by-op dispatch only costs time here
         return jax.jit(jax.grad(lambda x: _loss(call(x, w))))(x)
-    ws = jnp.stack([jnp.asarray(w), 2 * jnp.asarray(w)])
-    return jax.jit(jax.vmap(lambda w: call(x, w)))(ws)
+    # the batch of two w's made inside the jitted program (not by eager ops per dtype and shape)
+    return jax.jit(lambda w: jax.vmap(lambda w: call(x, w))(jnp.stack([w, 2 * w])))(w)
 
 
 def _sum_rows(tree):

@@ -125,7 +125,7 @@ class Model(eqx.Module):
 
 
 def test_chunked_map_as_field_of_equinox_model():
-    model = Model(jax.random.PRNGKey(0))
+    model = eqx.filter_jit(Model)(jax.random.PRNGKey(0))  # built in one compiled program
     x = rand(jax.random.PRNGKey(1), (10, 3), jnp.float64)
     ref = lambda m: jnp.sum(jnp.tanh(x @ m.w) ** 2)  # noqa: E731
     val, grads = eqx.filter_jit(eqx.filter_value_and_grad(lambda m: m(x)))(model)
@@ -135,7 +135,8 @@ def test_chunked_map_as_field_of_equinox_model():
     np.testing.assert_allclose(val, want_val, rtol=1e-6)
     np.testing.assert_allclose(grads.w, want_grad, rtol=1e-6)
     # the combinators are pytrees: weights inside a pipeline are leaves, not constants
-    pipe = chunkx.Chunk(chunkx.Vmap(eqx.nn.Linear(3, 2, key=jax.random.PRNGKey(2))), 4)
+    linear = eqx.filter_jit(lambda k: eqx.nn.Linear(3, 2, key=k))(jax.random.PRNGKey(2))
+    pipe = chunkx.Chunk(chunkx.Vmap(linear), 4)
     assert len(jax.tree_util.tree_leaves(pipe)) == 2
     np.testing.assert_allclose(eqx.filter_jit(pipe)(x), eqx.filter_jit(
         lambda lin, x: jax.vmap(lin)(x))(pipe.fn.fn, x), rtol=1e-6)

@@ -478,8 +478,8 @@ def test_sparse_pullback_grad_batch_size():
 
 def test_auto_forward_only_map_whose_reverse_pass_does_not_fit():
     x = normal(4, (50, 6), jnp.float32)
-    w1 = jnp.asarray(np.ones((6, 24), np.float32) / np.float32(6))
-    w2 = jnp.asarray(np.ones((24, 5), np.float32) / np.float32(24))
+    w1 = jax.device_put(np.ones((6, 24), np.float32) / np.float32(6))
+    w2 = jax.device_put(np.ones((24, 5), np.float32) / np.float32(24))
     mlp = lambda x, w1, w2: jnp.tanh(x @ w1) @ w2  # noqa: E731
     fixed = lambda *a: chunkx.batch_vmap(mlp, (0, None, None), batch_size=5)(*a)  # noqa: E731
     budget = jax.jit(fixed).lower(x, w1, w2).compile().memory_analysis().temp_size_in_bytes

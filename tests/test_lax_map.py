@@ -23,7 +23,7 @@ SIZES = [None, 0, 1, 3, 4, N, N + 1]
 
 @pytest.mark.parametrize("batch_size", SIZES)
 def test_equals_lax_map(batch_size):
-    want = jax.lax.map(f, XS, batch_size=batch_size)
+    want = jax.jit(lambda xs: jax.lax.map(f, xs, batch_size=batch_size))(XS)  # one program
     assert_tree_close(chunkx.map(f, XS, batch_size=batch_size), want)
     jitted = jax.jit(lambda xs: chunkx.map(f, xs, batch_size=batch_size))
     assert_tree_close(jitted(XS), want)
@@ -38,17 +38,20 @@ def test_gradient_equals_lax_map(batch_size):
 
     ours = loss(lambda g, xs: chunkx.map(g, xs, batch_size=batch_size))
     ref = loss(lambda g, xs: jax.lax.map(g, xs, batch_size=batch_size))
-    want = jax.grad(ref, argnums=(0, 1))(XS, W)
+    want = jax.jit(jax.grad(ref, argnums=(0, 1)))(XS, W)  # one program, not op by op
     assert_tree_close(jax.jit(jax.grad(ours, argnums=(0, 1)))(XS, W), want)
 
 
 def test_numpy_integer_batch_size_and_empty_rows():
     import numpy as np
 
-    assert_tree_close(chunkx.map(f, XS, batch_size=np.int32(4)), jax.lax.map(f, XS, batch_size=4))
     empty = jax.tree_util.tree_map(lambda x: x[:0], XS)
-    assert_tree_close(chunkx.map(f, empty, batch_size=4), jax.lax.map(f, empty, batch_size=4))
-    assert_tree_close(chunkx.map(f, empty), jax.lax.map(f, empty))
+    want, want_empty4, want_empty = jax.jit(lambda xs, empty: (  # the references, one program
+        jax.lax.map(f, xs, batch_size=4), jax.lax.map(f, empty, batch_size=4),
+        jax.lax.map(f, empty)))(XS, empty)
+    assert_tree_close(chunkx.map(f, XS, batch_size=np.int32(4)), want)
+    assert_tree_close(chunkx.map(f, empty, batch_size=4), want_empty4)
+    assert_tree_close(chunkx.map(f, empty), want_empty)
 
 
 def test_auto_equals_lax_map():
@@ -57,11 +60,13 @@ def test_auto_equals_lax_map():
     def g(x):
         return jnp.sum(jnp.tanh(jnp.outer(x, x)))
 
+    want, want_grad = jax.jit(lambda xs: (  # the references, one program
+        jax.lax.map(g, xs), jax.grad(lambda xs: jnp.sum(jax.lax.map(g, xs)))(xs)))(xs)
     got = chunkx.map(g, xs, batch_size="auto", memory_budget=2**14)
-    assert_tree_close(got, jax.lax.map(g, xs))
+    assert_tree_close(got, want)
     def loss(xs):
         return jnp.sum(chunkx.map(g, xs, batch_size="auto", memory_budget=2.0**14))
-    assert_tree_close(jax.grad(loss)(xs), jax.grad(lambda xs: jnp.sum(jax.lax.map(g, xs)))(xs))
+    assert_tree_close(jax.grad(loss)(xs), want_grad)
 
 
 @pytest.mark.parametrize("batch_size", [None, 0, 7, 64])

@@ -2,6 +2,8 @@
 `optax.microbatching` on the same inputs, and against jax.vmap / jax.grad where optax has no
 answer (a batch the microbatch size does not divide, a backward size, a mesh)."""
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -63,12 +65,20 @@ def test_microbatch_every_type_matches_optax(mb):
     close(jax.jit(chunkx.microbatch(grouped_per_type, 0, mb, acc(ours)))(x, w), want)
 
 
+@functools.cache
+def _optax_early_stop(kind, k):
+    """optax's microbatch of `grouped` stopped after k microbatches: made once per (kind, k)
+    (r = 4 and r = 7 both ask for k = 4)."""
+    x, w = data()
+    return jax.jit(om.microbatch(grouped, 0, 3, theirs(kind), num_real_microbatches=k))(x, w)
+
+
 @pytest.mark.parametrize("r", [0, 1, 2, 3, 4, 7])
 @pytest.mark.parametrize("kind", TYPES)
 def test_microbatch_early_stopping_matches_optax(r, kind):
     x, w = data()
     k = min(r, 4)  # optax indexes out of range past K microbatches; chunkx stops at K
-    want = jax.jit(om.microbatch(grouped, 0, 3, theirs(kind), num_real_microbatches=k))(x, w)
+    want = _optax_early_stop(kind, k)
     got = chunkx.microbatch(grouped, 0, 3, ours(kind), num_real_microbatches=r)(x, w)
     close(got, want)
     traced = jax.jit(lambda x, w, r: chunkx.microbatch(grouped, 0, 3, ours(kind),
@@ -118,23 +128,26 @@ def test_microbatch_argnums_argnames_in_axes():
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
 def test_dtypes_kept_like_optax(dtype):
     x, w = (a.astype(dtype) for a in data())
-    for kind in TYPES:
-        want = jax.jit(om.microbatch(grouped, 0, 4, theirs(kind)))(x, w)
-        close(chunkx.microbatch(grouped, 0, 4, ours(kind))(x, w), want, tol=2e-2)
-        g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
-        want = jax.jit(om.micro_vmap(g, (0, None), microbatch_size=4,
-                                     accumulator=theirs(kind)))(x, w)
+    g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    # optax's microbatch and micro_vmap for every kind: the references as one program
+    wants = jax.jit(lambda x, w: [(
+        om.microbatch(grouped, 0, 4, theirs(kind))(x, w),
+        om.micro_vmap(g, (0, None), microbatch_size=4, accumulator=theirs(kind))(x, w))
+        for kind in TYPES])(x, w)
+    for kind, (want_mb, want_mv) in zip(TYPES, wants):
+        close(chunkx.microbatch(grouped, 0, 4, ours(kind))(x, w), want_mb, tol=2e-2)
         got = chunkx.micro_vmap(g, (0, None), microbatch_size=4, accumulator=ours(kind))(x, w)
-        close(got, want, tol=2e-2)
+        close(got, want_mv, tol=2e-2)
 
 
 def test_argnums_and_argnames_are_interchangeable_as_in_optax():
     a, b = jax.jit(lambda k: (lambda a: (a, jnp.transpose(a, (1, 0, 2))))(
         jax.random.normal(k, (10, 4, 5))))(jax.random.PRNGKey(1))  # built once, compiled
     fun = lambda a, b: jnp.einsum("bij,kbj->ik", a, b)  # noqa: E731
-    for kind in TYPES:
+    wants = jax.jit(lambda a, b: [  # optax's, every kind: the references as one program
+        om.microbatch(fun, (0, 1), 2, theirs(kind), in_axes=(0, 1))(a, b) for kind in TYPES])(a, b)
+    for kind, want in zip(TYPES, wants):
         m = lambda **kw: chunkx.microbatch(fun, microbatch_size=2, accumulator=ours(kind), **kw)  # noqa: E731
-        want = jax.jit(om.microbatch(fun, (0, 1), 2, theirs(kind), in_axes=(0, 1)))(a, b)
         close(m(argnums=(0, 1), in_axes=(0, 1))(a, b), want)
         close(m(argnums=(1, 0), in_axes=(1, 0))(a, b), want)
         close(m(argnums=(), argnames=("b", "a"), in_axes=(1, 0))(a=a, b=b), want)
@@ -417,6 +430,19 @@ MESHES = {
 }
 
 
+def _tanh_xw(x, w):
+    return jnp.tanh(x @ w)
+
+
+@functools.cache
+def _optax_micro_vmap_16(kind, r):
+    """optax's micro_vmap on data(16): made once per (kind, r), shared by both meshes (optax
+    runs on no mesh)."""
+    x, w = data(16)
+    return jax.jit(om.micro_vmap(_tanh_xw, (0, None), microbatch_size=4,
+                                 accumulator=theirs(kind), num_real_microbatches=r))(x, w)
+
+
 @pytest.mark.parametrize("mesh", list(MESHES))
 @pytest.mark.parametrize("kind", TYPES)
 def test_shard_matches_optax(mesh, kind):
@@ -424,8 +450,7 @@ def test_shard_matches_optax(mesh, kind):
     g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
     m = MESHES[mesh]()
     for r in (None, 3):
-        want = jax.jit(om.micro_vmap(g, (0, None), microbatch_size=4, accumulator=theirs(kind),
-                                     num_real_microbatches=r))(x, w)
+        want = _optax_micro_vmap_16(kind, r)
         f = chunkx.micro_vmap(g, (0, None), microbatch_size=4, accumulator=ours(kind),
                               num_real_microbatches=r, shard=True, mesh=m)
         close(f(x, w), want)

@@ -22,6 +22,13 @@ def per_row(x, w):
     return jnp.sin(x * w).sum() + jnp.sqrt(x[0] * w[0])
 
 
+@jax.jit
+def references(x, w):
+    """jax.vmap's rows, their sum and its gradient in w: one compiled program per shape."""
+    rows = jax.vmap(per_row, (0, None))(x, w)
+    return rows, rows.sum(), jax.grad(lambda w: jax.vmap(per_row, (0, None))(x, w).sum())(w)
+
+
 def _run(tmp_path, caches):
     worker = os.path.join(os.path.dirname(__file__), "mp_worker.py")
     port, out = str(_free_port()), str(tmp_path / "mp.npz")
@@ -44,23 +51,21 @@ def test_two_processes_match_single_process(tmp_path):
     # the workers' second run: process 1 warm with a plan of its own that disagrees, process 0
     # cold; process 0's plan is the one both use (process 1 never reads its cache)
     assert again0 == again1 == sizes0 and list(caches[0].glob("*.json"))
-    x = jnp.asarray(np.tile(np.random.default_rng(0).uniform(0.5, 1.5, size=(22, 3)), (8, 1)))
+    x = jax.device_put(np.tile(np.random.default_rng(0).uniform(0.5, 1.5, size=(22, 3)), (8, 1)))
     for tag in ("", "_again"):
         rng = np.random.default_rng(0)
         rng.uniform(0.5, 1.5, size=(22, 3))
-        w = jnp.asarray(rng.uniform(0.5, 1.5, size=(3,)))
-        np.testing.assert_allclose(got[f"auto_sum{tag}"],
-                                   jax.vmap(per_row, (0, None))(x, w).sum(), rtol=1e-12)
-        gref = jax.grad(lambda w: jax.vmap(per_row, (0, None))(x, w).sum())(w)
+        w = jax.device_put(rng.uniform(0.5, 1.5, size=(3,)))
+        _, ref, gref = references(x, w)
+        np.testing.assert_allclose(got[f"auto_sum{tag}"], ref, rtol=1e-12)
         np.testing.assert_allclose(got[f"auto_grad{tag}"], gref, rtol=1e-12)
     rng = np.random.default_rng(0)
     x_all = rng.uniform(0.5, 1.5, size=(22, 3))
     w = rng.uniform(0.5, 1.5, size=(3,))
     for n in (22, 20):
-        x = jnp.asarray(x_all[:n])
-        rows = jax.vmap(per_row, (0, None))(x, w)
+        x = jax.device_put(x_all[:n])
+        rows, ref, gref = references(x, jax.device_put(w))
         np.testing.assert_allclose(got[f"vmap_{n}"], rows, rtol=1e-12)
         np.testing.assert_allclose(got[f"chunk_map_{n}"], rows, rtol=1e-12)
-        np.testing.assert_allclose(got[f"sum_{n}"], rows.sum(), rtol=1e-12)
-        gref = jax.grad(lambda w: jax.vmap(per_row, (0, None))(x, w).sum())(jnp.asarray(w))
+        np.testing.assert_allclose(got[f"sum_{n}"], ref, rtol=1e-12)
         np.testing.assert_allclose(got[f"grad_{n}"], gref, rtol=1e-12)
