@@ -13,6 +13,9 @@ Cases (float32):
 
 - `batch_jacfwd` of a 200-dim fixed-point map unrolled over 50 steps
   (`z <- tanh(A z + x)`), columns in chunks of 16 (leaves 8 columns) and of 20 (divides);
+  and of a 50-step map whose steps differ (each its own activation, scale and skip), chunks
+  of 16: straight-line, XLA compiles the 50 identical steps' kernels once; inside a loop body
+  (any chunk loop, chunkx's or hand-written) it compiles each step;
 - n=1000 rows, chunk size 96 (leaves 40 rows), a 2-layer row function `per(x, p)`:
   per-example gradients with `batch_vmap`; `chunkx.vmap`, `chunk_map`, `vmap_chunked` and
   `micro_vmap` of the row function; `batch_vmap` with `Sum`; `value_and_grad` of a chunked
@@ -43,6 +46,20 @@ def fixed_point():
         z = jnp.zeros(D, jnp.float32)
         for _ in range(STEPS):  # unrolled: a large program per column chunk
             z = jnp.tanh(a @ z + x)
+        return z
+
+    return f, jnp.linspace(-1.0, 1.0, D, dtype=jnp.float32)
+
+
+def varied_steps():
+    """The 50-step map with steps that differ: no two steps compile to the same kernels."""
+    a = 0.5 * jax.random.normal(jax.random.key(0), (D, D), jnp.float32) / jnp.sqrt(D)
+    acts = (jnp.tanh, jnp.sin, jnp.cos, jax.nn.sigmoid, jnp.arctan)
+
+    def f(x):
+        z = jnp.zeros(D, jnp.float32)
+        for k in range(STEPS):
+            z = acts[k % 5](a @ z + (k + 1) * x) + (k % 7) * z
         return z
 
     return f, jnp.linspace(-1.0, 1.0, D, dtype=jnp.float32)
@@ -112,6 +129,7 @@ def cases():
     jac = lambda s: (lambda x: chunkx.batch_jacfwd(f, batch_size=s)(x), (x0,))  # noqa: E731
     ref_jac = (jax.jacfwd(f), (x0,))
     loop_jac = (hand_jacfwd(f, 20), (x0,))
+    g, _ = varied_steps()
     rows_out = lambda p, x: jax.vmap(row_out, (0, None))(x, p)  # noqa: E731
     sum_loss = lambda s: lambda x, p: chunkx.batch_vmap(  # noqa: E731
         per, (0, None), batch_size=s, reducer=chunkx.Sum())(x, p)
@@ -119,6 +137,9 @@ def cases():
         "batch_jacfwd, 200-dim 50-step unrolled fixed-point map, size 16 (leaves columns)": (
             jac(16), ref_jac, loop_jac),
         "batch_jacfwd, the same, size 20 (divides)": (jac(20), ref_jac, loop_jac),
+        "batch_jacfwd, a 50-step map whose steps differ, size 16": (
+            (lambda x: chunkx.batch_jacfwd(g, batch_size=16)(x), (x0,)),
+            (jax.jacfwd(g), (x0,)), (hand_jacfwd(g, 20), (x0,))),
         "batch_vmap per-example grads, n=1000, size 96": (
             (lambda x, p: chunkx.batch_vmap(GRAD, (0, None), batch_size=B)(x, p), (X, P)),
             (hand(GRAD), (X, P))),
