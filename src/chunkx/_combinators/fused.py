@@ -59,10 +59,9 @@ def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
             f"{chunk.reducer!r}; use grad='recompute' or 'auto'."
         )
     if additive:
-        c = chunk.grad_size or chunk.size
-        sizes = piece_sizes(n, chunk.size, chunk) | piece_sizes(n, c, chunk)
-        lifted = _Lifted(chunk, mapped, fixed, static, n, sizes)
-        struct = lifted.out_struct(min(n, chunk.size))
+        first = min(n, chunk.size)  # converted first: whether to fuse depends on its output
+        lifted = _Lifted(chunk, mapped, fixed, static, n, {first})
+        struct = lifted.out_struct(first)
         inexact = all(
             jnp.issubdtype(x.dtype, jnp.inexact) for x in jax.tree_util.tree_leaves(struct)
         )
@@ -72,6 +71,11 @@ def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
                 f"complex to be differentiated, got {struct}."
             )
         if inexact and (chunk.grad == "fused" or _real_size(struct) <= FUSED_MAX_OUTPUTS):
+            c = chunk.grad_size or chunk.size
+            sizes = piece_sizes(n, chunk.size, chunk) | piece_sizes(n, c, chunk)
+            if sizes != {first}:  # the loops' other piece sizes are converted too
+                lifted = _Lifted(chunk, mapped, fixed, static, n, sizes)
+                lifted.struct = struct
             return "fused", lifted
     return ("recompute" if chunk.checkpoint else "store"), None
 
