@@ -124,6 +124,12 @@ def is_eager(tree) -> bool:
     return not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
 
 
+def compiled_if_eager(fn, *args):
+    """`fn(*args)`; called eagerly, as one compiled program (`eqx.filter_jit`, cached for
+    repeated calls of the same `fn` on the same structures), not op by op."""
+    return eqx.filter_jit(fn)(*args) if is_eager(args) else fn(*args)
+
+
 def call_with_valid(fn, args: tuple, valid):
     """`fn(*args)`, passing the row mask as `valid=` only when there is one."""
     return fn(*args) if valid is None else fn(*args, valid=valid)

@@ -10,7 +10,7 @@ from .._plan.auto import auto_call, default_grad_wrt, forward_plan, planned_tree
 from .._plan.search import MemoryPlan
 from .._types import GradPolicy, InAxes, Remainder, RowMask
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
-from ._rows import is_eager, join_args, mapped_length, split_args
+from ._rows import compiled_if_eager, join_args, mapped_length, split_args
 from ._sharding import on_inputs_mesh
 from .fused import fused_call, grad_policy, regrad_call
 from .loop import chunk_loop, evaluate, remainder_of
@@ -197,9 +197,7 @@ class Chunk(eqx.Module):
 
     def __call__(self, *args: Any, valid: RowMask | None = None) -> Any:
         with on_inputs_mesh(args):  # eager inputs on an Explicit mesh: the buffers join them
-            if is_eager((self, args, valid)):  # one compiled program, not op by op
-                return eqx.filter_jit(_call_chunk)(self, args, valid)
-            return self._call(args, valid)
+            return compiled_if_eager(_call_chunk, self, args, valid)
 
     def remainder_policy(self) -> str:
         """`"shift"` or `"call"`: what this Chunk does with rows that its size leaves over

@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 from .._checks import as_in_axes, check_choice, zero_in_axes
 from .._types import InAxes, RowMask, ShardRemainder
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
-from ._rows import call_with_valid, is_eager, map_mapped, mapped_length
+from ._rows import call_with_valid, compiled_if_eager, map_mapped, mapped_length
 from ._sharding import call_mesh, is_explicit, mesh_of, on_mesh, place
 from .pad import pad_rows, round_up, row_mask, split_rows
 from .reduce import AbstractReducer, Concat, held_reducer, reducer_of
@@ -165,9 +165,8 @@ class Shard(eqx.Module):
         v_spec = None if valid is None else P(axis)
         if valid is not None:
             valid = place(valid, mesh, v_spec)
-        # eager: one compiled program (cached for repeated calls), not op by op
-        run = eqx.filter_jit(_shard_run) if is_eager((self.fn, dyn, valid)) else _shard_run
-        return run(self.fn, reducer, (mesh, axis, specs, v_spec), (dyn, static), valid)
+        layout = (mesh, axis, specs, v_spec)
+        return compiled_if_eager(_shard_run, self.fn, reducer, layout, (dyn, static), valid)
 
 
 def _shard_run(fn, reducer, layout, args, valid):

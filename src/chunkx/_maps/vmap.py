@@ -15,7 +15,7 @@ from jax.sharding import Mesh
 from jaxtyping import PyTree
 
 from .._checks import check_entries, check_positive
-from .._combinators._rows import is_eager, moveaxis
+from .._combinators._rows import compiled_if_eager, is_eager, moveaxis
 from .._combinators._sharding import on_inputs_mesh
 from .._combinators.reduce import AbstractReducer, Concat, Monoid
 from .._combinators.vmap import Vmap
@@ -120,8 +120,7 @@ class AbstractChunkedVmap(eqx.Module):
         the chunk loop and the outputs' moves compile together; repeated calls reuse it)."""
         if is_eager((self, args, kwargs)):
             self._checked(args, kwargs)  # argument errors raised here, not from inside a jit
-            return eqx.filter_jit(_value)(self, args, kwargs)
-        return self._call(args, kwargs)
+        return compiled_if_eager(_value, self, args, kwargs)
 
     def _checked(self, args: tuple, kwargs: dict) -> tuple:
         """`_resolve`'s `(leaves, axes, treedef, names)`, the mapped axes' sizes checked."""
