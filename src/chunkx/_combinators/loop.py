@@ -4,7 +4,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.extend.core
 import jax.numpy as jnp
 
 from .._progress import scan, ticker
@@ -122,12 +121,8 @@ def _loop(at, reducer, source, acc, k, opts, tick):
 
 
 def _traced_once(piece, mapped, valid):
-    """`(replay, part)`: `piece` traced once at these structs into a jaxpr, the function that
-    replays it, and its output's structs."""
-    closed, part = jax.make_jaxpr(piece, return_shape=True)(mapped, valid)
-    run, tree = jax.extend.core.jaxpr_as_fun(closed), jax.tree_util.tree_structure(part)
-
-    def replay(rows, valid):
-        return jax.tree_util.tree_unflatten(tree, run(*jax.tree_util.tree_leaves((rows, valid))))
-
-    return replay, part
+    """`(step, part)`: `piece` as one jitted step, traced once at these structs (`part`: its
+    output's structs); the loop's call at the same structs reuses that trace (JAX's trace
+    cache), so the loop body holds one call, not a second trace of `piece`."""
+    step = jax.jit(piece)
+    return step, jax.eval_shape(step, mapped, valid)
