@@ -234,3 +234,24 @@ def test_monoid_option_off_is_the_plain_fold():
     m = chunkx.Monoid(jnp.add, jnp.sum, compensated=False)
     got = jax.jit(chunkx.Chunk(chunkx.Vmap(f, (0, None)), 7, reducer=m, in_axes=(0, None)))(x, w)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(hand)(rows)))
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7])
+@pytest.mark.parametrize(
+    "rows",
+    [[1.0, 2.0, np.inf, 3.0, 4.0, 5.0, 6.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, -np.inf],
+     [1.0, np.inf, 3.0, -np.inf, 5.0, 6.0, 7.0], [1.0, np.nan, 3.0, 4.0, 5.0, 6.0, 7.0]],
+    ids=["inf", "last-minus-inf", "inf-minus-inf", "nan"],
+)
+def test_non_finite_sums_as_jnp_sum(rows, size):
+    """A compensated sum that reaches inf (or NaN) is inf (NaN) as `jnp.sum` is, in the
+    value and in the fused gradient: the two-sum of an infinite total is not carried on."""
+    x = jnp.asarray(rows, jnp.float32)
+    chunk = chunkx.Chunk(chunkx.Vmap(lambda r, w: w * r, (0, None)), size,
+                         reducer=chunkx.Sum(), grad="fused")
+    want = jnp.sum(x)
+    got = jax.jit(chunk)(x, jnp.float32(1.0))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    grad = jax.jit(jax.grad(lambda w: chunk(x, w)))(jnp.float32(1.0))
+    want_grad = jax.grad(lambda w: jnp.sum(w * x))(jnp.float32(1.0))
+    np.testing.assert_array_equal(np.asarray(grad), np.asarray(want_grad))

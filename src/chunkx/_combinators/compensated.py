@@ -4,11 +4,13 @@ A plain running sum over `k` chunks loses up to `k` roundings of the running tot
 error grows as the chunks shrink (at one row per chunk it is a sequential sum of every row).
 Here each floating leaf carries its total and a compensation term: the rounding error of each
 addition is recovered exactly (Knuth's two-sum, which needs no ordering of the terms) and
-carried into the next addition (as in Kahan's summation), and what is left joins the total at
-the end. The error of the running sum is then a few roundings of the total plus a term of
-second order in the unit roundoff, whatever the number of chunks; within a chunk the rows are
-summed by `jnp.sum` as before. Folding the error into the next partial (rather than adding it
-to a separate sum) lets XLA update both carries in place: one extra carry per leaf.
+carried into the next addition (as in Kahan's summation). The last addition's error rounds
+away against the total (the total is that addition rounded), so the total is the sum. An
+infinite or NaN total carries no error, so a sum reaches `inf` or NaN where `jnp.sum` does.
+The error of the running sum is then a few roundings of the total plus a term of second order
+in the unit roundoff, whatever the number of chunks; within a chunk the rows are summed by
+`jnp.sum` as before. Folding the error into the next partial (rather than adding it to a
+separate sum) lets XLA update both carries in place: one extra carry per leaf.
 
 Floating leaves narrower than float32 (bfloat16, float16) are accumulated in float32 and
 rounded to their own dtype once, at the end: `jnp.sum` of such a leaf accumulates in float32
@@ -73,12 +75,13 @@ class Running(eqx.Module):
         t = self.total + y
         z = t - self.total
         err = (self.total - (t - z)) + (y - z)  # exactly total + y - t (two-sum)
-        return Running(t, err, self.dtype)
+        # an infinite or NaN total has no rounding error to carry (inf - inf would be NaN)
+        return Running(t, jnp.where(jnp.isfinite(t), err, 0), self.dtype)
 
     def value(self) -> jax.Array:
-        """The sum, in the leaf's dtype."""
-        total = self.total if self.comp is None else self.total + self.comp
-        return total.astype(self.dtype)
+        """The sum, in the leaf's dtype: `total`. The compensation left is the exact rounding
+        error of the last addition, so adding it would round back to `total`."""
+        return self.total.astype(self.dtype)
 
 
 def _start(struct: Any) -> Running:
