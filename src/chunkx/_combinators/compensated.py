@@ -71,12 +71,13 @@ class Running(eqx.Module):
         x = jnp.asarray(part.value if _is_wide(part) else part).astype(self.total.dtype)
         if self.comp is None:
             return Running(self.total + x, None, self.dtype)
-        y = x + self.comp  # the error carried so far joins the next partial (as in Kahan's)
+        # the error carried so far joins the next partial (as in Kahan's); the two-sum of an
+        # infinite or NaN total is NaN, and such a total has no rounding error to carry
+        y = x + jnp.where(jnp.isnan(self.comp), 0, self.comp)
         t = self.total + y
         z = t - self.total
         err = (self.total - (t - z)) + (y - z)  # exactly total + y - t (two-sum)
-        # an infinite or NaN total has no rounding error to carry (inf - inf would be NaN)
-        return Running(t, jnp.where(jnp.isfinite(t), err, 0), self.dtype)
+        return Running(t, err, self.dtype)
 
     def value(self) -> jax.Array:
         """The sum, in the leaf's dtype: `total`. The compensation left is the exact rounding

@@ -136,12 +136,13 @@ class _Lifted:
 
         return piece
 
-    def loop(self, piece, reducer, row_leaves, valid, size, what="chunkx", remat=False):
+    def loop(self, piece, reducer, row_leaves, valid, size, what="chunkx", **how):
+        """`piece` over the rows in chunks of `size`; `how`: `chunk_loop`'s `remat`, `call`."""
         if self.n <= size:  # one piece: its partial is the result
             return comp.narrow(piece(row_leaves, valid))
         desc = f"{what}: chunks of {size} rows"
         source = (row_leaves, valid)
-        return chunk_loop(piece, reducer, source, self.n, size, self.chunk, desc=desc, remat=remat)
+        return chunk_loop(piece, reducer, source, self.n, size, self.chunk, desc=desc, **how)
 
     def primal(self, row_leaves, whole_leaves, valid):
         piece = self.piece(whole_leaves)
@@ -173,7 +174,10 @@ def fused_call(chunk, lifted: _Lifted, valid) -> Any:
         wmask, _, wdots = _live(whole_leaves, tangents[1])
         vjp_piece = _vjp_piece(lifted, whole_leaves, rmask, wmask)
         acc = _FusedAcc(Sum(compensated=chunk.reducer.compensates()))
-        vec, jw, jr = lifted.loop(vjp_piece, acc, row_leaves, valid, c, "chunkx value+grad")
+        # replayed in the loop body, not called: a call's row Jacobian output would be one
+        # more chunk-sized buffer before it is written in place
+        vec, jw, jr = lifted.loop(vjp_piece, acc, row_leaves, valid, c, "chunkx value+grad",
+                                  call=False)
         dot = sum((_contract(j, t) for j, t in zip(jw + jr, wdots + rdots)), jnp.zeros_like(vec))
         return _unflat(vec, out_struct), _unflat(dot.astype(vec.dtype), out_struct)
 
@@ -279,7 +283,8 @@ def regrad_call(chunk, mapped, fixed, static, valid, n) -> Any:
         def small(rl, wl):
             r, w = _merge(row_leaves, rl, rmask), _merge(whole_leaves, wl, wmask)
             # checkpointed per step (its slicing too): the transpose recomputes one chunk
-            return lifted.loop(lifted.piece(w), chunk.reducer, r, valid, g, "chunkx grad", True)
+            piece = lifted.piece(w)
+            return lifted.loop(piece, chunk.reducer, r, valid, g, "chunkx grad", remat=True)
 
         dot = jax.jvp(small, (rlive, wlive), (rdots, wdots))[1]
         return out, dot

@@ -4,6 +4,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 
 from .._progress import scan, ticker
@@ -40,7 +41,7 @@ def evaluate(
 
 def chunk_loop(
     piece, reducer: AbstractAccumulation, source, n, s, opts, *, desc: str = "chunkx",
-    remat: bool = False,
+    remat: bool = False, call: bool = True,
 ) -> Any:
     """`piece(rows, valid)` over chunks of `s` rows of `source = (mapped, valid)`, accumulated.
 
@@ -48,8 +49,10 @@ def chunk_loop(
     loop); `opts` gives `remainder`, `unroll` and `progress`; `desc` names the progress bar
     (the chunk sizes "auto" chose are visible there). `remat`: each step (its slicing
     included) is a `jax.checkpoint`, so reverse mode keeps one chunk index per step, not the
-    chunk's rows. `piece` is traced once, at the chunk's shape, into a jaxpr that the loop
-    replays (its structs come from that trace): a chunked map traces its function once.
+    chunk's rows. `piece` is traced once, at the chunk's shape (its structs come from that
+    trace): a chunked map traces its function once. The loop body calls that trace as one
+    jitted step (`call`), or replays it op by op (`call=False`: XLA then sees the piece's
+    outputs where the loop writes them, as for the fused gradient's row Jacobians).
     """
     shift = remainder_of(opts) == "shift" and n % s != 0
     k, r = (-(-n // s), 0) if shift else divmod(n, s)
@@ -58,7 +61,7 @@ def chunk_loop(
     mapped, valid = jax.eval_shape(lambda src: rows(src, 0, s), source)
     if shift and valid is None:
         valid = jax.eval_shape(lambda: fresh_rows(s, 0, 0))
-    step, part = _traced_once(piece, mapped, valid)
+    step, part = _traced_once(piece, mapped, valid, call)
     acc = reducer.init(part, n)
     tick = ticker(k + (r > 0), desc) if opts.progress else None
     acc, stacked = _loop(_at(step, n, s, shift, remat), reducer, source, acc, k, opts, tick)
@@ -120,9 +123,17 @@ def _loop(at, reducer, source, acc, k, opts, tick):
     return acc, stacked
 
 
-def _traced_once(piece, mapped, valid):
-    """`(step, part)`: `piece` as one jitted step, traced once at these structs (`part`: its
-    output's structs); the loop's call at the same structs reuses that trace (JAX's trace
-    cache), so the loop body holds one call, not a second trace of `piece`."""
-    step = jax.jit(piece)
-    return step, jax.eval_shape(step, mapped, valid)
+def _traced_once(piece, mapped, valid, call):
+    """`(step, part)`: `piece` traced once at these structs (`part`: its output's structs),
+    and the loop's step: a call of that trace (jitted: JAX's trace cache serves the loop's
+    call, so the body holds one call), or, `call=False`, a replay of its jaxpr."""
+    if call:
+        step = jax.jit(piece)
+        return step, jax.eval_shape(step, mapped, valid)
+    closed, part = jax.make_jaxpr(piece, return_shape=True)(mapped, valid)
+    run, tree = jax.extend.core.jaxpr_as_fun(closed), jax.tree_util.tree_structure(part)
+
+    def replay(rows, valid):
+        return jax.tree_util.tree_unflatten(tree, run(*jax.tree_util.tree_leaves((rows, valid))))
+
+    return replay, part
