@@ -14,8 +14,8 @@ Cases (float32):
 - `batch_jacfwd` of a 200-dim fixed-point map unrolled over 50 steps
   (`z <- tanh(A z + x)`), columns in chunks of 16 (leaves 8 columns) and of 20 (divides);
   and of a 50-step map whose steps differ (each its own activation, scale and skip), chunks
-  of 16: straight-line, XLA compiles the 50 identical steps' kernels once; inside a loop body
-  (any chunk loop, chunkx's or hand-written) it compiles each step;
+  of 16 (XLA compiles a loop body, any chunk loop's, more slowly than the same operations in
+  straight-line code; how much depends on the steps);
 - n=1000 rows, chunk size 96 (leaves 40 rows), a 2-layer row function `per(x, p)`:
   per-example gradients with `batch_vmap`; `chunkx.vmap`, `chunk_map`, `vmap_chunked` and
   `micro_vmap` of the row function; `batch_vmap` with `Sum`; `value_and_grad` of a chunked
