@@ -168,6 +168,29 @@ def test_integer_sums_exact(size):
         assert got.dtype == jnp.int32 and int(got) == want
 
 
+@pytest.mark.parametrize("size", [None, 7, 300])
+@pytest.mark.parametrize("compensated", [True, False])
+@pytest.mark.parametrize("dtype", [jnp.bool_, jnp.int8, jnp.uint8, jnp.bfloat16],
+                         ids=lambda d: jnp.dtype(d).name)
+def test_sums_as_jnp_sum(dtype, compensated, size):
+    """Bool and narrow integer rows are summed in 32-bit integers, as `jnp.sum` sums them (not
+    as a logical or, nor wrapping around in int8); bfloat16 rows as `jnp.sum` sums them (a
+    plain running sum of several chunks rounds each addition: not compared)."""
+    if dtype == jnp.bfloat16 and not compensated and size == 7:
+        pytest.skip("a plain bfloat16 running sum of chunks rounds every addition")
+    x = jnp.arange(300)
+
+    def fn(i):
+        return (i % 3 > 0).astype(dtype) if dtype == jnp.bool_ else (i % 30).astype(dtype)
+
+    want = jnp.sum(jax.vmap(fn)(x))  # int8: 4350 (wraps to -2 in int8); bfloat16: 4352
+    wide = jnp.uint32 if dtype == jnp.uint8 else jnp.int32
+    g = chunkx.vmap(fn, batch_size=size, reducer=chunkx.Sum(compensated=compensated))
+    for got in (g(x), jax.jit(g)(x)):
+        assert got.dtype == (dtype if dtype == jnp.bfloat16 else wide)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 def test_elementwise_concat_bit_identical_at_every_size():
     """An elementwise map is bit-identical to the compiled `jax.vmap` at every chunk size
     1..n, with either remainder handling (both sides compiled: XLA fuses, and may contract

@@ -351,7 +351,9 @@ class Sum(AbstractReducer):
       (each addition's rounding error is carried and added back at the end; bfloat16 and
       float16 accumulate in float32), so the result is as accurate as `jnp.sum` of all rows
       at any chunk size. `False`: a plain running sum in the leaves' dtype (the bits of a
-      hand-written loop such as optax's). Integer sums are exact either way.
+      hand-written loop such as optax's). Integer sums are exact either way; bool and
+      integer leaves narrower than 32 bits are summed in `int32` (`uint32`), as `jnp.sum`
+      sums them.
 
     !!! Example
 
@@ -388,15 +390,19 @@ class Sum(AbstractReducer):
                 )
             return rows
 
-        return jax.tree_util.tree_map(lambda x: _masked_sum(x, valid, x.dtype), rows)
+        def one_sum(x):  # bfloat16/float16 rows: summed in float32, rounded once (as jnp.sum)
+            dtype = _sum_dtype(x)
+            return _masked_sum(x, valid, comp.carry_dtype(dtype)).astype(dtype)
+
+        return jax.tree_util.tree_map(one_sum, rows)
 
     def reduce_chunk(self, rows: Tree, valid: RowMask | None) -> Tree:
         if self.presummed or not self.compensated:
             return self.reduce_rows(rows, valid)
 
         def wide_sum(x):  # bfloat16/float16 rows: the chunk's float32 sum, not rounded
-            wide = comp.carry_dtype(x.dtype)
-            return comp.widen(_masked_sum(x, valid, wide), x.dtype)
+            dtype = _sum_dtype(x)
+            return comp.widen(_masked_sum(x, valid, comp.carry_dtype(dtype)), dtype)
 
         return jax.tree_util.tree_map(wide_sum, rows)
 
@@ -491,6 +497,15 @@ class Monoid(AbstractReducer):
         """Raise if `chunk_reduction` keeps the mapped axis (partial shape depends on rows)."""
         what = f"`{who}(reduction=...)`: chunk_reduction"
         check_collapses(self.chunk_reduction, rows_struct, what)
+
+
+def _sum_dtype(x: Any) -> Any:
+    """The dtype `x`'s rows are summed in: bool and integers narrower than 32 bits in the 32-bit
+    integer of their signedness (as `jnp.sum` sums them without x64), others in their own."""
+    dtype = jnp.result_type(x)
+    if dtype == jnp.bool_ or (jnp.issubdtype(dtype, jnp.integer) and dtype.itemsize < 4):
+        return jnp.dtype(jnp.uint32 if jnp.issubdtype(dtype, jnp.unsignedinteger) else jnp.int32)
+    return dtype
 
 
 def _masked_sum(x: Any, valid: RowMask | None, dtype: Any) -> Any:
