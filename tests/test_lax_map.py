@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import chunkx
@@ -125,3 +126,14 @@ def test_no_batch_size_runs_f_unvmapped():
     assert_tree_close(chunkx.map(g, xs), want)
     jax.effects_barrier()
     assert len(seen) == 1
+
+
+@pytest.mark.parametrize("batch_size", [None, 0, 2])
+def test_python_scalar_outputs(batch_size):
+    """`f` may return Python or NumPy scalars, as with `jax.lax.map` (stacked as arrays)."""
+    def g(x):
+        return {"one": 1.0, "two": (2, np.float32(3.0)), "y": x["a"]}
+
+    want = jax.lax.map(g, XS, batch_size=batch_size)
+    assert_tree_close(chunkx.map(g, XS, batch_size=batch_size), want)
+    assert_tree_close(jax.jit(lambda xs: chunkx.map(g, xs, batch_size=batch_size))(XS), want)

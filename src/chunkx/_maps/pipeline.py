@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
@@ -224,7 +225,7 @@ class Strip(eqx.Module):
 
     def __call__(self, x: Any) -> Any:
         out = self.fun(_first_row(x))
-        return jax.tree_util.tree_map(lambda y: y[None], out)
+        return jax.tree_util.tree_map(lambda y: jnp.expand_dims(y, 0), out)
 
 
 def _first_row(rows: Any) -> Any:
