@@ -88,6 +88,20 @@ def test_jacobian_has_aux_under_jit(ours, ref, _, size):
     assert count_scans(ours(aux_fn, has_aux=True), x) == 0
 
 
+@pytest.mark.parametrize("ours,ref,_", JACS)
+def test_jacobian_has_aux_python_scalars(ours, ref, _):
+    """An aux holding Python numbers (a count, a flag value) comes back with JAX's values and
+    dtypes (as arrays: JAX's jacfwd returns the Python numbers themselves)."""
+    def g(x):
+        return jnp.sin(x), {"count": 3, "scale": 2.0, "total": jnp.sum(x)}
+
+    x = jax.device_put(np.linspace(-1.0, 1.0, 5))
+    for lin in ([True, False] if ours is batch_jacfwd else [None]):
+        kw = {} if lin is None else {"linearize": lin}
+        out = ours(g, has_aux=True, batch_size=2, **kw)(x)
+        assert_tree_close(out, ref(g, has_aux=True)(x))
+
+
 def holo(z, w):
     return {"p": z**2 * w[0], "q": jnp.exp(z).sum() + w}
 
@@ -119,6 +133,9 @@ def test_jacobian_empty_integer_outputs_and_weak_types(ours, ref, _):
     assert_tree_close(empty, jax.jit(ref(jnp.cumsum))(zero), weak_type=True)
     h = lambda x: x * jnp.ones(3)  # noqa: E731  (a Python scalar input: weakly typed Jacobian)
     assert_tree_close(jax.jit(ours(h, batch_size=2))(2.0), jax.jit(ref(h))(2.0), weak_type=True)
+    cut = jax.device_put(np.ones(4))  # no output entries, 4 input entries
+    assert_tree_close(jax.jit(ours(lambda x: x[:0], batch_size=2))(cut),
+                      jax.jit(ref(lambda x: x[:0]))(cut), weak_type=True)
     as_int = lambda x: (jnp.round(x), (2 * x).astype(int))  # noqa: E731
     if ours is batch_jacfwd:
         ones = jax.device_put(np.ones(3))

@@ -138,6 +138,19 @@ def test_vmap_axis_size_broadcast_and_sum_reducer():
     assert_tree_close(g, ref_grad)
 
 
+@pytest.mark.parametrize("b", [1, 2, 3])
+def test_vmap_zero_size_output_rows(b):
+    """Outputs whose rows hold no entries (shape (2, 0) per row) keep their shape in chunks."""
+    x = _fixed((4, 3))
+
+    def f(x):
+        return {"empty": jnp.zeros((2, 0)) * x[0], "y": jnp.sin(x)}
+
+    ref = jax.vmap(f, out_axes=-1)(x)
+    assert_tree_close(chunkx.vmap(f, out_axes=-1, batch_size=b)(x), ref)
+    assert_tree_close(chunkx.batch_vmap(f, batch_size=b)(x), jax.vmap(f)(x))
+
+
 def _sin_xw(x, w):
     return jnp.sin(x * w)
 

@@ -313,7 +313,7 @@ class Concat(AbstractReducer):
     def finish(self, acc: Tree, stacked: Tree) -> Tree:
         if acc is not None:
             return acc
-        return jax.tree_util.tree_map(lambda y: y.reshape((-1,) + y.shape[2:]), stacked)
+        return jax.tree_util.tree_map(lambda y: jax.lax.collapse(y, 0, 2), stacked)  # chunks, rows
 
     def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
         return fn(*args)  # every row is computed; `trim` cuts the padded ones off

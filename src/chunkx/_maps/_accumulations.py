@@ -149,7 +149,7 @@ class Stack(_LoopOnly):
         return None, part
 
     def finish(self, acc: Tree, stacked: Tree) -> Tree:
-        return jax.tree_util.tree_map(lambda y: y.reshape((-1,) + y.shape[2:]), stacked)
+        return jax.tree_util.tree_map(lambda y: jax.lax.collapse(y, 0, 2), stacked)  # chunks, rows
 
 
 class UserAccumulate(_LoopOnly):

@@ -39,7 +39,7 @@ def _partial(fun, argnums, args, kwargs):
 def _like(x: Any, ref: jax.ShapeDtypeStruct) -> Any:
     """Reshape and cast one Jacobian block like JAX's (`x is None`: a float0 tangent), dropping
     an imaginary part for real targets, weakly typed where JAX's is."""
-    x = jnp.zeros(ref.shape, ref.dtype) if x is None else x.reshape(ref.shape)
+    x = jnp.zeros(ref.shape, ref.dtype) if x is None else jnp.reshape(x, ref.shape)
     if jnp.iscomplexobj(x) and not jnp.issubdtype(ref.dtype, jnp.complexfloating):
         x = jnp.real(x)
     x = jax.lax.convert_element_type(x, ref.dtype)
