@@ -180,6 +180,26 @@ def test_grad_through_traced_early_stop():
         close(jax.jit(jax.grad(loss))(w, jnp.int32(r)), want)
 
 
+def test_grad_of_a_running_mean_over_no_microbatch_is_zero():
+    """No microbatch run: RUNNING_MEAN is zeros and so is its gradient (optax's, a loop that
+    never runs), not the NaN of a division by zero under a `jnp.where`."""
+    x, w = data()
+    kind = "RUNNING_MEAN"
+    f = lambda x, w: jnp.sum(jnp.tanh(x @ w), axis=0)  # noqa: E731
+    g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    maps = {
+        "microbatch": lambda mod, A, r: mod.microbatch(f, 0, 3, A(kind), num_real_microbatches=r),
+        "micro_vmap": lambda mod, A, r: mod.micro_vmap(
+            g, (0, None), microbatch_size=3, accumulator=A(kind), num_real_microbatches=r),
+    }
+    for name, make in maps.items():
+        want = jax.jit(jax.grad(lambda w: jnp.sum(make(om, theirs, 0)(x, w) ** 2)))(w)
+        assert not jnp.any(want), name
+        for r in (0, jnp.int32(0)):
+            got = jax.grad(lambda w, r=r: jnp.sum(make(chunkx, ours, r)(x, w) ** 2))(w)
+            close(got, want)
+
+
 def test_microbatch_none_returns_fun():
     assert chunkx.microbatch(jnp.sin, 0, None) is jnp.sin
 
