@@ -168,6 +168,27 @@ def test_integer_sums_exact(size):
         assert got.dtype == jnp.int32 and int(got) == want
 
 
+@pytest.mark.parametrize("size", [3, 5])
+def test_bool_and_narrow_integer_sums_in_jnp_sum_dtype(size):
+    """Bool and 8-bit rows add up as `jnp.sum` does (a count, in the default int), not in the
+    rows' own dtype (a logical or, or a sum modulo 256); so does micro_vmap's SUM, as optax's."""
+    x = jnp.arange(10) - 3
+    fns = {"bool": lambda r: r > 0, "uint8": lambda r: (r * 50).astype(jnp.uint8),
+           "int8": lambda r: (r * 40).astype(jnp.int8)}
+    for name, fn in fns.items():
+        want = jnp.sum(jax.vmap(fn)(x))
+        for compensated in (True, False):
+            got = chunkx.Chunk(chunkx.Vmap(fn), size, reducer=chunkx.Sum(compensated=compensated))(x)
+            assert got.dtype == want.dtype and int(got) == int(want), (name, compensated, got)
+        got = chunkx.micro_vmap(fn, microbatch_size=size, accumulator=chunkx.AccumulationType.SUM)(x)
+        assert got.dtype == want.dtype and int(got) == int(want), (name, got)
+    theirs = jax.jit(om.micro_vmap(fns["bool"], microbatch_size=5,
+                                   accumulator=om.AccumulationType.SUM))(x)
+    ours = chunkx.micro_vmap(fns["bool"], microbatch_size=5,
+                             accumulator=chunkx.AccumulationType.SUM)(x)
+    assert ours.dtype == theirs.dtype and int(ours) == int(theirs)
+
+
 def test_elementwise_concat_bit_identical_at_every_size():
     """An elementwise map is bit-identical to the compiled `jax.vmap` at every chunk size
     1..n, with either remainder handling (both sides compiled: XLA fuses, and may contract

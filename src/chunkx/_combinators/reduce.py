@@ -351,7 +351,9 @@ class Sum(AbstractReducer):
       (each addition's rounding error is carried and added back at the end; bfloat16 and
       float16 accumulate in float32), so the result is as accurate as `jnp.sum` of all rows
       at any chunk size. `False`: a plain running sum in the leaves' dtype (the bits of a
-      hand-written loop such as optax's). Integer sums are exact either way.
+      hand-written loop such as optax's). Integer sums are exact either way; bool rows and
+      integer rows narrower than 32 bits add up in `jnp.sum`'s dtype (a count in the
+      default integer).
 
     !!! Example
 
@@ -388,15 +390,15 @@ class Sum(AbstractReducer):
                 )
             return rows
 
-        return jax.tree_util.tree_map(lambda x: _masked_sum(x, valid, x.dtype), rows)
+        return jax.tree_util.tree_map(lambda x: _masked_sum(x, valid, _sum_dtype(x)), rows)
 
     def reduce_chunk(self, rows: Tree, valid: RowMask | None) -> Tree:
         if self.presummed or not self.compensated:
             return self.reduce_rows(rows, valid)
 
         def wide_sum(x):  # bfloat16/float16 rows: the chunk's float32 sum, not rounded
-            wide = comp.carry_dtype(x.dtype)
-            return comp.widen(_masked_sum(x, valid, wide), x.dtype)
+            dtype = _sum_dtype(x)
+            return comp.widen(_masked_sum(x, valid, comp.carry_dtype(dtype)), dtype)
 
         return jax.tree_util.tree_map(wide_sum, rows)
 
@@ -491,6 +493,14 @@ class Monoid(AbstractReducer):
         """Raise if `chunk_reduction` keeps the mapped axis (partial shape depends on rows)."""
         what = f"`{who}(reduction=...)`: chunk_reduction"
         check_collapses(self.chunk_reduction, rows_struct, what)
+
+
+def _sum_dtype(x: Any) -> Any:
+    """The dtype the rows of `x` add up in: bool and integers narrower than 32 bits in
+    `jnp.sum`'s (the default integer: a count, not a logical or, not modulo 256); any other
+    dtype, its own."""
+    narrow = x.dtype == jnp.bool_ or (jnp.issubdtype(x.dtype, jnp.integer) and x.dtype.itemsize < 4)
+    return jax.eval_shape(jnp.sum, jax.ShapeDtypeStruct((0,), x.dtype)).dtype if narrow else x.dtype
 
 
 def _masked_sum(x: Any, valid: RowMask | None, dtype: Any) -> Any:
