@@ -266,6 +266,28 @@ def test_micro_vmap_nested_in_vmap_and_a_module_through_jit():
     close(eqx.filter_jit(lambda f, x, w: f(x, w))(f, x, w), want[0])
 
 
+def test_a_map_with_an_array_num_real_is_jax_jits_function():
+    """`jax.jit(map)` as with optax's closures, also where `num_real_microbatches` is an
+    array (a JAX or NumPy integer) held by the map."""
+    x, w = data()
+    g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    for r in (jnp.int32(2), np.int32(2)):
+        for kind in ("CONCAT", "SUM"):
+            want = jax.jit(om.micro_vmap(g, (0, None), microbatch_size=3, accumulator=theirs(kind),
+                                         num_real_microbatches=r))(x, w)
+            f = chunkx.micro_vmap(g, (0, None), microbatch_size=3, accumulator=ours(kind),
+                                  num_real_microbatches=r)
+            close(jax.jit(f)(x, w), want)
+        want = jax.jit(om.microbatch(grouped, 0, 3, num_real_microbatches=r))(x, w)
+        close(jax.jit(chunkx.microbatch(grouped, 0, 3, num_real_microbatches=r))(x, w), want)
+        p, xs, y = grad_data()
+        want = jax.jit(om.micro_grad(sq_loss, batch_argnums=(1, 2), microbatch_size=4,
+                                     num_real_microbatches=r))(p, xs, y)
+        got = jax.jit(chunkx.micro_grad(sq_loss, batch_argnums=(1, 2), microbatch_size=4,
+                                        num_real_microbatches=r))(p, xs, y)
+        close(got, want)
+
+
 def test_micro_vmap_int_in_axes_maps_every_argument_like_jax_vmap():
     x, w = data()
     y = x[:, :2]
