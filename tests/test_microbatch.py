@@ -180,6 +180,26 @@ def test_grad_through_traced_early_stop():
         close(jax.jit(jax.grad(loss))(w, jnp.int32(r)), want)
 
 
+def test_grad_of_a_running_mean_over_no_microbatch_is_zero():
+    """No microbatch run: RUNNING_MEAN is zeros and so is its gradient (optax's, a loop that
+    never runs), not the NaN of a division by zero under a `jnp.where`."""
+    x, w = data()
+    kind = "RUNNING_MEAN"
+    f = lambda x, w: jnp.sum(jnp.tanh(x @ w), axis=0)  # noqa: E731
+    g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    maps = {
+        "microbatch": lambda mod, A, r: mod.microbatch(f, 0, 3, A(kind), num_real_microbatches=r),
+        "micro_vmap": lambda mod, A, r: mod.micro_vmap(
+            g, (0, None), microbatch_size=3, accumulator=A(kind), num_real_microbatches=r),
+    }
+    for name, make in maps.items():
+        want = jax.jit(jax.grad(lambda w: jnp.sum(make(om, theirs, 0)(x, w) ** 2)))(w)
+        assert not jnp.any(want), name
+        for r in (0, jnp.int32(0)):
+            got = jax.grad(lambda w, r=r: jnp.sum(make(chunkx, ours, r)(x, w) ** 2))(w)
+            close(got, want)
+
+
 def test_microbatch_none_returns_fun():
     assert chunkx.microbatch(jnp.sin, 0, None) is jnp.sin
 
@@ -244,6 +264,28 @@ def test_micro_vmap_nested_in_vmap_and_a_module_through_jit():
     want = jax.jit(jax.vmap(lambda w: jax.vmap(lambda x: g(x, w))(x)[ran].sum(0) / 10))(ws)
     close(jax.vmap(f, (None, 0))(x, ws), want)
     close(eqx.filter_jit(lambda f, x, w: f(x, w))(f, x, w), want[0])
+
+
+def test_a_map_with_an_array_num_real_is_jax_jits_function():
+    """`jax.jit(map)` as with optax's closures, also where `num_real_microbatches` is an
+    array (a JAX or NumPy integer) held by the map."""
+    x, w = data()
+    g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    for r in (jnp.int32(2), np.int32(2)):
+        for kind in ("CONCAT", "SUM"):
+            want = jax.jit(om.micro_vmap(g, (0, None), microbatch_size=3, accumulator=theirs(kind),
+                                         num_real_microbatches=r))(x, w)
+            f = chunkx.micro_vmap(g, (0, None), microbatch_size=3, accumulator=ours(kind),
+                                  num_real_microbatches=r)
+            close(jax.jit(f)(x, w), want)
+        want = jax.jit(om.microbatch(grouped, 0, 3, num_real_microbatches=r))(x, w)
+        close(jax.jit(chunkx.microbatch(grouped, 0, 3, num_real_microbatches=r))(x, w), want)
+        p, xs, y = grad_data()
+        want = jax.jit(om.micro_grad(sq_loss, batch_argnums=(1, 2), microbatch_size=4,
+                                     num_real_microbatches=r))(p, xs, y)
+        got = jax.jit(chunkx.micro_grad(sq_loss, batch_argnums=(1, 2), microbatch_size=4,
+                                        num_real_microbatches=r))(p, xs, y)
+        close(got, want)
 
 
 def test_micro_vmap_int_in_axes_maps_every_argument_like_jax_vmap():

@@ -383,3 +383,23 @@ def test_nondiff_primals_bound_at_their_own_positions():
         pull = chunkx.vjp_chunked(fn, a, b, c, chunk_argnums=(0, 1, 2), chunk_size=4,
                                   nondiff_argnums=nondiff)
         np.testing.assert_allclose(pull(ones)[0], want[0], rtol=1e-12)
+
+
+@pytest.mark.parametrize("shard", [False, None])
+def test_integer_primals_get_float0_cotangents_as_in_jax_vjp(shard):
+    """Differentiated integer primals, chunked (samples) or not (a parameter), get float0
+    cotangents as from `jax.vjp`, next to the float ones, at any chunk sizes."""
+    w = jax.device_put(np.linspace(0.1, 0.5, W.L))
+    s = S.astype(jnp.int8)
+    fn = jax.vmap(lambda w, k, s: jnp.sin(k * w @ s.astype(w.dtype)), (None, None, 0))
+    k = jnp.int32(3)
+    c = W.cotangent("real")
+    want = jax.jit(lambda c: jax.vjp(fn, w, k, s)[1](c))(c)
+    for cs, bwd, rf in [(4, None, False), (5, 3, True), (None, 3, False), (40, None, True)]:
+        pull = chunkx.vjp_chunked(fn, w, k, s, chunk_argnums=2, chunk_size=cs, chunk_size_bwd=bwd,
+                                  return_forward=rf, axis_0_is_sharded=shard)
+        for got in (pull(c), jax.jit(pull)(c)):
+            got = got[1] if rf else got
+            np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+            for g, r in zip(got[1:], want[1:]):
+                assert g.dtype == r.dtype == jax.dtypes.float0 and g.shape == r.shape

@@ -173,7 +173,7 @@ def test_integer_sums_exact(size):
 @pytest.mark.parametrize("dtype", [jnp.bool_, jnp.int8, jnp.uint8, jnp.bfloat16],
                          ids=lambda d: jnp.dtype(d).name)
 def test_sums_as_jnp_sum(dtype, compensated, size):
-    """Bool and narrow integer rows are summed in 32-bit integers, as `jnp.sum` sums them (not
+    """Bool and narrow integer rows are summed in jnp.sum's integer, as `jnp.sum` sums them (not
     as a logical or, nor wrapping around in int8); bfloat16 rows as `jnp.sum` sums them (a
     plain running sum of several chunks rounds each addition: not compared)."""
     if dtype == jnp.bfloat16 and not compensated and size == 7:
@@ -184,11 +184,31 @@ def test_sums_as_jnp_sum(dtype, compensated, size):
         return (i % 3 > 0).astype(dtype) if dtype == jnp.bool_ else (i % 30).astype(dtype)
 
     want = jnp.sum(jax.vmap(fn)(x))  # int8: 4350 (wraps to -2 in int8); bfloat16: 4352
-    wide = jnp.uint32 if dtype == jnp.uint8 else jnp.int32
     g = chunkx.vmap(fn, batch_size=size, reducer=chunkx.Sum(compensated=compensated))
-    for got in (g(x), jax.jit(g)(x)):
-        assert got.dtype == (dtype if dtype == jnp.bfloat16 else wide)
+    for got in (g(x), jax.jit(g)(x)):  # the integer of jnp.sum (int64 here, with x64 on)
+        assert got.dtype == want.dtype
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("size", [3, 5])
+def test_bool_and_narrow_integer_sums_in_jnp_sum_dtype(size):
+    """Bool and 8-bit rows add up as `jnp.sum` does (a count, in the default int), not in the
+    rows' own dtype (a logical or, or a sum modulo 256); so does micro_vmap's SUM, as optax's."""
+    x = jnp.arange(10) - 3
+    fns = {"bool": lambda r: r > 0, "uint8": lambda r: (r * 50).astype(jnp.uint8),
+           "int8": lambda r: (r * 40).astype(jnp.int8)}
+    for name, fn in fns.items():
+        want = jnp.sum(jax.vmap(fn)(x))
+        for compensated in (True, False):
+            got = chunkx.Chunk(chunkx.Vmap(fn), size, reducer=chunkx.Sum(compensated=compensated))(x)
+            assert got.dtype == want.dtype and int(got) == int(want), (name, compensated, got)
+        got = chunkx.micro_vmap(fn, microbatch_size=size, accumulator=chunkx.AccumulationType.SUM)(x)
+        assert got.dtype == want.dtype and int(got) == int(want), (name, got)
+    theirs = jax.jit(om.micro_vmap(fns["bool"], microbatch_size=5,
+                                   accumulator=om.AccumulationType.SUM))(x)
+    ours = chunkx.micro_vmap(fns["bool"], microbatch_size=5,
+                             accumulator=chunkx.AccumulationType.SUM)(x)
+    assert ours.dtype == theirs.dtype and int(ours) == int(theirs)
 
 
 def test_elementwise_concat_bit_identical_at_every_size():

@@ -351,9 +351,9 @@ class Sum(AbstractReducer):
       (each addition's rounding error is carried and added back at the end; bfloat16 and
       float16 accumulate in float32), so the result is as accurate as `jnp.sum` of all rows
       at any chunk size. `False`: a plain running sum in the leaves' dtype (the bits of a
-      hand-written loop such as optax's). Integer sums are exact either way; bool and
-      integer leaves narrower than 32 bits are summed in `int32` (`uint32`), as `jnp.sum`
-      sums them.
+      hand-written loop such as optax's). Integer sums are exact either way; bool rows and
+      integer rows narrower than 32 bits add up in `jnp.sum`'s dtype (a count in the
+      default integer).
 
     !!! Example
 
@@ -500,11 +500,12 @@ class Monoid(AbstractReducer):
 
 
 def _sum_dtype(x: Any) -> Any:
-    """The dtype `x`'s rows are summed in: bool and integers narrower than 32 bits in the 32-bit
-    integer of their signedness (as `jnp.sum` sums them without x64), others in their own."""
+    """The dtype the rows of `x` add up in: bool and integers narrower than 32 bits in
+    `jnp.sum`'s (the default integer of their signedness: a count, not a logical or, not
+    modulo 256); any other dtype, its own."""
     dtype = jnp.result_type(x)
     if dtype == jnp.bool_ or (jnp.issubdtype(dtype, jnp.integer) and dtype.itemsize < 4):
-        return jnp.dtype(jnp.uint32 if jnp.issubdtype(dtype, jnp.unsignedinteger) else jnp.int32)
+        return jax.eval_shape(jnp.sum, jax.ShapeDtypeStruct((0,), dtype)).dtype
     return dtype
 
 

@@ -274,7 +274,9 @@ def finalize(who: str, leaves: Leaves, carry: Tree, mean_n: Any, run_n: Any):
                         f"floating-point outputs, got a leaf of dtype {x.dtype}."
                     )
             n = mean_n if kind is AccumulationType.MEAN else run_n
-            return jax.tree_util.tree_map(lambda x: jnp.where(n > 0, x / n, 0).astype(x.dtype), c)
+            ran = n > 0  # nothing run: zeros, and zero gradients (no 0 / 0 under the where)
+            safe = jnp.where(ran, n, 1)
+            return jax.tree_util.tree_map(lambda x: jnp.where(ran, x / safe, 0).astype(x.dtype), c)
         return c if isinstance(kind, AccumulationType) else kind.finalize(c)
 
     return leaves.each_leaf(leaf, carry)

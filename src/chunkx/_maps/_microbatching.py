@@ -129,6 +129,10 @@ class Microbatched(eqx.Module):
     num_real: Any = None
     vmap_fn: Callable[..., Any] = jax.vmap
 
+    # `jax.jit(map)` hashes the map, as it hashes optax's closure: by identity (an array
+    # `num_real` has no hash)
+    __hash__ = object.__hash__
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._call(args, kwargs)
 

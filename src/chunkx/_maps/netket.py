@@ -8,6 +8,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import PyTree
 
 from .._checks import as_in_axes, as_size, check_positive
@@ -240,6 +241,9 @@ class _ChunkVjp(eqx.Module):
         g = _pull(pull, ys, ct, not _is_complex(free))
         if self.conjugate:
             g = _but_float0(jnp.conj, g)
+        # integer primals' float0 cotangents carry nothing: None through the chunks and the
+        # reducers (which cannot scatter or add them), float0 zeros again at the end
+        g = jax.tree_util.tree_map(lambda x: None if x.dtype == jax.dtypes.float0 else x, g)
         chunked = tuple(gi if i in self.chunk_argnums else None for i, gi in zip(diff, g))
         sums = tuple(None if i in self.chunk_argnums else gi for i, gi in zip(diff, g))
         rows = (ys if self.keep_y else None, chunked, aux[0] if self.keep_aux else None)
@@ -325,10 +329,18 @@ class ChunkedVjp(eqx.Module):
                 piece, nondiff_argnums=tuple(every), conjugate=False, keep_y=True, keep_aux=has_aux
             )
             (y, _, aux), _ = compose(forward, axes, Concat(), self.opts, _VJP)(*args)
-        grads = tuple(c if i in chunk else s for i, c, s in zip(diff, chunked, sums))
+        grads = tuple(_with_float0(self.primals[i], c if i in chunk else s)
+                      for i, c, s in zip(diff, chunked, sums))
         if self.return_forward:
             return (y, grads, aux) if has_aux else (y, grads)
         return (grads, aux) if has_aux else grads
+
+
+def _with_float0(primal, grad):
+    """`grad` (the cotangent of `primal`) with the float0 zeros of its integer leaves."""
+    return jax.tree_util.tree_map(
+        lambda p, g: np.zeros(np.shape(p), jax.dtypes.float0) if g is None else g, primal, grad
+    )
 
 
 def _check_rows(primals, chunk_argnums, ct) -> int:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh
 
 from .._checks import as_in_axes, check_positive
@@ -25,6 +26,8 @@ from ._bind import argnums_tuple, check_argnums
 from ._microbatching import Microbatched, microbatched
 
 MicrobatchSize = int | Literal["auto"] | None
+#: How many microbatches run: a Python, NumPy or JAX integer (traced too), or None for all.
+NumReal = int | np.integer | jax.Array | None
 
 
 @public
@@ -36,7 +39,7 @@ def microbatch(
     *,
     argnames: str | Sequence[str] = (),
     in_axes: int | Sequence[int] = 0,
-    num_real_microbatches: int | jax.Array | None = None,
+    num_real_microbatches: NumReal = None,
     memory_budget: Budget = None,
     compensated: bool = True,
 ) -> Callable[..., Any]:
@@ -117,7 +120,7 @@ def micro_vmap(
     microbatch_size: MicrobatchSize = None,
     vmap_fn: Callable[..., Any] = jax.vmap,
     accumulator: Any = AccumulationType.CONCAT,
-    num_real_microbatches: int | jax.Array | None = None,
+    num_real_microbatches: NumReal = None,
     grad_microbatch_size: MicrobatchSize = None,
     memory_budget: Budget = None,
     shard: bool = False,
@@ -228,7 +231,7 @@ def micro_grad(
     accumulator: Any = AccumulationType.SUM,
     transform_fn: Callable[[Any], Any] = identity,
     metrics_fn: Callable[[Any], Any] = _no_metrics,
-    num_real_microbatches: int | jax.Array | None = None,
+    num_real_microbatches: NumReal = None,
     grad_microbatch_size: MicrobatchSize = None,
     memory_budget: Budget = None,
     shard: bool = False,
