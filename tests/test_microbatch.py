@@ -254,6 +254,20 @@ def test_micro_vmap_prefix_accumulator_and_vmap_fn():
     close(got, want)
 
 
+@pytest.mark.parametrize("kind", ["CONCAT", "SUM"])
+def test_micro_vmap_vmap_fn_collective_sees_optax_microbatches(kind):
+    """A `vmap_fn` with an axis name lets `fun` reach across the rows of its microbatch (here
+    centring on the microbatch's mean): the rows are grouped into optax's microbatches
+    (rows k, k + K, ...) also where every output is concatenated."""
+    x, _ = data()
+    vmap_fn = lambda f, i, o: jax.vmap(f, i, o, axis_name="b")  # noqa: E731
+    fun = lambda x: x - jax.lax.pmean(x, "b")  # noqa: E731
+    want = jax.jit(om.micro_vmap(fun, microbatch_size=4, vmap_fn=vmap_fn,
+                                 accumulator=theirs(kind)))(x)
+    got = chunkx.micro_vmap(fun, microbatch_size=4, vmap_fn=vmap_fn, accumulator=ours(kind))(x)
+    close(got, want)
+
+
 def test_micro_vmap_nested_in_vmap_and_a_module_through_jit():
     x, w = data(10)
     ws = jnp.stack([w, 2 * w, -w])
