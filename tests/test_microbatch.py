@@ -554,6 +554,24 @@ def test_reshape_batch_axis_matches_optax():
 # errors
 
 
+def test_accumulator_not_a_prefix_of_the_outputs_is_named():
+    """A pytree mismatch between the accumulator and the outputs names the map and its
+    accumulator."""
+    x, w = data()
+    S, pair = ours("SUM"), lambda x, w: (x @ w, x)  # noqa: E731
+    calls = {
+        "micro_vmap": lambda: chunkx.micro_vmap(pair, (0, None), microbatch_size=3,
+                                                accumulator=(S, S, S))(x, w),
+        "microbatch": lambda: chunkx.microbatch(pair, 0, 3, {"h": S})(x, w),
+        "micro_grad": lambda: chunkx.micro_grad(sq_loss, batch_argnums=(1, 2), microbatch_size=3,
+                                                accumulator=(S, S))(*grad_data()),
+    }
+    for who, call in calls.items():
+        with pytest.raises(ValueError, match=rf"`{who}\(accumulator=...\)`: the accumulator tree "
+                                             "must be a pytree prefix of the outputs"):
+            call()
+
+
 def test_errors():
     x, w = data(10)
     g = lambda x, w: x @ w  # noqa: E731
