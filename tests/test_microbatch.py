@@ -254,6 +254,20 @@ def test_micro_vmap_prefix_accumulator_and_vmap_fn():
     close(got, want)
 
 
+@pytest.mark.parametrize("kind", ["CONCAT", "SUM"])
+def test_micro_vmap_vmap_fn_collective_sees_optax_microbatches(kind):
+    """A `vmap_fn` with an axis name lets `fun` reach across the rows of its microbatch (here
+    centring on the microbatch's mean): the rows are grouped into optax's microbatches
+    (rows k, k + K, ...) also where every output is concatenated."""
+    x, _ = data()
+    vmap_fn = lambda f, i, o: jax.vmap(f, i, o, axis_name="b")  # noqa: E731
+    fun = lambda x: x - jax.lax.pmean(x, "b")  # noqa: E731
+    want = jax.jit(om.micro_vmap(fun, microbatch_size=4, vmap_fn=vmap_fn,
+                                 accumulator=theirs(kind)))(x)
+    got = chunkx.micro_vmap(fun, microbatch_size=4, vmap_fn=vmap_fn, accumulator=ours(kind))(x)
+    close(got, want)
+
+
 def test_micro_vmap_nested_in_vmap_and_a_module_through_jit():
     x, w = data(10)
     ws = jnp.stack([w, 2 * w, -w])
@@ -538,6 +552,24 @@ def test_reshape_batch_axis_matches_optax():
 
 # ---------------------------------------------------------------------------------------------
 # errors
+
+
+def test_accumulator_not_a_prefix_of_the_outputs_is_named():
+    """A pytree mismatch between the accumulator and the outputs names the map and its
+    accumulator."""
+    x, w = data()
+    S, pair = ours("SUM"), lambda x, w: (x @ w, x)  # noqa: E731
+    calls = {
+        "micro_vmap": lambda: chunkx.micro_vmap(pair, (0, None), microbatch_size=3,
+                                                accumulator=(S, S, S))(x, w),
+        "microbatch": lambda: chunkx.microbatch(pair, 0, 3, {"h": S})(x, w),
+        "micro_grad": lambda: chunkx.micro_grad(sq_loss, batch_argnums=(1, 2), microbatch_size=3,
+                                                accumulator=(S, S))(*grad_data()),
+    }
+    for who, call in calls.items():
+        with pytest.raises(ValueError, match=rf"`{who}\(accumulator=...\)`: the accumulator tree "
+                                             "must be a pytree prefix of the outputs"):
+            call()
 
 
 def test_errors():

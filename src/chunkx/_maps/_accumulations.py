@@ -184,6 +184,7 @@ class Leaves(AbstractReducer):
     reducers: tuple[AbstractReducer, ...]
     treedef: Any = eqx.field(static=True)
     kinds: tuple = ()
+    who: str = eqx.field(static=True, default="")  # the public map, for its errors
 
     def _each(self, method: str, *trees: Tree, extra: tuple = ()) -> list:
         split = [self.treedef.flatten_up_to(t) for t in trees]
@@ -222,6 +223,13 @@ class Leaves(AbstractReducer):
         return self.treedef.unflatten(self._each("trim", out, extra=(n,)))
 
     def check_rows(self, rows_struct: Tree, who: str) -> None:
+        try:
+            self.treedef.flatten_up_to(rows_struct)
+        except (ValueError, TypeError) as e:
+            raise ValueError(
+                f"`{self.who or who}(accumulator=...)`: the accumulator tree must be a pytree "
+                f"prefix of the outputs (one AccumulationType or Accumulator per subtree): {e}"
+            ) from None
         self._each("check_rows", rows_struct, extra=(who,))
 
     def shard_spec(self, axis: Any) -> Any:
@@ -258,7 +266,7 @@ def plan_leaves(who: str, accumulator: Any, per_example: bool, num_real: Any, co
         else:
             reducers.append(Sum(presummed=not per_example, compensated=compensated))
         out.append(k if t is None else t)
-    return Leaves(tuple(reducers), treedef, tuple(out))
+    return Leaves(tuple(reducers), treedef, tuple(out), who)
 
 
 def finalize(who: str, leaves: Leaves, carry: Tree, mean_n: Any, run_n: Any):

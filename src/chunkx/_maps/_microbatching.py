@@ -220,7 +220,9 @@ class Microbatched(eqx.Module):
             inner = dataclasses.replace(opts, size=local, grad_size=g, shard=False)
             core = compose(row_fn, (0,) * masked + _AXES, leaves, inner, who)
             # rows that are each their own output need not be grouped into optax's microbatches
-            rowwise = self.per_example and all(t is AccumulationType.CONCAT for t in leaves.kinds)
+            # (unless a user's vmap_fn, with an axis name, lets a row see its microbatch)
+            rowwise = (self.per_example and self.vmap_fn is jax.vmap
+                       and all(t is AccumulationType.CONCAT for t in leaves.kinds))
             if masked or not rowwise:
                 core = Interleave(core, leaves, local, r, masked)
             core = Shard(core, opts.mesh, in_axes=_AXES) if opts.shard else core

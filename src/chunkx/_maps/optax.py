@@ -77,7 +77,9 @@ def microbatch(
     - `memory_budget`: with `microbatch_size="auto"`, bytes of XLA temp memory per device (an
       int or an integral float such as `64e6`; `None`: half the device's memory).
     - `compensated`: SUM, MEAN and RUNNING_MEAN add the microbatch results with
-      compensation (see [`chunkx.Sum`][]); `False`: a plain running sum, optax's bits.
+      compensation (see [`chunkx.Sum`][]); `False`: a plain running sum, so SUM and MEAN
+      have optax's bits (RUNNING_MEAN divides that sum once, where optax updates a running
+      average: the same to rounding).
 
     !!! Example
 
@@ -163,7 +165,9 @@ def micro_vmap(
     - `shard`, `mesh`: split the rows over the devices of `mesh` (default: see
       [`chunkx.Shard`][]); `microbatch_size` must be a multiple of the device count.
     - `compensated`: SUM, MEAN and RUNNING_MEAN add the microbatches' sums with
-      compensation (see [`chunkx.Sum`][]); `False`: a plain running sum, optax's bits.
+      compensation (see [`chunkx.Sum`][]); `False`: a plain running sum, so SUM has optax's
+      bits (MEAN and RUNNING_MEAN divide that sum once, where optax averages each
+      microbatch first: the same to rounding).
 
     !!! Example
 
