@@ -46,6 +46,16 @@ def test_chunk_map_grouped_and_sharded_agree_with_vmap(n):
         np.testing.assert_allclose(g, want_grad, rtol=1e-12)
 
 
+@pytest.mark.parametrize("use_scan", [True, False])
+def test_chunk_map_atleast_1chunk_zero_rows(use_scan):
+    """Zero rows with `atleast_1chunk=True` (padded to a chunk per device) give f's zero rows."""
+    f = jax.vmap(lambda r: (jnp.sin(r), r.sum()))
+    x = jnp.ones((0, 3))
+    cm = chunkx.chunk_map(f, chunk_size=2, use_scan=use_scan, atleast_1chunk=True)
+    assert_tree_close(cm(x), f(x))
+    assert_tree_close(jax.jit(cm)(x), f(x))
+
+
 def test_jit_chunk_vmap_matches_vmap():
     g = lambda p, x: jnp.tanh(p * x).sum()  # noqa: E731
     x = jnp.linspace(-1, 1, 30).reshape(10, 3)

@@ -22,6 +22,8 @@ from ._rows import map_mapped, mapped_length
 def _swap_blocks(x, a: int, b: int):
     """`(a, b, c, ...)` blocks of the leading axis -> `(b, a, c, ...)`, flattened again."""
     n = x.shape[0]
+    if n == 0:  # no rows (no blocks to swap)
+        return x
     return x.reshape((a, b, n // (a * b)) + x.shape[1:]).swapaxes(0, 1).reshape(x.shape)
 
 
