@@ -699,3 +699,28 @@ def test_auto_shard_on_rows_the_devices_do_not_divide(kind):
     f = chunkx.micro_vmap(g, (0, None), microbatch_size="auto", memory_budget=10**6,
                           accumulator=ours(kind), shard=True)
     close(f(x, w), reference(kind, jax.vmap(g, (0, None))(x, w)))
+
+
+def test_a_vmap_fn_collective_refuses_options_that_split_its_microbatch():
+    """A `vmap_fn` with a collective over the microbatch sees optax's microbatches whole: a
+    backward pass of another size, devices or padding would give it other rows (the gradient
+    with grad_microbatch_size=2 was 8.90 where optax's is 11.62), so they are refused."""
+    vmap_fn = lambda f, i, o: jax.vmap(f, i, o, axis_name="b")  # noqa: E731
+    g = lambda x, w: jnp.tanh(w * (x - jax.lax.pmean(x, "b"))) ** 2  # noqa: E731
+    x, w = jnp.linspace(-1.0, 1.0, 8), jnp.float32(0.7)
+    want = jax.grad(lambda w: jnp.sum(om.micro_vmap(g, (0, None), microbatch_size=4,
+                                                    vmap_fn=vmap_fn)(x, w) ** 2))(w)
+    got = jax.grad(lambda w: jnp.sum(chunkx.micro_vmap(g, (0, None), microbatch_size=4,
+                                                       vmap_fn=vmap_fn)(x, w) ** 2))(w)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for opts, what in [(dict(microbatch_size=4, grad_microbatch_size=2), "grad_microbatch_size"),
+                       (dict(microbatch_size="auto"), 'microbatch_size="auto"'),
+                       (dict(microbatch_size=4, shard=True), "shard=True")]:
+        with pytest.raises(ValueError, match=rf"`micro_vmap\(vmap_fn=...\)`.*{what}"):
+            chunkx.micro_vmap(g, (0, None), vmap_fn=vmap_fn, **opts)
+    with pytest.raises(ValueError, match="does not divide"):
+        chunkx.micro_vmap(g, (0, None), microbatch_size=3, vmap_fn=vmap_fn)(x, w)
+    same = chunkx.micro_vmap(g, (0, None), microbatch_size=4, grad_microbatch_size=4,
+                             vmap_fn=vmap_fn)(x, w)  # the forward's size: whole microbatches
+    np.testing.assert_allclose(same, om.micro_vmap(g, (0, None), microbatch_size=4,
+                                                   vmap_fn=vmap_fn)(x, w), rtol=1e-6)

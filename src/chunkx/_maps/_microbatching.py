@@ -258,8 +258,22 @@ class Microbatched(eqx.Module):
                     f"`{who}({name}={size}, shard=True)`: {name} must be a multiple of the "
                     f"{d} devices of the mesh (each device runs its share of every microbatch)."
                 )
-        divides = isinstance(mb, int) and n % mb
-        refuse_user(who, self.leaves, {"a batch that microbatch_size does not divide": divides})
+        divides = {"a batch that microbatch_size does not divide": isinstance(mb, int) and n % mb}
+        refuse_user(who, self.leaves, divides)
+        refuse_vmap_fn(who, self.vmap_fn, divides)
+
+
+def refuse_vmap_fn(who: str, vmap_fn: Callable[..., Any], needs: dict) -> None:
+    """Raise if a `vmap_fn` other than `jax.vmap` meets one of the options `needs` flags: it
+    may reach across the rows of a microbatch (a collective over its axis), so it must see
+    every microbatch whole and alone, as optax runs it."""
+    for what, used in needs.items():
+        if used and vmap_fn is not jax.vmap:
+            raise ValueError(
+                f"`{who}(vmap_fn=...)`: a vmap_fn other than jax.vmap may reach across the rows "
+                "of a microbatch (a collective over its axis), which must then see each "
+                f"microbatch whole; it cannot take {what}."
+            )
 
 
 def microbatched(
@@ -291,6 +305,8 @@ def microbatched(
         )
     if size == "auto" and grad_size is None:  # the reverse pass gets its own plan
         grad_size = "auto"
+    refuse_vmap_fn(who, vmap_fn, {'microbatch_size="auto"': size == "auto", "shard=True": shard,
+                                  "a grad_microbatch_size": grad_size not in (None, size)})
     leaves = plan_leaves(who, accumulator, per_example, num_real, compensated)
     refuse_user(who, leaves, {'microbatch_size="auto"': size == "auto", "shard=True": shard,
                               "grad_microbatch_size": grad_size is not None})

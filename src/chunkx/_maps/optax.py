@@ -152,7 +152,10 @@ def micro_vmap(
       argument; any axis, negative too.
     - `out_axes`: `0` (the only value).
     - `microbatch_size`: rows per microbatch, `"auto"`, or `None` for one microbatch.
-    - `vmap_fn`: called as `vmap_fn(f, in_axes, 0)` to vectorise one microbatch.
+    - `vmap_fn`: called as `vmap_fn(f, in_axes, 0)` to vectorise one microbatch. One other
+      than `jax.vmap` (say, with an `axis_name` for a collective over the microbatch) sees
+      each microbatch whole, as optax runs it: it takes an int `microbatch_size` that divides
+      the batch, no `grad_microbatch_size` of another size and no `shard`.
     - `accumulator`: [`chunkx.AccumulationType`][] (CONCAT by default), a
       [`chunkx.Accumulator`][], or a pytree prefix of the outputs with one at each leaf.
     - `num_real_microbatches`: run only this many microbatches (an int or a traced value).
