@@ -495,3 +495,12 @@ def test_auto_forward_only_map_whose_reverse_pass_does_not_fit():
         g.grad_memory_plan(x, w1, w2)
     with pytest.raises(ValueError, match=msg):  # differentiating it says so too
         jax.grad(lambda w1: jnp.sum(g(x, w1, w2)))(w1)
+
+
+def test_fused_errors_name_the_map():
+    """A map's `grad='fused'` errors name the map the user called, not its inner Chunk."""
+    with pytest.raises(ValueError, match=r"`batch_vmap\(grad='fused'\)`: fusing value and"):
+        chunkx.batch_vmap(jnp.sin, batch_size=2, grad="fused")(jnp.ones(5))
+    with pytest.raises(ValueError, match=r"`chunkx.vmap\(grad='fused'\)`: every leaf of the"):
+        chunkx.vmap(lambda x: x.astype(int), batch_size=2, reducer=chunkx.Sum(),
+                    grad="fused")(jnp.ones(5))

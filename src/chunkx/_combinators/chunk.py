@@ -128,7 +128,7 @@ class Chunk(eqx.Module):
     - `memory_budget`: with an `"auto"` size, bytes of XLA temp memory per device; `None`:
       half the device's memory where the backend reports it (a CPU needs a budget).
     - `owner`: `(map, size argument, budget argument, what)`, the public map that built
-      this Chunk, named in planning messages; `None`: the Chunk itself.
+      this Chunk, named in its planning and `grad` messages; `None`: the Chunk itself.
 
     !!! Example
 

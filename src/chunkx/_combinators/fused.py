@@ -52,9 +52,10 @@ def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
     if chunk.grad in ("recompute", "store"):
         return chunk.grad, None
     additive = chunk.reducer.is_additive()
+    who = "Chunk" if chunk.owner is None else chunk.owner[0]  # the public map that built it
     if chunk.grad == "fused" and not additive:
         raise ValueError(
-            f"`Chunk(grad='fused')`: fusing value and gradient needs a reducer whose chunks "
+            f"`{who}(grad='fused')`: fusing value and gradient needs a reducer whose chunks "
             f"add up (Sum, a Monoid with reduction=jnp.add or additive=True), got "
             f"{chunk.reducer!r}; use grad='recompute' or 'auto'."
         )
@@ -67,7 +68,7 @@ def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
         )
         if chunk.grad == "fused" and not inexact:
             raise ValueError(
-                "`Chunk(grad='fused')`: every leaf of the reduced output must be floating or "
+                f"`{who}(grad='fused')`: every leaf of the reduced output must be floating or "
                 f"complex to be differentiated, got {struct}."
             )
         if inexact and (chunk.grad == "fused" or _real_size(struct) <= FUSED_MAX_OUTPUTS):

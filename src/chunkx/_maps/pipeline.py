@@ -170,8 +170,8 @@ def reducer_for(
 def compose(inner: Callable, axes: tuple, reducer: AbstractReducer, opts: Options, what: str):
     """The pipeline: [Shard ∘] (Chunk | Reduce) ∘ inner, all with one reducer.
 
-    An "auto" size is the Chunk's to plan (`opts.memory_budget`; the Chunk's messages name
-    `opts.owner(what)`)."""
+    An "auto" size is the Chunk's to plan (`opts.memory_budget`); the Chunk's messages name
+    `opts.owner(what)`, the public map."""
     if opts.size is None:
         piece = Reduce(inner, reducer)
     else:
@@ -180,7 +180,7 @@ def compose(inner: Callable, axes: tuple, reducer: AbstractReducer, opts: Option
             inner, opts.size, reducer=reducer, in_axes=axes, checkpoint=opts.checkpoint,
             progress=opts.progress, grad=opts.grad, grad_size=opts.grad_size,
             memory_budget=opts.memory_budget if planned else None,
-            owner=opts.owner(what) if planned else None, remainder=opts.remainder,
+            owner=opts.owner(what), remainder=opts.remainder,
         )
     if opts.shard:
         piece = Shard(piece, opts.mesh, in_axes=axes)
