@@ -135,6 +135,19 @@ def test_vmap_of_a_non_callable_fails_when_built():
         chunkx.Vmap("loss")
 
 
+@pytest.mark.parametrize(
+    ("name", "build"),
+    [("Chunk", lambda f: chunkx.Chunk(f, 2)), ("Reduce", lambda f: chunkx.Reduce(f)),
+     ("Pad", lambda f: chunkx.Pad(f, 2)), ("Shard", lambda f: chunkx.Shard(f))],
+)
+def test_combinator_of_a_non_callable_fails_when_built(name, build):
+    """As for `Vmap`: when built, naming the combinator and `fn` (calling it raised a bare
+    `'str' object is not callable`); under the jaxtyping import hook the field's annotation
+    catches it first."""
+    with pytest.raises(TypeError, match=rf"^`{name}\(fn='loss'\)`: fn must be callable \(a batched function\), got str\.$|{name}(.|\n)*'fn'(.|\n)*'loss'"):
+        build("loss")
+
+
 @pytest.mark.parametrize("fn", [chunkx.plan_memory, chunkx.plan_chunk_size])
 def test_planning_errors_name_the_function_called(fn):
     x = jnp.ones((8, 2))

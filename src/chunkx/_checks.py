@@ -52,6 +52,15 @@ def check_positive(
     return size
 
 
+def check_callable(who: str, name: str, value: Any, what: str) -> None:
+    """Raise unless `value` is callable (`what` says which function it should be)."""
+    if not callable(value):
+        raise TypeError(
+            f"`{who}({name}={value!r})`: {name} must be callable ({what}), got "
+            f"{type(value).__name__}."
+        )
+
+
 def check_budget(who: str, name: str, value: Any, *, allow_none: bool = True) -> Any:
     """A memory budget in bytes: a positive integer of any integer type, or an integral float
     (`64e6`, a NumPy float); returned as a Python int (`None` where allowed)."""

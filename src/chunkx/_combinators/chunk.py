@@ -5,7 +5,15 @@ from typing import Any, Literal
 
 import equinox as eqx
 
-from .._checks import as_in_axes, as_size, check_budget, check_choice, check_positive, zero_in_axes
+from .._checks import (
+    as_in_axes,
+    as_size,
+    check_budget,
+    check_callable,
+    check_choice,
+    check_positive,
+    zero_in_axes,
+)
 from .._plan.auto import auto_call, default_grad_wrt, forward_plan, planned_tree, reverse_plan
 from .._plan.search import MemoryPlan
 from .._types import GradPolicy, InAxes, Remainder, RowMask
@@ -45,6 +53,9 @@ class Reduce(eqx.Module):
 
     fn: Callable[..., Any]
     reducer: AbstractReducer = Concat()
+
+    def __check_init__(self):
+        check_callable("Reduce", "fn", self.fn, "a batched function")
 
     def __call__(self, *args: Any, valid: RowMask | None = None) -> Any:
         return evaluate(self.fn, self.reducer, args, valid, "Reduce")
@@ -168,6 +179,7 @@ class Chunk(eqx.Module):
         self.in_axes = inherit_axes("Chunk", self.in_axes, self.fn)
 
     def __check_init__(self):
+        check_callable("Chunk", "fn", self.fn, "a batched function")
         if self.size != "auto":
             check_positive("Chunk", "size", self.size)
         check_positive("Chunk", "unroll", self.unroll, allow_none=False)

@@ -16,7 +16,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import as_in_axes, as_size, check_choice, check_positive, zero_in_axes
+from .._checks import (
+    as_in_axes,
+    as_size,
+    check_callable,
+    check_choice,
+    check_positive,
+    zero_in_axes,
+)
 from .._types import AxisSpec, InAxes, RowMask
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._rows import map_mapped, mapped_length
@@ -118,6 +125,7 @@ class Pad(eqx.Module):
             self.reducer = held_reducer(self.fn)
 
     def __check_init__(self):
+        check_callable("Pad", "fn", self.fn, "a batched function")
         check_positive("Pad", "multiple", self.multiple, allow_none=False)
         check_choice("Pad", "fill", self.fill, ("edge", "zero"))
         reducer_of("Pad", self.fn, self.reducer)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from .._checks import as_in_axes, check_choice, zero_in_axes
+from .._checks import as_in_axes, check_callable, check_choice, zero_in_axes
 from .._types import InAxes, RowMask, ShardRemainder
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._rows import call_with_valid, compiled_if_eager, map_mapped, mapped_length
@@ -83,6 +83,7 @@ class Shard(eqx.Module):
             self.reducer = held_reducer(self.fn)
 
     def __check_init__(self):
+        check_callable("Shard", "fn", self.fn, "a batched function")
         if self.remainder is not None:
             check_choice("Shard", "remainder", self.remainder, ("call", "pad"))
         self.pads()  # the reducer agrees with fn's, and remainder="pad" is possible

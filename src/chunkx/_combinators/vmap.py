@@ -5,7 +5,7 @@ from typing import Any
 
 import equinox as eqx
 
-from .._checks import as_in_axes, zero_in_axes
+from .._checks import as_in_axes, check_callable, zero_in_axes
 from .._types import InAxes
 from ._axes import layer_in_axes, own_axes
 
@@ -38,11 +38,7 @@ class Vmap(eqx.Module):
     out_axes: Any = eqx.field(static=True, default=0)
 
     def __check_init__(self):
-        if not callable(self.fn):
-            raise TypeError(
-                f"`Vmap(fn={self.fn!r})`: fn must be callable (the per-example function), got "
-                f"{type(self.fn).__name__}."
-            )
+        check_callable("Vmap", "fn", self.fn, "the per-example function")
 
     def __call__(self, *args: Any) -> Any:
         axes = zero_in_axes("Vmap", self.in_axes, len(args))
