@@ -211,6 +211,25 @@ def test_bool_and_narrow_integer_sums_in_jnp_sum_dtype(size):
     assert ours.dtype == theirs.dtype and int(ours) == int(theirs)
 
 
+@pytest.mark.parametrize("size", [1, 2, 4, 5, 10])
+def test_boolean_rows_are_counted(size):
+    """A `Sum` of boolean rows counts them, as `jnp.sum` does (not their logical or), in
+    every pipeline that sums: one call, a chunk loop (shifted or with a remainder call),
+    a padded chunk and the devices of a `Shard`."""
+    x = jnp.array([True, False, True, True, True, False, True, True, True])  # 7 of 9
+    want = jnp.sum(jax.vmap(lambda r: r)(x))
+    for compensated in (True, False):
+        red = chunkx.Sum(compensated=compensated)
+        pipes = [chunkx.Reduce(chunkx.Vmap(lambda r: r), red),
+                 chunkx.Chunk(chunkx.Vmap(lambda r: r), size, reducer=red),
+                 chunkx.Chunk(chunkx.Vmap(lambda r: r), size, reducer=red, remainder="call"),
+                 chunkx.Pad(chunkx.Chunk(chunkx.Vmap(lambda r: r), size, reducer=red), 4),
+                 chunkx.Shard(chunkx.Chunk(chunkx.Vmap(lambda r: r), size, reducer=red))]
+        for pipe in pipes:
+            got = jax.jit(pipe)(x)
+            assert got.dtype == want.dtype and int(got) == int(want) == 7, (pipe, got)
+
+
 def test_elementwise_concat_bit_identical_at_every_size():
     """An elementwise map is bit-identical to the compiled `jax.vmap` at every chunk size
     1..n, with either remainder handling (both sides compiled: XLA fuses, and may contract
