@@ -348,7 +348,7 @@ class Sum(AbstractReducer):
       leaves masked rows out of its sum, so a chunk loop shifts its last chunk back (one
       compiled program) instead of calling the leftover rows as one more piece.
     - `compensated`: a chunk loop adds the chunks' floating-point sums with compensation
-      (each addition's rounding error is carried and added back at the end; bfloat16 and
+      (each addition's rounding error is carried into the next addition; bfloat16 and
       float16 accumulate in float32), so the result is as accurate as `jnp.sum` of all rows
       at any chunk size. `False`: a plain running sum in the leaves' dtype (the bits of a
       hand-written loop such as optax's). Integer sums are exact either way; bool rows and
