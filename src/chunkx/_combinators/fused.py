@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
+from .._plan.auto import names
 from . import compensated as comp
 from ._rows import IN_RANGE, join_args, rows
 from ._sharding import typed_like
@@ -52,7 +53,7 @@ def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
     if chunk.grad in ("recompute", "store"):
         return chunk.grad, None
     additive = chunk.reducer.is_additive()
-    who = "Chunk" if chunk.owner is None else chunk.owner[0]  # the public map that built it
+    who = names(chunk)["who"]  # the public map that built it, else `Chunk`
     if chunk.grad == "fused" and not additive:
         raise ValueError(
             f"`{who}(grad='fused')`: fusing value and gradient needs a reducer whose chunks "

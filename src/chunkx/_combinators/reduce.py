@@ -216,6 +216,11 @@ class AbstractReducer(AbstractAccumulation):
         return acc
 
 
+def join_chunks(stacked: Tree) -> Tree:
+    """A loop's stacked per-chunk results `(chunks, rows, ...)` joined along the rows."""
+    return jax.tree_util.tree_map(lambda y: jax.lax.collapse(y, 0, 2), stacked)
+
+
 def check_collapses(reduce: Callable, rows_struct: Tree, what: str) -> None:
     """Raise if `reduce(rows)` keeps the mapped axis (its shapes depend on the rows)."""
 
@@ -311,9 +316,7 @@ class Concat(AbstractReducer):
         return jax.tree_util.tree_map(write, acc, part), None
 
     def finish(self, acc: Tree, stacked: Tree) -> Tree:
-        if acc is not None:
-            return acc
-        return jax.tree_util.tree_map(lambda y: jax.lax.collapse(y, 0, 2), stacked)  # chunks, rows
+        return join_chunks(stacked) if acc is None else acc
 
     def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
         return fn(*args)  # every row is computed; `trim` cuts the padded ones off

@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from .._combinators._rows import struct_of
 from .._combinators._sharding import is_explicit, mesh_of, place
-from .._combinators.reduce import AbstractReducer, Concat, Sum
+from .._combinators.reduce import AbstractReducer, Concat, Sum, join_chunks
 from .._types import RowMask, Tree
 
 
@@ -149,7 +149,7 @@ class Stack(_LoopOnly):
         return None, part
 
     def finish(self, acc: Tree, stacked: Tree) -> Tree:
-        return jax.tree_util.tree_map(lambda y: jax.lax.collapse(y, 0, 2), stacked)  # chunks, rows
+        return join_chunks(stacked)
 
 
 class UserAccumulate(_LoopOnly):
