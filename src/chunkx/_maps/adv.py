@@ -95,13 +95,10 @@ class BatchVmap(AbstractChunkedVmap):
         return leaves, at, treedef, names
 
 
-def _in_front(x: Any, axis: int) -> Any:
-    """The struct of array `x` with `axis` moved to the front (`x` itself if it is 0-d)."""
+def _in_front(x: Any, axis: int) -> jax.ShapeDtypeStruct:
+    """The struct of array `x` with `axis` (non-negative: `resolve`'s) moved to the front."""
     shape = jnp.shape(x)
-    if not shape:
-        return x
-    axis %= len(shape)
-    return jax.ShapeDtypeStruct((shape[axis],) + shape[:axis] + shape[axis + 1 :], x.dtype)
+    return jax.ShapeDtypeStruct((shape[axis], *shape[:axis], *shape[axis + 1 :]), x.dtype)
 
 
 @public

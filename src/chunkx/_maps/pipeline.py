@@ -8,7 +8,6 @@ from typing import Any, Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh
 
 from .._checks import (
@@ -18,7 +17,7 @@ from .._checks import (
     check_positive,
     resolve_batch_size,
 )
-from .._combinators._rows import mapped_length
+from .._combinators._rows import map_mapped, mapped_length
 from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.chunk import Chunk, Reduce
 from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
@@ -104,26 +103,16 @@ def check_options(
 
     The chunk size (and adv's `chunk_size=` alias in `kwargs`), the budget (`64e6` as
     well as ints: `check_budget`), the mesh where `shard` (with `mesh_1d`, one axis), and the
-    reverse-mode options (`check_grad_options`; with `plan_grad=False` an "auto" map plans no
+    reverse-mode options: a policy, and a backward size, which needs a forward one ("auto" with
+    an "auto" map, unless `grad="store"`; with `plan_grad=False` an "auto" map plans no
     backward size of its own). `names`: the map's forward and backward size arguments;
     `rest`: the other `Options` fields (`shard`, `mesh`, `checkpoint`, ...).
     """
     memory_budget = check_budget(who, budget_name, memory_budget)
-    size = resolve_batch_size(who, batch_size, kwargs or {}, memory_budget, name=names[0])
+    size_name, grad_name = names
+    size = resolve_batch_size(who, batch_size, kwargs or {}, memory_budget, name=size_name)
     if rest.get("shard") and mesh_1d:
         check_mesh_1d(who, rest.get("mesh"))
-    planned = check_grad_options(who, size, grad, grad_size, names)
-    grad_size = planned if plan_grad or grad_size is not None else None
-    return Options(
-        who, size, grad=grad, grad_size=grad_size, memory_budget=memory_budget,
-        names=(*names, budget_name), **rest,
-    )
-
-
-def check_grad_options(who: str, size: Any, grad: str, grad_size: Any, names: tuple) -> Any:
-    """The reverse-mode options: a policy, and a backward size ("auto" with an "auto" map),
-    named as the map names its forward and backward sizes (`names`)."""
-    size_name, grad_name = names
     check_choice(who, "grad", grad, ("auto", "fused", "recompute", "store"))
     grad_size = check_positive(who, grad_name, grad_size)
     if grad_size is not None and size is None:
@@ -131,9 +120,12 @@ def check_grad_options(who: str, size: Any, grad: str, grad_size: Any, names: tu
             f"`{who}({grad_name}={grad_size!r})`: a backward chunk size needs a "
             f"forward one; got {size_name}=None (no chunking)."
         )
-    if grad_size is None and size == "auto" and grad != "store":
-        return "auto"  # both passes are planned
-    return grad_size
+    if grad_size is None and size == "auto" and grad != "store" and plan_grad:
+        grad_size = "auto"  # both passes are planned
+    return Options(
+        who, size, grad=grad, grad_size=grad_size, memory_budget=memory_budget,
+        names=(*names, budget_name), **rest,
+    )
 
 
 def reducer_for(
@@ -189,20 +181,10 @@ def compose(inner: Callable, axes: tuple, reducer: AbstractReducer, opts: Option
 
 def plan_of(pipeline: Any, method: str, args: tuple, axes: tuple, opts: Options) -> Any:
     """`method` (`"memory_plan"`, `"grad_memory_plan"`) of the pipeline's Chunk (inside its
-    Shard, if any), on `jax.ShapeDtypeStruct`s of the rows one device's Chunk sees
-    (`per_device_rows`)."""
+    Shard, if any), the mapped arrays as `jax.ShapeDtypeStruct`s of the rows one device's Chunk
+    sees (`per_device_rows`). Called where the arguments are traced (`plan_call`)."""
     k = per_device_rows(mapped_length(args, axes, opts.who), opts.devices(args))
-
-    def struct(x, mapped):
-        if not eqx.is_array(x):
-            return x
-        shape = np.shape(x)
-        return jax.ShapeDtypeStruct((k,) + shape[1:] if mapped else shape, x.dtype)
-
-    local = tuple(
-        jax.tree_util.tree_map(lambda x, a=a: struct(x, a is not None), arg)
-        for arg, a in zip(args, axes)
-    )
+    local = map_mapped(lambda x: jax.ShapeDtypeStruct((k, *x.shape[1:]), x.dtype), args, axes)
     chunk = pipeline.fn if isinstance(pipeline, Shard) else pipeline
     return getattr(chunk, method)(*local)
 
