@@ -279,7 +279,6 @@ def batch_map(
         progress=progress,
     )
     check_strip(who, strip_dim0, opts.size)
-    mapped_length((fun_input,), (0,), who)
     return run_one_input(
         fun, fun_input, opts, reduction, chunk_reduction, strip_dim0=strip_dim0,
         arg="fun_input", reducer=reducer,

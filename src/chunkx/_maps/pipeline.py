@@ -225,17 +225,19 @@ def check_strip(who: str, strip_dim0: bool, batch_size: Any) -> None:
 def run_one_input(
     fun: Callable, x: Any, opts: Options, reduction: Any, chunk_reduction: Callable, **how: Any
 ) -> Any:
-    """The tail shared by `batch_map` and `sparse_pullback`: one chunked input pytree `x`.
+    """The tail shared by `batch_map` and `sparse_pullback`: one chunked input pytree `x`,
+    whose leading lengths are checked here, in the map's name.
 
     `how`: `strip_dim0` calls `fun` per row; with a `reduction` those rows are folded (seeded
     from row 0, so 0 rows of the input named `arg` is an error); `reducer` as in
     `reducer_for`. An "auto" size is planned by the pipeline's Chunk.
     """
     who, what = opts.who, f"{opts.who}({fn_name(fun)})"
+    n = mapped_length((x,), (0,), who)
     if how.get("strip_dim0"):
         fun = Strip(fun)
         if reduction is not None:
-            if mapped_length((x,), (0,), who) == 0:
+            if n == 0:
                 raise ValueError(
                     f"`{who}(strip_dim0=True, reduction=...)`: {how['arg']} has 0 rows and the "
                     "reduction has no identity element to return."
