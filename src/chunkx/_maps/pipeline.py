@@ -10,13 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from .._checks import (
-    check_budget,
-    check_choice,
-    check_mesh_1d,
-    check_positive,
-    resolve_batch_size,
-)
+from .._checks import check_budget, check_choice, check_mesh_1d, check_positive, resolve_batch_size
 from .._combinators._rows import map_mapped, mapped_length
 from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.chunk import Chunk, Reduce
@@ -86,17 +80,9 @@ class Options(eqx.Module):
 
 
 def check_options(
-    who: str,
-    batch_size: Any,
-    *,
-    kwargs: dict | None = None,
-    memory_budget: Any = None,
-    grad: str = "auto",
-    grad_size: Any = None,
-    plan_grad: bool = True,
-    budget_name: str = "memory_budget",
-    names: tuple[str, str] = BATCH_NAMES,
-    mesh_1d: bool = True,
+    who: str, batch_size: Any, *, kwargs: dict | None = None, memory_budget: Any = None,
+    grad: str = "auto", grad_size: Any = None, plan_grad: bool = True,
+    budget_name: str = "memory_budget", names: tuple[str, str] = BATCH_NAMES, mesh_1d: bool = True,
     **rest: Any,
 ) -> Options:
     """The options of a map, each checked once, in `who`'s name.
@@ -129,11 +115,8 @@ def check_options(
 
 
 def reducer_for(
-    who: str,
-    reduction: Callable | None,
-    chunk_reduction: Callable,
-    reducer: AbstractReducer | None = None,
-    grad: str = "auto",
+    who: str, reduction: Callable | None, chunk_reduction: Callable,
+    reducer: AbstractReducer | None = None, grad: str = "auto",
 ) -> tuple[AbstractReducer, Callable | None]:
     """adv's `(reduction, chunk_reduction)` pair as a reducer plus an optional final map.
 
