@@ -1,5 +1,6 @@
 """The one argument binder and the one `argnums` normaliser the maps share."""
 
+import math
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -56,23 +57,23 @@ def check_argnums(
     range. Messages name `who` and the argument `name`.
     """
     many = not is_index(value)
-    entries = _entries(value) if many else (value,)
-    ranged = nargs is not None or not negative
-    nums = []
+    try:
+        entries = tuple(value) if many else (value,)
+    except TypeError:  # neither an int nor a sequence
+        entries = (value,)
+    high = math.inf if nargs is None else nargs
+    low = -high if negative else 0
     for i in entries:
-        if not is_index(i):
-            if ranged:
-                _out_of_range(who, name, value, i, nargs, negative)
+        if not is_index(i) and nargs is None and negative:  # no range to state
             raise TypeError(
                 f"`{who}({name}={value!r})`: {name} must be an int or a sequence of ints, "
                 f"got {value!r}."
             )
-        i = operator.index(i)
-        low = -nargs if negative and nargs is not None else (None if negative else 0)
-        if (low is not None and i < low) or (nargs is not None and i >= nargs):
+        i = operator.index(i) if is_index(i) else i
+        if not is_index(i) or not low <= i < high:
             _out_of_range(who, name, value, i, nargs, negative)
-        nums.append(i)
-    return tuple(nums) if many else nums[0]
+    nums = tuple(operator.index(i) for i in entries)
+    return nums if many else nums[0]
 
 
 def argnums_tuple(argnums: int | tuple[int, ...]) -> tuple[int, ...]:
@@ -89,13 +90,6 @@ def is_index(x: Any) -> bool:
     except TypeError:
         return False
     return True
-
-
-def _entries(value: Any) -> tuple:
-    try:
-        return tuple(value)
-    except TypeError:
-        return (value,)
 
 
 def _out_of_range(who, name, value, i, nargs, negative):
