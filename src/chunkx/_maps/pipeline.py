@@ -150,11 +150,10 @@ def compose(inner: Callable, axes: tuple, reducer: AbstractReducer, opts: Option
     if opts.size is None:
         piece = Reduce(inner, reducer)
     else:
-        planned = "auto" in (opts.size, opts.grad_size)
         piece = Chunk(
             inner, opts.size, reducer=reducer, in_axes=axes, checkpoint=opts.checkpoint,
             progress=opts.progress, grad=opts.grad, grad_size=opts.grad_size,
-            memory_budget=opts.memory_budget if planned else None,
+            memory_budget=opts.memory_budget if "auto" in (opts.size, opts.grad_size) else None,
             owner=opts.owner(what), remainder=opts.remainder,
         )
     if opts.shard:
