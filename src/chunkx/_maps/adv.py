@@ -17,7 +17,7 @@ from .._combinators.reduce import AbstractReducer, identity
 from .._public import public
 from .._types import Budget, GradPolicy, InAxes, Size
 from ._vmap_axes import Spec, resolve
-from .pipeline import Options, check_options, check_strip, reducer_for, run_one_input
+from .pipeline import Options, check_options, reducer_for, run_one_input
 from .vmap import AbstractChunkedVmap
 
 
@@ -276,9 +276,8 @@ def batch_map(
     opts = check_options(
         who, batch_size, kwargs=kwargs, memory_budget=memory_budget, grad=grad,
         grad_size=grad_batch_size, shard=shard, mesh=mesh, checkpoint=checkpoint,
-        progress=progress,
+        progress=progress, strip_dim0=strip_dim0,
     )
-    check_strip(who, strip_dim0, opts.size)
     return run_one_input(
         fun, fun_input, opts, reduction, chunk_reduction, strip_dim0=strip_dim0,
         arg="fun_input", reducer=reducer,

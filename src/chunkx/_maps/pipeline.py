@@ -83,7 +83,7 @@ def check_options(
     who: str, batch_size: Any, *, kwargs: dict | None = None, memory_budget: Any = None,
     grad: str = "auto", grad_size: Any = None, plan_grad: bool = True,
     budget_name: str = "memory_budget", names: tuple[str, str] = BATCH_NAMES, mesh_1d: bool = True,
-    **rest: Any,
+    strip_dim0: bool = False, **rest: Any,
 ) -> Options:
     """The options of a map, each checked once, in `who`'s name.
 
@@ -92,7 +92,8 @@ def check_options(
     reverse-mode options: a policy, and a backward size, which needs a forward one ("auto" with
     an "auto" map, unless `grad="store"`; with `plan_grad=False` an "auto" map plans no
     backward size of its own). `names`: the map's forward and backward size arguments;
-    `rest`: the other `Options` fields (`shard`, `mesh`, `checkpoint`, ...).
+    `strip_dim0` (adv's, for `run_one_input`) needs a size of 1; `rest`: the other `Options`
+    fields (`shard`, `mesh`, `checkpoint`, ...).
     """
     memory_budget = check_budget(who, budget_name, memory_budget)
     size_name, grad_name = names
@@ -108,6 +109,11 @@ def check_options(
         )
     if grad_size is None and size == "auto" and grad != "store" and plan_grad:
         grad_size = "auto"  # both passes are planned
+    if strip_dim0 and size != 1:
+        raise ValueError(
+            f"`{who}(strip_dim0=True, {size_name}={size!r})`: strip_dim0 needs "
+            f"{size_name}=1 (the function then receives single rows without their leading axis)."
+        )
     return Options(
         who, size, grad=grad, grad_size=grad_size, memory_budget=memory_budget,
         names=(*names, budget_name), **rest,
@@ -194,14 +200,6 @@ class Strip(eqx.Module):
 
 def _first_row(rows: Any) -> Any:
     return jax.tree_util.tree_map(lambda y: y[0], rows)
-
-
-def check_strip(who: str, strip_dim0: bool, batch_size: Any) -> None:
-    if strip_dim0 and batch_size != 1:
-        raise ValueError(
-            f"`{who}(strip_dim0=True, batch_size={batch_size!r})`: strip_dim0 needs "
-            "batch_size=1 (the function then receives single rows without their leading axis)."
-        )
 
 
 def run_one_input(

@@ -15,7 +15,7 @@ from .._combinators.pullback import Pullback, check_contract
 from .._combinators.reduce import identity
 from .._public import public
 from .._types import Budget, Size
-from .pipeline import check_options, check_strip, run_one_input
+from .pipeline import check_options, run_one_input
 
 
 def _block_check(who: str, fn: Callable, y: Any, key: Any, rtol: float, atol: float) -> tuple:
@@ -182,8 +182,8 @@ def sparse_pullback(
         who, batch_size, kwargs=kwargs, memory_budget=memory_budget,
         grad="auto" if grad_batch_size is None else "recompute", grad_size=grad_batch_size,
         plan_grad=False, shard=shard, mesh=mesh, checkpoint=checkpoint, progress=progress,
+        strip_dim0=strip_dim0,
     )
-    check_strip(who, strip_dim0, opts.size)
     n = mapped_length((y,), (0,), who)
     if n:
         rows = n if opts.size in (None, "auto") else min(n, opts.size)  # the first chunk
