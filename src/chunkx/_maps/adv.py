@@ -7,7 +7,6 @@ from typing import Any, ClassVar, Literal
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from .._checks import as_in_axes, check_in_axes, in_axes_tuple
@@ -97,7 +96,7 @@ class BatchVmap(AbstractChunkedVmap):
 
 def _in_front(x: Any, axis: int) -> jax.ShapeDtypeStruct:
     """The struct of array `x` with `axis` (non-negative: `resolve`'s) moved to the front."""
-    shape = jnp.shape(x)
+    shape = x.shape  # an array's: resolve maps arrays only
     return jax.ShapeDtypeStruct((shape[axis], *shape[:axis], *shape[axis + 1 :]), x.dtype)
 
 
