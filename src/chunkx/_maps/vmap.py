@@ -4,6 +4,7 @@ with `batch_vmap`."""
 
 import abc
 import functools
+import operator
 from collections.abc import Callable, Hashable
 from typing import Any, Literal
 
@@ -66,30 +67,12 @@ class AbstractChunkedVmap(eqx.Module):
     def _resolve(self, args: tuple, kwargs: dict) -> tuple:
         """`(leaves, axes, treedef, names)` of `(args, kwargs)`, as `_vmap_axes.resolve`."""
 
-    @property
-    def batch_size(self) -> int | Literal["auto"] | None:
-        return self.opts.size
-
-    @property
-    def grad_batch_size(self) -> int | Literal["auto"] | None:
-        return self.opts.grad_size
-
-    @property
-    def mesh(self) -> Mesh | None:
-        return self.opts.mesh
-
-    @property
-    def shard(self) -> bool:
-        return self.opts.shard
-
-    @property
-    def memory_budget(self) -> int | None:
-        return self.opts.memory_budget
-
-    @property
-    def _who(self) -> str:
-        """The map named in messages."""
-        return self.opts.who
+    batch_size = property(operator.attrgetter("opts.size"))
+    grad_batch_size = property(operator.attrgetter("opts.grad_size"))
+    mesh = property(operator.attrgetter("opts.mesh"))
+    shard = property(operator.attrgetter("opts.shard"))
+    memory_budget = property(operator.attrgetter("opts.memory_budget"))
+    _who = property(operator.attrgetter("opts.who"))  # the map named in messages
 
     def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
         """The [`chunkx.MemoryPlan`][] of the reverse pass: its `chunk_size` is the backward size.
@@ -120,7 +103,7 @@ class AbstractChunkedVmap(eqx.Module):
         the chunk loop and the outputs' moves compile together; repeated calls reuse it)."""
         if is_eager((self, args, kwargs)):
             self._checked(args, kwargs)  # argument errors raised here, not from inside a jit
-        return compiled_if_eager(_value, self, args, kwargs)
+        return compiled_if_eager(AbstractChunkedVmap._call, self, args, kwargs)
 
     def _checked(self, args: tuple, kwargs: dict) -> tuple:
         """`_resolve`'s `(leaves, axes, treedef, names)`, the mapped axes' sizes checked."""
@@ -206,13 +189,12 @@ class AbstractChunkedVmap(eqx.Module):
             axes = flat_axes(who, "out_axes", spec, out, "the output of the function")
             axes = tuple(a if a is None else out_axis(who, jnp.shape(x), a)
                          for x, a in zip(leaves, axes))
-            mapped = [None if a is None else jnp.asarray(x) for x, a in zip(leaves, axes)]
-            return mapped, [x if a is None else None for x, a in zip(leaves, axes)], (treedef, axes)
+            return [x if a is None else None for x, a in zip(leaves, axes)], (treedef, axes)
 
-        probe = eqx.filter_vmap(sort, in_axes=_AXES, out_axes=(0, None, None))
+        probe = eqx.filter_vmap(sort, in_axes=_AXES, out_axes=None)
         one = [x[:1] for x in rows]
         try:
-            _, kept, (treedef, axes) = eqx.filter_eval_shape(probe, one, fixed)
+            kept, (treedef, axes) = eqx.filter_eval_shape(probe, one, fixed)
         except ValueError as e:
             if "got axis spec None but output was batched" not in str(e):
                 raise
@@ -221,13 +203,9 @@ class AbstractChunkedVmap(eqx.Module):
                 "depends on a mapped argument; give it an int axis."
             ) from None
         if any(isinstance(k, jax.ShapeDtypeStruct) for k in kept):
-            kept = probe(one, fixed)[1]  # outputs that depend on no mapped row
+            kept = probe(one, fixed)[0]  # outputs that depend on no mapped row
         body = _Body(body.fun, body.treedef, body.mapped, tuple(a is not None for a in axes))
         return body, treedef, axes, kept
-
-
-def _value(chunked: AbstractChunkedVmap, args: tuple, kwargs: dict) -> Any:
-    return chunked._call(args, kwargs)
 
 
 class ChunkedVmap(AbstractChunkedVmap):
@@ -273,13 +251,11 @@ class ChunkedVmap(AbstractChunkedVmap):
 
     def _resolve(self, args: tuple, kwargs: dict) -> tuple:
         who, spec = self._who, self.in_axes.tree
-        if self.filtered:
-            spec = by_name(who, self.fun, spec, len(args))
-            return resolve(who, (spec, None), (args, kwargs), "the arguments", self.in_axes)
         if type(spec) is tuple:
             check_entries(who, spec, len(args))
-        what = "the positional arguments"
-        return resolve(who, (spec, 0), (args, kwargs), what, self.in_axes)
+        spec = (by_name(who, self.fun, spec, len(args)), None if self.filtered else 0)
+        what = "the arguments" if self.filtered else "the positional arguments"
+        return resolve(who, spec, (args, kwargs), what, self.in_axes)
 
 
 def _build(
