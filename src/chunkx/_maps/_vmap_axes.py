@@ -38,13 +38,8 @@ def _is_axis(a: Any) -> bool:
     return a is None or type(a) is int
 
 
-def check_spec(who: str, name: str, spec: Any, filtered: bool, top: bool) -> None:
+def check_spec(who: str, name: str, spec: Any, filtered: bool) -> None:
     """Raise unless `spec` is made of ints and `None` (and callables when `filtered`)."""
-    if top and not filtered and not (_is_axis(spec) or type(spec) in (tuple, list)):
-        raise TypeError(
-            f"`{who}({name}={spec!r})`: {name} must be an int, None or a tuple with one entry "
-            f"per positional argument, got {type(spec).__name__}."
-        )
     kinds = "ints, None and callables" if filtered else "ints and None"
     for leaf in jax.tree_util.tree_leaves(spec, is_leaf=_is_spec_leaf):
         if not (_is_axis(leaf) or (filtered and callable(leaf))):

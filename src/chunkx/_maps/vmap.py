@@ -15,7 +15,7 @@ from equinox import AbstractVar
 from jax.sharding import Mesh
 from jaxtyping import PyTree
 
-from .._checks import check_entries, check_positive
+from .._checks import check_entries, check_in_axes, check_positive
 from .._combinators._rows import compiled_if_eager, is_eager, moveaxis
 from .._combinators._sharding import on_inputs_mesh
 from .._combinators.reduce import AbstractReducer, Concat, Monoid
@@ -264,8 +264,10 @@ def _build(
     **opts: Any,
 ) -> ChunkedVmap:
     """The map's axes checked, its options into one `Options`, and its `ChunkedVmap`."""
-    check_spec(who, "in_axes", in_axes, filtered, not filtered)
-    check_spec(who, "out_axes", out_axes, filtered, False)
+    if not filtered and not isinstance(in_axes, tuple | list):
+        check_in_axes(who, in_axes)  # an int or None
+    check_spec(who, "in_axes", in_axes, filtered)
+    check_spec(who, "out_axes", out_axes, filtered)
     if axis_name is not None:
         raise ValueError(
             f"`{who}(axis_name={axis_name!r})`: collectives over the mapped axis (psum, "
@@ -353,14 +355,13 @@ def vmap(
         assert jax.tree_util.tree_all(jax.tree.map(jnp.allclose, g(p, x), ref))
         ```
     """
-    who = "chunkx.vmap"
     if spmd_axis_name is not None:
         raise ValueError(
-            f"`{who}(spmd_axis_name={spmd_axis_name!r})`: not supported; shard the mapped "
+            f"`chunkx.vmap(spmd_axis_name={spmd_axis_name!r})`: not supported; shard the mapped "
             "axis with shard=True (and mesh=) instead."
         )
     return _build(
-        who, fun, False, in_axes=in_axes, out_axes=out_axes, axis_name=axis_name,
+        "chunkx.vmap", fun, False, in_axes=in_axes, out_axes=out_axes, axis_name=axis_name,
         axis_size=axis_size, batch_size=batch_size, reducer=reducer,
         memory_budget=memory_budget, grad=grad, grad_batch_size=grad_batch_size, shard=shard,
         mesh=mesh, progress=progress,
