@@ -194,7 +194,7 @@ class AbstractChunkedVmap(eqx.Module):
         probe = eqx.filter_vmap(sort, in_axes=_AXES, out_axes=None)
         one = [x[:1] for x in rows]
         try:
-            kept, (treedef, axes) = eqx.filter_eval_shape(probe, one, fixed)
+            kept, (treedef, axes) = probe(one, fixed)  # traced: _call always is
         except ValueError as e:
             if "got axis spec None but output was batched" not in str(e):
                 raise
@@ -202,8 +202,6 @@ class AbstractChunkedVmap(eqx.Module):
                 f"`{who}(out_axes={self.out_axes!r})`: an output with out_axes None "
                 "depends on a mapped argument; give it an int axis."
             ) from None
-        if any(isinstance(k, jax.ShapeDtypeStruct) for k in kept):
-            kept = probe(one, fixed)[0]  # outputs that depend on no mapped row
         body = _Body(body.fun, body.treedef, body.mapped, tuple(a is not None for a in axes))
         return body, treedef, axes, kept
 
