@@ -192,9 +192,8 @@ class AbstractChunkedVmap(eqx.Module):
             return [x if a is None else None for x, a in zip(leaves, axes)], (treedef, axes)
 
         probe = eqx.filter_vmap(sort, in_axes=_AXES, out_axes=None)
-        one = [x[:1] for x in rows]
-        try:
-            kept, (treedef, axes) = probe(one, fixed)  # traced: _call always is
+        try:  # traced, as _call always is
+            kept, (treedef, axes) = probe([x[:1] for x in rows], fixed)
         except ValueError as e:
             if "got axis spec None but output was batched" not in str(e):
                 raise
@@ -239,9 +238,7 @@ class ChunkedVmap(AbstractChunkedVmap):
         with on_inputs_mesh((args, kwargs)):
             return self._run(args, kwargs)
 
-    @property
-    def __wrapped__(self) -> Callable[..., Any]:  # `inspect.signature` reads fun's
-        return self.fun
+    __wrapped__ = property(operator.attrgetter("fun"))  # `inspect.signature` reads fun's
 
     def __get__(self, instance: Any, owner: Any) -> Any:
         # As a method decorator (like eqx.filter_vmap's): bind the instance.
