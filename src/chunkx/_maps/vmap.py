@@ -357,9 +357,8 @@ def vmap(
         )
     return _build(
         "chunkx.vmap", fun, False, in_axes=in_axes, out_axes=out_axes, axis_name=axis_name,
-        axis_size=axis_size, batch_size=batch_size, reducer=reducer,
-        memory_budget=memory_budget, grad=grad, grad_batch_size=grad_batch_size, shard=shard,
-        mesh=mesh, progress=progress,
+        axis_size=axis_size, batch_size=batch_size, reducer=reducer, memory_budget=memory_budget,
+        grad=grad, grad_batch_size=grad_batch_size, shard=shard, mesh=mesh, progress=progress,
     )
 
 
