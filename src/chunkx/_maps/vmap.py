@@ -172,9 +172,7 @@ class AbstractChunkedVmap(eqx.Module):
             self.fun, in_axes=self.in_axes.tree, out_axes=self.out_axes.tree,
             axis_size=self.axis_size,
         )(*args, **kwargs)
-        if isinstance(self.reducer, Concat):
-            return out
-        dyn, static = eqx.partition(out, eqx.is_array)
+        dyn, static = eqx.partition(out, eqx.is_array)  # Concat's reduce_rows: the rows as they are
         return eqx.combine(self.reducer.reduce_rows(dyn, None), static)
 
     def _sorted(self, body: _Body, rows: list, fixed: list) -> tuple:
