@@ -247,8 +247,7 @@ class ChunkedVmap(AbstractChunkedVmap):
         if type(spec) is tuple:
             check_entries(who, spec, len(args))
         spec = (by_name(who, self.fun, spec, len(args)), None if self.filtered else 0)
-        what = "the arguments" if self.filtered else "the positional arguments"
-        return resolve(who, spec, (args, kwargs), what, self.in_axes)
+        return resolve(who, spec, (args, kwargs), "the positional arguments", self.in_axes)
 
 
 def _build(
