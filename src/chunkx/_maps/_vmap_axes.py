@@ -100,7 +100,7 @@ def resolve(who: str, spec: Any, tree: Any, what: str, shown: Any = None) -> tup
     """
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
     leaves = [x for _, x in flat]
-    names = [_name(path) for path, _ in flat]
+    names = [("args", "kwargs")[path[0].idx] + jax.tree_util.keystr(path[1:]) for path, _ in flat]
     axes = flat_axes(who, "in_axes", spec, tree, what, shown)
     axes = [a if a is None else in_axis(who, nm, x, a) for nm, x, a in zip(names, leaves, axes)]
     return leaves, axes, treedef, names
@@ -131,9 +131,3 @@ def out_axis(who: str, shape: tuple, axis: int) -> int:
             f"shape {tuple(shape)} (mapped rank {nd})."
         )
     return axis % nd
-
-
-def _name(path: tuple) -> str:
-    """The name of the leaf of `(args, kwargs)` at `path` (`args[0]['a']`, `kwargs['b']`)."""
-    root = "args" if getattr(path[0], "idx", None) == 0 else "kwargs"
-    return root + jax.tree_util.keystr(path[1:])
