@@ -1,17 +1,15 @@
 """`in_axes`/`out_axes` pytree prefixes as `jax.vmap` and `eqx.filter_vmap` read them."""
 
-import dataclasses
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
 import numpy as np
 
 
-@dataclasses.dataclass(frozen=True)
-class Spec:
+class Spec(NamedTuple):
     """An axes pytree kept hashable (a static Module field): its leaves and its structure."""
 
     leaves: tuple
