@@ -16,8 +16,17 @@ class Spec(NamedTuple):
     treedef: Any
 
     @classmethod
-    def of(cls, tree: Any) -> "Spec":
+    def of(cls, tree: Any, who: str = "Spec", name: str = "axes", filtered: bool = True) -> "Spec":
+        """The axes pytree `tree`, checked: its leaves must be ints and `None` (and callables
+        when `filtered`), else a `TypeError` names `who` and the argument `name`."""
         leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_spec_leaf)
+        kinds = "ints, None and callables" if filtered else "ints and None"
+        for leaf in leaves:
+            if not (_is_axis(leaf) or (filtered and callable(leaf))):
+                raise TypeError(
+                    f"`{who}({name}={tree!r})`: the leaves of {name} must be {kinds}, got "
+                    f"{leaf!r} ({type(leaf).__name__})."
+                )
         return cls(tuple(leaves), treedef)
 
     @property
@@ -34,17 +43,6 @@ def _is_spec_leaf(x: Any) -> bool:
 
 def _is_axis(a: Any) -> bool:
     return a is None or type(a) is int
-
-
-def check_spec(who: str, name: str, spec: Any, filtered: bool) -> None:
-    """Raise unless `spec` is made of ints and `None` (and callables when `filtered`)."""
-    kinds = "ints, None and callables" if filtered else "ints and None"
-    for leaf in jax.tree_util.tree_leaves(spec, is_leaf=_is_spec_leaf):
-        if not (_is_axis(leaf) or (filtered and callable(leaf))):
-            raise TypeError(
-                f"`{who}({name}={spec!r})`: the leaves of {name} must be {kinds}, got "
-                f"{leaf!r} ({type(leaf).__name__})."
-            )
 
 
 def by_name(who: str, fun: Callable, in_axes: Any, nargs: int) -> Any:

@@ -23,7 +23,7 @@ from .._combinators.vmap import Vmap
 from .._plan.search import MemoryPlan
 from .._public import public
 from .._types import Budget, GradPolicy
-from ._vmap_axes import Spec, by_name, check_spec, flat_axes, out_axis, resolve
+from ._vmap_axes import Spec, by_name, flat_axes, out_axis, resolve
 from .pipeline import Options, check_options, compose, fn_name, plan_call, plan_of
 
 _AXES = (0, None)  # the pipeline's two arguments: mapped rows, fixed leaves
@@ -256,10 +256,11 @@ def _build(
     **opts: Any,
 ) -> ChunkedVmap:
     """The map's axes checked, its options into one `Options`, and its `ChunkedVmap`."""
-    if not filtered and not isinstance(in_axes, tuple | list):
+    in_axes = tuple(in_axes) if isinstance(in_axes, list) and not filtered else in_axes
+    if not filtered and not isinstance(in_axes, tuple):
         check_in_axes(who, in_axes)  # an int or None
-    check_spec(who, "in_axes", in_axes, filtered)
-    check_spec(who, "out_axes", out_axes, filtered)
+    spec_in = Spec.of(in_axes, who, "in_axes", filtered)
+    spec_out = Spec.of(out_axes, who, "out_axes", filtered)
     if axis_name is not None:
         raise ValueError(
             f"`{who}(axis_name={axis_name!r})`: collectives over the mapped axis (psum, "
@@ -274,8 +275,6 @@ def _build(
         )
     check_positive(who, "axis_size", axis_size)
     checked = check_options(who, batch_size, grad_size=grad_batch_size, **opts)
-    in_axes = tuple(in_axes) if isinstance(in_axes, list) and not filtered else in_axes
-    spec_in, spec_out = Spec.of(in_axes), Spec.of(out_axes)
     return ChunkedVmap(fun, spec_in, spec_out, filtered, reducer or Concat(), axis_size, checked)
 
 
