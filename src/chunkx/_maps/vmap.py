@@ -26,21 +26,20 @@ from .._types import Budget, GradPolicy
 from ._vmap_axes import Spec, by_name, flat_axes, out_axis, resolve
 from .pipeline import Options, check_options, compose, fn_name, plan_call, plan_of
 
-_AXES = (0, None)  # the pipeline's two arguments: mapped rows, fixed leaves
+_AXES = (0, None)  # the pipeline's two arguments: mapped rows, fixed leaves (None elsewhere)
 
 
 class _Body(eqx.Module):
-    """Per example: rebuild `(args, kwargs)` from a row of the mapped leaves and the fixed ones,
-    call `fun`, and keep the outputs that are mapped (`out_mask`; `None`: all of them)."""
+    """Per example: rebuild `(args, kwargs)` from a row of the mapped leaves and the fixed ones
+    (each list `None` where the other holds the leaf), call `fun`, and keep the outputs that
+    are mapped (`out_mask`; `None`: all of them)."""
 
     fun: Callable[..., Any]
     treedef: Any = eqx.field(static=True)
-    mapped: tuple[bool, ...] = eqx.field(static=True)
     out_mask: tuple[bool, ...] | None = eqx.field(static=True, default=None)
 
     def __call__(self, rows: list, fixed: list) -> Any:
-        rows, fixed = iter(rows), iter(fixed)
-        leaves = [next(rows) if m else next(fixed) for m in self.mapped]
+        leaves = [f if r is None else r for r, f in zip(rows, fixed)]
         args, kwargs = jax.tree_util.tree_unflatten(self.treedef, leaves)
         out = self.fun(*args, **kwargs)
         if self.out_mask is None:
@@ -133,9 +132,9 @@ class AbstractChunkedVmap(eqx.Module):
             if plan is not None:
                 raise ValueError(f"`{who}.{plan}`: no argument is mapped; nothing to plan.")
             return self._unmapped(args, kwargs)
-        rows = [moveaxis(x, a, 0) for x, a in zip(leaves, axes) if a is not None]
-        fixed = [x for x, a in zip(leaves, axes) if a is None]
-        body = _Body(self.fun, treedef, tuple(a is not None for a in axes))
+        rows = [None if a is None else moveaxis(x, a, 0) for x, a in zip(leaves, axes)]
+        fixed = [x if a is None else None for x, a in zip(leaves, axes)]
+        body = _Body(self.fun, treedef)
         every = not self.filtered and type(self.out_axes.tree) is int  # every output mapped
         if not every:  # one row traced tells which outputs are mapped
             body, out_tree, out_axes, kept = self._sorted(body, rows, fixed)
@@ -191,7 +190,7 @@ class AbstractChunkedVmap(eqx.Module):
 
         probe = eqx.filter_vmap(sort, in_axes=_AXES, out_axes=None)
         try:  # traced, as _call always is
-            kept, (treedef, axes) = probe([x[:1] for x in rows], fixed)
+            kept, (treedef, axes) = probe(jax.tree_util.tree_map(lambda x: x[:1], rows), fixed)
         except ValueError as e:
             if "got axis spec None but output was batched" not in str(e):
                 raise
@@ -199,7 +198,7 @@ class AbstractChunkedVmap(eqx.Module):
                 f"`{who}(out_axes={self.out_axes!r})`: an output with out_axes None "
                 "depends on a mapped argument; give it an int axis."
             ) from None
-        body = _Body(body.fun, body.treedef, body.mapped, tuple(a is not None for a in axes))
+        body = _Body(body.fun, body.treedef, tuple(a is not None for a in axes))
         return body, treedef, axes, kept
 
 
