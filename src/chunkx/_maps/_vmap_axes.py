@@ -1,25 +1,32 @@
 """`in_axes`/`out_axes` pytree prefixes as `jax.vmap` and `eqx.filter_vmap` read them."""
 
-import dataclasses
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
 import numpy as np
 
 
-@dataclasses.dataclass(frozen=True)
-class Spec:
+class Spec(NamedTuple):
     """An axes pytree kept hashable (a static Module field): its leaves and its structure."""
 
     leaves: tuple
     treedef: Any
 
     @classmethod
-    def of(cls, tree: Any) -> "Spec":
+    def of(cls, tree: Any, who: str = "Spec", name: str = "axes", filtered: bool = True) -> "Spec":
+        """The axes pytree `tree`, checked: its leaves must be ints and `None` (and callables
+        when `filtered`), else a `TypeError` names `who` and the argument `name`."""
         leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_spec_leaf)
+        kinds = "ints, None and callables" if filtered else "ints and None"
+        for leaf in leaves:
+            if not (_is_axis(leaf) or (filtered and callable(leaf))):
+                raise TypeError(
+                    f"`{who}({name}={tree!r})`: the leaves of {name} must be {kinds}, got "
+                    f"{leaf!r} ({type(leaf).__name__})."
+                )
         return cls(tuple(leaves), treedef)
 
     @property
@@ -36,22 +43,6 @@ def _is_spec_leaf(x: Any) -> bool:
 
 def _is_axis(a: Any) -> bool:
     return a is None or type(a) is int
-
-
-def check_spec(who: str, name: str, spec: Any, filtered: bool, top: bool) -> None:
-    """Raise unless `spec` is made of ints and `None` (and callables when `filtered`)."""
-    if top and not filtered and not (_is_axis(spec) or type(spec) in (tuple, list)):
-        raise TypeError(
-            f"`{who}({name}={spec!r})`: {name} must be an int, None or a tuple with one entry "
-            f"per positional argument, got {type(spec).__name__}."
-        )
-    kinds = "ints, None and callables" if filtered else "ints and None"
-    for leaf in jax.tree_util.tree_leaves(spec, is_leaf=_is_spec_leaf):
-        if not (_is_axis(leaf) or (filtered and callable(leaf))):
-            raise TypeError(
-                f"`{who}({name}={spec!r})`: the leaves of {name} must be {kinds}, got "
-                f"{leaf!r} ({type(leaf).__name__})."
-            )
 
 
 def by_name(who: str, fun: Callable, in_axes: Any, nargs: int) -> Any:
@@ -105,7 +96,7 @@ def resolve(who: str, spec: Any, tree: Any, what: str, shown: Any = None) -> tup
     """
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
     leaves = [x for _, x in flat]
-    names = [_name(path) for path, _ in flat]
+    names = [("args", "kwargs")[path[0].idx] + jax.tree_util.keystr(path[1:]) for path, _ in flat]
     axes = flat_axes(who, "in_axes", spec, tree, what, shown)
     axes = [a if a is None else in_axis(who, nm, x, a) for nm, x, a in zip(names, leaves, axes)]
     return leaves, axes, treedef, names
@@ -136,9 +127,3 @@ def out_axis(who: str, shape: tuple, axis: int) -> int:
             f"shape {tuple(shape)} (mapped rank {nd})."
         )
     return axis % nd
-
-
-def _name(path: tuple) -> str:
-    """The name of the leaf of `(args, kwargs)` at `path` (`args[0]['a']`, `kwargs['b']`)."""
-    root = "args" if getattr(path[0], "idx", None) == 0 else "kwargs"
-    return root + jax.tree_util.keystr(path[1:])

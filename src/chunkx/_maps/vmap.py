@@ -4,6 +4,7 @@ with `batch_vmap`."""
 
 import abc
 import functools
+import operator
 from collections.abc import Callable, Hashable
 from typing import Any, Literal
 
@@ -14,7 +15,7 @@ from equinox import AbstractVar
 from jax.sharding import Mesh
 from jaxtyping import PyTree
 
-from .._checks import check_entries, check_positive
+from .._checks import check_entries, check_in_axes, check_positive
 from .._combinators._rows import compiled_if_eager, is_eager, moveaxis
 from .._combinators._sharding import on_inputs_mesh
 from .._combinators.reduce import AbstractReducer, Concat, Monoid
@@ -22,24 +23,23 @@ from .._combinators.vmap import Vmap
 from .._plan.search import MemoryPlan
 from .._public import public
 from .._types import Budget, GradPolicy
-from ._vmap_axes import Spec, by_name, check_spec, flat_axes, out_axis, resolve
+from ._vmap_axes import Spec, by_name, flat_axes, out_axis, resolve
 from .pipeline import Options, check_options, compose, fn_name, plan_call, plan_of
 
-_AXES = (0, None)  # the pipeline's two arguments: mapped rows, fixed leaves
+_AXES = (0, None)  # the pipeline's two arguments: mapped rows, fixed leaves (None elsewhere)
 
 
 class _Body(eqx.Module):
-    """Per example: rebuild `(args, kwargs)` from a row of the mapped leaves and the fixed ones,
-    call `fun`, and keep the outputs that are mapped (`out_mask`; `None`: all of them)."""
+    """Per example: rebuild `(args, kwargs)` from a row of the mapped leaves and the fixed ones
+    (each list `None` where the other holds the leaf), call `fun`, and keep the outputs that
+    are mapped (`out_mask`; `None`: all of them)."""
 
     fun: Callable[..., Any]
     treedef: Any = eqx.field(static=True)
-    mapped: tuple[bool, ...] = eqx.field(static=True)
     out_mask: tuple[bool, ...] | None = eqx.field(static=True, default=None)
 
     def __call__(self, rows: list, fixed: list) -> Any:
-        rows, fixed = iter(rows), iter(fixed)
-        leaves = [next(rows) if m else next(fixed) for m in self.mapped]
+        leaves = [f if r is None else r for r, f in zip(rows, fixed)]
         args, kwargs = jax.tree_util.tree_unflatten(self.treedef, leaves)
         out = self.fun(*args, **kwargs)
         if self.out_mask is None:
@@ -66,30 +66,12 @@ class AbstractChunkedVmap(eqx.Module):
     def _resolve(self, args: tuple, kwargs: dict) -> tuple:
         """`(leaves, axes, treedef, names)` of `(args, kwargs)`, as `_vmap_axes.resolve`."""
 
-    @property
-    def batch_size(self) -> int | Literal["auto"] | None:
-        return self.opts.size
-
-    @property
-    def grad_batch_size(self) -> int | Literal["auto"] | None:
-        return self.opts.grad_size
-
-    @property
-    def mesh(self) -> Mesh | None:
-        return self.opts.mesh
-
-    @property
-    def shard(self) -> bool:
-        return self.opts.shard
-
-    @property
-    def memory_budget(self) -> int | None:
-        return self.opts.memory_budget
-
-    @property
-    def _who(self) -> str:
-        """The map named in messages."""
-        return self.opts.who
+    batch_size = property(operator.attrgetter("opts.size"))
+    grad_batch_size = property(operator.attrgetter("opts.grad_size"))
+    mesh = property(operator.attrgetter("opts.mesh"))
+    shard = property(operator.attrgetter("opts.shard"))
+    memory_budget = property(operator.attrgetter("opts.memory_budget"))
+    _who = property(operator.attrgetter("opts.who"))  # the map named in messages
 
     def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
         """The [`chunkx.MemoryPlan`][] of the reverse pass: its `chunk_size` is the backward size.
@@ -120,7 +102,7 @@ class AbstractChunkedVmap(eqx.Module):
         the chunk loop and the outputs' moves compile together; repeated calls reuse it)."""
         if is_eager((self, args, kwargs)):
             self._checked(args, kwargs)  # argument errors raised here, not from inside a jit
-        return compiled_if_eager(_value, self, args, kwargs)
+        return compiled_if_eager(AbstractChunkedVmap._call, self, args, kwargs)
 
     def _checked(self, args: tuple, kwargs: dict) -> tuple:
         """`_resolve`'s `(leaves, axes, treedef, names)`, the mapped axes' sizes checked."""
@@ -150,9 +132,9 @@ class AbstractChunkedVmap(eqx.Module):
             if plan is not None:
                 raise ValueError(f"`{who}.{plan}`: no argument is mapped; nothing to plan.")
             return self._unmapped(args, kwargs)
-        rows = [moveaxis(x, a, 0) for x, a in zip(leaves, axes) if a is not None]
-        fixed = [x for x, a in zip(leaves, axes) if a is None]
-        body = _Body(self.fun, treedef, tuple(a is not None for a in axes))
+        rows = [None if a is None else moveaxis(x, a, 0) for x, a in zip(leaves, axes)]
+        fixed = [x if a is None else None for x, a in zip(leaves, axes)]
+        body = _Body(self.fun, treedef)
         every = not self.filtered and type(self.out_axes.tree) is int  # every output mapped
         if not every:  # one row traced tells which outputs are mapped
             body, out_tree, out_axes, kept = self._sorted(body, rows, fixed)
@@ -189,9 +171,7 @@ class AbstractChunkedVmap(eqx.Module):
             self.fun, in_axes=self.in_axes.tree, out_axes=self.out_axes.tree,
             axis_size=self.axis_size,
         )(*args, **kwargs)
-        if isinstance(self.reducer, Concat):
-            return out
-        dyn, static = eqx.partition(out, eqx.is_array)
+        dyn, static = eqx.partition(out, eqx.is_array)  # Concat's reduce_rows: the rows as they are
         return eqx.combine(self.reducer.reduce_rows(dyn, None), static)
 
     def _sorted(self, body: _Body, rows: list, fixed: list) -> tuple:
@@ -206,13 +186,11 @@ class AbstractChunkedVmap(eqx.Module):
             axes = flat_axes(who, "out_axes", spec, out, "the output of the function")
             axes = tuple(a if a is None else out_axis(who, jnp.shape(x), a)
                          for x, a in zip(leaves, axes))
-            mapped = [None if a is None else jnp.asarray(x) for x, a in zip(leaves, axes)]
-            return mapped, [x if a is None else None for x, a in zip(leaves, axes)], (treedef, axes)
+            return [x if a is None else None for x, a in zip(leaves, axes)], (treedef, axes)
 
-        probe = eqx.filter_vmap(sort, in_axes=_AXES, out_axes=(0, None, None))
-        one = [x[:1] for x in rows]
-        try:
-            _, kept, (treedef, axes) = eqx.filter_eval_shape(probe, one, fixed)
+        probe = eqx.filter_vmap(sort, in_axes=_AXES, out_axes=None)
+        try:  # traced, as _call always is
+            kept, (treedef, axes) = probe(jax.tree_util.tree_map(lambda x: x[:1], rows), fixed)
         except ValueError as e:
             if "got axis spec None but output was batched" not in str(e):
                 raise
@@ -220,14 +198,8 @@ class AbstractChunkedVmap(eqx.Module):
                 f"`{who}(out_axes={self.out_axes!r})`: an output with out_axes None "
                 "depends on a mapped argument; give it an int axis."
             ) from None
-        if any(isinstance(k, jax.ShapeDtypeStruct) for k in kept):
-            kept = probe(one, fixed)[1]  # outputs that depend on no mapped row
-        body = _Body(body.fun, body.treedef, body.mapped, tuple(a is not None for a in axes))
+        body = _Body(body.fun, body.treedef, tuple(a is not None for a in axes))
         return body, treedef, axes, kept
-
-
-def _value(chunked: AbstractChunkedVmap, args: tuple, kwargs: dict) -> Any:
-    return chunked._call(args, kwargs)
 
 
 class ChunkedVmap(AbstractChunkedVmap):
@@ -263,9 +235,7 @@ class ChunkedVmap(AbstractChunkedVmap):
         with on_inputs_mesh((args, kwargs)):
             return self._run(args, kwargs)
 
-    @property
-    def __wrapped__(self) -> Callable[..., Any]:  # `inspect.signature` reads fun's
-        return self.fun
+    __wrapped__ = property(operator.attrgetter("fun"))  # `inspect.signature` reads fun's
 
     def __get__(self, instance: Any, owner: Any) -> Any:
         # As a method decorator (like eqx.filter_vmap's): bind the instance.
@@ -273,13 +243,10 @@ class ChunkedVmap(AbstractChunkedVmap):
 
     def _resolve(self, args: tuple, kwargs: dict) -> tuple:
         who, spec = self._who, self.in_axes.tree
-        if self.filtered:
-            spec = by_name(who, self.fun, spec, len(args))
-            return resolve(who, (spec, None), (args, kwargs), "the arguments", self.in_axes)
         if type(spec) is tuple:
             check_entries(who, spec, len(args))
-        what = "the positional arguments"
-        return resolve(who, (spec, 0), (args, kwargs), what, self.in_axes)
+        spec = (by_name(who, self.fun, spec, len(args)), None if self.filtered else 0)
+        return resolve(who, spec, (args, kwargs), "the positional arguments", self.in_axes)
 
 
 def _build(
@@ -288,8 +255,11 @@ def _build(
     **opts: Any,
 ) -> ChunkedVmap:
     """The map's axes checked, its options into one `Options`, and its `ChunkedVmap`."""
-    check_spec(who, "in_axes", in_axes, filtered, not filtered)
-    check_spec(who, "out_axes", out_axes, filtered, False)
+    in_axes = tuple(in_axes) if isinstance(in_axes, list) and not filtered else in_axes
+    if not filtered and not isinstance(in_axes, tuple):
+        check_in_axes(who, in_axes)  # an int or None
+    spec_in = Spec.of(in_axes, who, "in_axes", filtered)
+    spec_out = Spec.of(out_axes, who, "out_axes", filtered)
     if axis_name is not None:
         raise ValueError(
             f"`{who}(axis_name={axis_name!r})`: collectives over the mapped axis (psum, "
@@ -304,8 +274,6 @@ def _build(
         )
     check_positive(who, "axis_size", axis_size)
     checked = check_options(who, batch_size, grad_size=grad_batch_size, **opts)
-    in_axes = tuple(in_axes) if isinstance(in_axes, list) and not filtered else in_axes
-    spec_in, spec_out = Spec.of(in_axes), Spec.of(out_axes)
     return ChunkedVmap(fun, spec_in, spec_out, filtered, reducer or Concat(), axis_size, checked)
 
 
@@ -377,17 +345,15 @@ def vmap(
         assert jax.tree_util.tree_all(jax.tree.map(jnp.allclose, g(p, x), ref))
         ```
     """
-    who = "chunkx.vmap"
     if spmd_axis_name is not None:
         raise ValueError(
-            f"`{who}(spmd_axis_name={spmd_axis_name!r})`: not supported; shard the mapped "
+            f"`chunkx.vmap(spmd_axis_name={spmd_axis_name!r})`: not supported; shard the mapped "
             "axis with shard=True (and mesh=) instead."
         )
     return _build(
-        who, fun, False, in_axes=in_axes, out_axes=out_axes, axis_name=axis_name,
-        axis_size=axis_size, batch_size=batch_size, reducer=reducer,
-        memory_budget=memory_budget, grad=grad, grad_batch_size=grad_batch_size, shard=shard,
-        mesh=mesh, progress=progress,
+        "chunkx.vmap", fun, False, in_axes=in_axes, out_axes=out_axes, axis_name=axis_name,
+        axis_size=axis_size, batch_size=batch_size, reducer=reducer, memory_budget=memory_budget,
+        grad=grad, grad_batch_size=grad_batch_size, shard=shard, mesh=mesh, progress=progress,
     )
 
 
