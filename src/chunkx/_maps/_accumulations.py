@@ -118,10 +118,21 @@ def is_accumulation(x: Any) -> bool:
     return _as_type(x) is not None or _is_user(x)
 
 
-class _LoopOnly(AbstractReducer):
-    """A reducer that joins microbatches within one chunk loop only (no padding, no mesh):
-    its loop is its own `init`/`accumulate`/`finish`, and one piece of rows (`reduce_rows`,
-    where no loop runs) is that loop over one microbatch (`reduce_chunk`'s partial)."""
+class UserAccumulate(AbstractReducer):
+    """A microbatch loop of `microbatch` and the per-example maps: a user's `acc` (optax's
+    `init`/`update`/`finalize`) as the chunk loop's [`chunkx.AbstractAccumulation`][] (its
+    result is the carry, unfinalized), or with `acc=None` `microbatch`'s CONCAT, which stacks
+    the microbatch results and joins them along axis 0 (in loop order; `Interleave` puts the
+    rows in batch order, optax's column-major join).
+
+    It joins microbatches within one chunk loop only (no padding, no mesh): one piece of rows
+    (`reduce_rows`, where no loop runs) is that loop over one microbatch. Microbatches from
+    `num_real` on are run but do not update the carry.
+    """
+
+    acc: Any = None
+    num_real: Any = None
+    aggregate: bool = eqx.field(static=True, default=False)
 
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
         part = self.reduce_chunk(rows, valid)
@@ -129,52 +140,39 @@ class _LoopOnly(AbstractReducer):
         return self.finish(acc, jax.tree_util.tree_map(lambda y: y[None], stacked))
 
     def combine(self, a: Tree, b: Tree) -> Tree:
-        raise NotImplementedError(f"{type(self).__name__} joins within one chunk loop only")
+        raise NotImplementedError("UserAccumulate joins within one chunk loop only")
 
     def check_rows(self, rows_struct: Tree, who: str) -> None:
         pass  # a microbatch's result, joined as is
-
-
-class Stack(_LoopOnly):
-    """`microbatch`'s CONCAT: stack the microbatch results and join them along axis 0 (in
-    loop order; `Interleave` puts the rows in batch order, optax's column-major join)."""
-
-    def reduce_chunk(self, rows: Tree, valid: RowMask | None) -> Tree:
-        return rows
-
-    def init(self, part: Tree, n: int) -> Tree:
-        return None
-
-    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
-        return None, part
-
-    def finish(self, acc: Tree, stacked: Tree) -> Tree:
-        return join_chunks(stacked)
-
-
-class UserAccumulate(_LoopOnly):
-    """A user's Accumulator (optax's `init`/`update`/`finalize`) as the chunk loop's
-    [`chunkx.AbstractAccumulation`][] (its result is the carry, unfinalized).
-
-    Microbatches from `num_real` on are run but do not update the carry.
-    """
-
-    acc: Any
-    num_real: Any = None
-    aggregate: bool = eqx.field(static=True, default=False)
 
     def reduce_chunk(self, rows: Tree, valid: RowMask | None) -> Tree:
         return self.acc.aggregate(rows) if self.aggregate else rows
 
     def init(self, part: Tree, n: int) -> Tree:
-        return self.acc.init(part)
+        return None if self.acc is None else self.acc.init(part)
 
     def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
+        if self.acc is None:
+            return None, part
         new = self.acc.update(acc, part, index)
         if self.num_real is None:
             return new, None
         keep = index < self.num_real
         return jax.tree_util.tree_map(lambda a, b: jnp.where(keep, a, b), new, acc), None
+
+    def finish(self, acc: Tree, stacked: Tree) -> Tree:
+        return join_chunks(stacked) if self.acc is None else acc
+
+
+def _per_leaf(method: str, trees: int = 1) -> Callable:
+    """The `Leaves` method `method`: each leaf's reducer's on its part of the first `trees`
+    arguments (pytrees of the outputs' prefix; the others passed to every leaf), the results
+    put back in the prefix's structure."""
+
+    def each(self, *args: Any) -> Tree:
+        return self.treedef.unflatten(self._each(method, *args[:trees], extra=args[trees:]))
+
+    return each
 
 
 class Leaves(AbstractReducer):
@@ -185,6 +183,15 @@ class Leaves(AbstractReducer):
     treedef: Any = eqx.field(static=True)
     kinds: tuple = ()
     who: str = eqx.field(static=True, default="")  # the public map, for its errors
+
+    reduce_rows = _per_leaf("reduce_rows")
+    reduce_chunk = _per_leaf("reduce_chunk")
+    combine = _per_leaf("combine", trees=2)
+    init = _per_leaf("init")
+    finish = _per_leaf("finish", trees=2)
+    shard_spec = _per_leaf("shard_spec", trees=0)
+    shard_local = _per_leaf("shard_local")
+    shard_collect = _per_leaf("shard_collect")
 
     def _each(self, method: str, *trees: Tree, extra: tuple = ()) -> list:
         split = [self.treedef.flatten_up_to(t) for t in trees]
@@ -199,24 +206,9 @@ class Leaves(AbstractReducer):
     def can_mask(self) -> bool:
         return all(r.can_mask() for r in self.reducers)
 
-    def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
-        return self.treedef.unflatten(self._each("reduce_rows", rows, extra=(valid,)))
-
-    def reduce_chunk(self, rows: Tree, valid: RowMask | None) -> Tree:
-        return self.treedef.unflatten(self._each("reduce_chunk", rows, extra=(valid,)))
-
-    def combine(self, a: Tree, b: Tree) -> Tree:
-        return self.treedef.unflatten(self._each("combine", a, b))
-
-    def init(self, part: Tree, n: int) -> Tree:
-        return self.treedef.unflatten(self._each("init", part, extra=(n,)))
-
     def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
         pairs = self._each("accumulate", acc, part, extra=(start, index))
         return tuple(self.treedef.unflatten([p[i] for p in pairs]) for i in (0, 1))
-
-    def finish(self, acc: Tree, stacked: Tree) -> Tree:
-        return self.treedef.unflatten(self._each("finish", acc, stacked))
 
     def trim(self, out: Tree, n: int) -> Tree:
         out = jax.tree_util.tree_map(replicated, out)  # cutting rows off an Explicit axis
@@ -231,15 +223,6 @@ class Leaves(AbstractReducer):
                 f"prefix of the outputs (one AccumulationType or Accumulator per subtree): {e}"
             ) from None
         self._each("check_rows", rows_struct, extra=(who,))
-
-    def shard_spec(self, axis: Any) -> Any:
-        return self.treedef.unflatten([r.shard_spec(axis) for r in self.reducers])
-
-    def shard_local(self, partial: Tree, axis: Any) -> Tree:
-        return self.treedef.unflatten(self._each("shard_local", partial, extra=(axis,)))
-
-    def shard_collect(self, gathered: Tree, mesh: Any) -> Tree:
-        return self.treedef.unflatten(self._each("shard_collect", gathered, extra=(mesh,)))
 
     def each_leaf(self, fn: Callable, out: Tree) -> Tree:
         """`fn(kind, part)` on each leaf's part of `out`."""
@@ -262,7 +245,7 @@ def plan_leaves(who: str, accumulator: Any, per_example: bool, num_real: Any, co
         if t is None:
             reducers.append(UserAccumulate(k, num_real, per_example))
         elif t is AccumulationType.CONCAT:
-            reducers.append(Concat() if per_example else Stack())
+            reducers.append(Concat() if per_example else UserAccumulate())
         else:
             reducers.append(Sum(presummed=not per_example, compensated=compensated))
         out.append(k if t is None else t)
@@ -293,7 +276,7 @@ def finalize(who: str, leaves: Leaves, carry: Tree, mean_n: Any, run_n: Any):
 def refuse_user(who: str, leaves: Leaves, needs: dict) -> None:
     """Raise if a user's Accumulator meets one of the options `needs` flags."""
     for what, used in needs.items():
-        if used and any(isinstance(r, UserAccumulate) for r in leaves.reducers):
+        if used and any(not isinstance(k, AccumulationType) for k in leaves.kinds):
             raise ValueError(
                 f"`{who}(accumulator=...)`: a user-written Accumulator runs microbatch by "
                 f"microbatch and cannot take {what}; use the AccumulationType members."

@@ -63,11 +63,8 @@ class RowFn(eqx.Module):
         if not self.masked:
             return compute(rows)
         mask = xs[0]
-
-        def skip(rows):
-            return zeros_like_struct(jax.eval_shape(compute, rows))
-
-        out = jax.lax.cond(jnp.any(mask), compute, skip, rows)
+        skip = jax.eval_shape(compute, rows)
+        out = jax.lax.cond(jnp.any(mask), compute, lambda _: zeros_like_struct(skip), rows)
         if not self.per_example:
             return out
         return jax.tree_util.tree_map(lambda y: zero_masked(y, mask), out)
@@ -89,9 +86,7 @@ class Interleave(eqx.Module):
         s = n if self.size is None else self.size
         k = n // s
         head = ()
-        if valid is not None and not self.masked:
-            raise AssertionError("Interleave: a row mask arrived, but the rows are not masked")
-        if self.masked:
+        if self.masked:  # a row mask `valid` arrives only where the rows are masked
             m = jnp.ones(n, bool) if valid is None else jnp.asarray(valid)
             if self.num_real is not None:
                 m = m & (jnp.arange(n) % k < self.num_real)
@@ -189,16 +184,20 @@ class Microbatched(eqx.Module):
         flat, at, treedef, _ = self._resolve(args, kwargs)
         moved = [x if a is None else moveaxis(x, a, 0) for x, a in zip(flat, at)]
         mapped = jax.tree_util.tree_unflatten(treedef, [a is not None for a in at])
-        pair = eqx.partition(jax.tree_util.tree_unflatten(treedef, moved), mapped)
-        if not opts.shard:  # rows cut and permuted on one layout (each device's under Shard)
-            pair = (jax.tree_util.tree_map(replicated, pair[0]), pair[1])
+        rows, fixed = eqx.partition(jax.tree_util.tree_unflatten(treedef, moved), mapped)
+        # rows cut and permuted on one layout (each device's under Shard)
+        pair = (rows if opts.shard else jax.tree_util.tree_map(replicated, rows), fixed)
         n = mapped_length(pair, _AXES, who)
         if n == 0:
             raise ValueError(f"`{who}`: the batch is empty (0 rows); there is no microbatch.")
         axes = tuple(a for a in at if a is not None)
         mb = n if opts.size is None else opts.size
-        if mb == "auto" and not self.per_example:  # `fun` sees whole microbatches
-            whole = self._whole(RowFn(self.fun, axes, False, False), pair, n)
+        if mb == "auto" and not self.per_example:  # `fun` sees whole microbatches: the plan
+            # of a Chunk of microbatches, its size the largest divisor of the rows within it
+            fwd = dataclasses.replace(opts, grad_size=None)
+            whole = compose(RowFn(self.fun, axes, False, False), _AXES, leaves, fwd, who)
+            whole = whole.memory_plan(*pair)
+            whole = dataclasses.replace(whole, chunk_size=divisor_below(n, whole.chunk_size))
             if plan is not None:
                 return whole
             mb = whole.chunk_size
@@ -228,13 +227,6 @@ class Microbatched(eqx.Module):
             core = Shard(core, opts.mesh, in_axes=_AXES) if opts.shard else core
         core = Pad(core, mb, in_axes=_AXES) if padded else core
         return finalize(who, leaves, core(*pair), *self._counts(n, k, r))
-
-    def _whole(self, row_fn: RowFn, pair: tuple, n: int) -> MemoryPlan:
-        """`microbatch_size="auto"` where `fun` sees whole microbatches: the plan of a Chunk of
-        microbatches, its size the largest divisor of the rows within the planned size."""
-        opts = dataclasses.replace(self.opts, grad_size=None)
-        plan = compose(row_fn, _AXES, self.leaves, opts, opts.who).memory_plan(*pair)
-        return dataclasses.replace(plan, chunk_size=divisor_below(n, plan.chunk_size))
 
     def _counts(self, n: int, k: int | None, r: Any):
         """What MEAN and RUNNING_MEAN divide by: rows (or microbatches) in all, and those run."""
