@@ -240,6 +240,26 @@ class Leaves(AbstractReducer):
         parts = self.treedef.flatten_up_to(out)
         return self.treedef.unflatten(list(map(fn, self.kinds, parts)))
 
+    def finalize(self, carry: Tree, mean_n: Any, run_n: Any) -> Tree:
+        """The result from the loop's carry: MEAN divides by `mean_n`, RUNNING_MEAN by `run_n`
+        (what was run; zero where nothing ran), a user's Accumulator finalizes."""
+
+        def leaf(kind, c):
+            if kind not in (AccumulationType.MEAN, AccumulationType.RUNNING_MEAN):
+                return c if isinstance(kind, AccumulationType) else kind.finalize(c)
+            for x in jax.tree_util.tree_leaves(c):
+                if not jnp.issubdtype(x.dtype, jnp.floating):
+                    raise ValueError(
+                        f"`{self.who}(accumulator={kind.name})`: MEAN and RUNNING_MEAN need "
+                        f"floating-point outputs, got a leaf of dtype {x.dtype}."
+                    )
+            n = mean_n if kind is AccumulationType.MEAN else run_n
+            ran = n > 0  # nothing run: zeros, and zero gradients (no 0 / 0 under the where)
+            safe = jnp.where(ran, n, 1)
+            return jax.tree_util.tree_map(lambda x: jnp.where(ran, x / safe, 0).astype(x.dtype), c)
+
+        return self.each_leaf(leaf, carry)
+
 
 def plan_leaves(who: str, accumulator: Any, per_example: bool, num_real: Any, compensated: bool):
     """The `Leaves` reducer of the accumulator prefix; SUM, MEAN and RUNNING_MEAN add with
@@ -259,27 +279,6 @@ def plan_leaves(who: str, accumulator: Any, per_example: bool, num_real: Any, co
         else:
             reducers.append(UserAccumulate(k, num_real, per_example))
     return Leaves(tuple(reducers), treedef, tuple(kinds), who)
-
-
-def finalize(who: str, leaves: Leaves, carry: Tree, mean_n: Any, run_n: Any):
-    """The result from the loop's carry: MEAN divides by `mean_n`, RUNNING_MEAN by `run_n`
-    (what was run; zero where nothing ran), a user's Accumulator finalizes."""
-
-    def leaf(kind, c):
-        if kind in (AccumulationType.MEAN, AccumulationType.RUNNING_MEAN):
-            for x in jax.tree_util.tree_leaves(c):
-                if not jnp.issubdtype(x.dtype, jnp.floating):
-                    raise ValueError(
-                        f"`{who}(accumulator={kind.name})`: MEAN and RUNNING_MEAN need "
-                        f"floating-point outputs, got a leaf of dtype {x.dtype}."
-                    )
-            n = mean_n if kind is AccumulationType.MEAN else run_n
-            ran = n > 0  # nothing run: zeros, and zero gradients (no 0 / 0 under the where)
-            safe = jnp.where(ran, n, 1)
-            return jax.tree_util.tree_map(lambda x: jnp.where(ran, x / safe, 0).astype(x.dtype), c)
-        return c if isinstance(kind, AccumulationType) else kind.finalize(c)
-
-    return leaves.each_leaf(leaf, carry)
 
 
 def refuse_user(who: str, leaves: Leaves, needs: dict) -> None:
@@ -471,32 +470,24 @@ class Microbatched(eqx.Module):
         # masked rows: padded ones, of a microbatch past `num_real`, or padded over the devices
         masked = k is not None and (padded or r is not None or n % d != 0)
         row_fn = RowFn(self.fun, axes, self.per_example, masked, self.vmap_fn)
-        if k is None:  # one "auto" chunk loop over the rows, planned by its Chunk
-            core = compose(row_fn, _AXES, leaves, opts, who)
-            if plan is not None:
-                return plan_of(core, plan, pair, _AXES, opts)
-        else:
-            g = opts.grad_size // d if isinstance(opts.grad_size, int) else opts.grad_size
-            local = None if opts.size is None else mb // d  # None: all rows at once
-            inner = dataclasses.replace(opts, size=local, grad_size=g, shard=False)
-            core = compose(row_fn, (0,) * masked + _AXES, leaves, inner, who)
-            # rows that are each their own output need not be grouped into optax's microbatches
-            # (unless a user's vmap_fn, with an axis name, lets a row see its microbatch)
-            rowwise = (self.per_example and self.vmap_fn is jax.vmap
-                       and all(t is AccumulationType.CONCAT for t in leaves.kinds))
-            if masked or not rowwise:
-                core = Interleave(core, leaves, local, r, masked)
-            core = Shard(core, opts.mesh, in_axes=_AXES) if opts.shard else core
-        core = Pad(core, mb, in_axes=_AXES) if padded else core
-        return finalize(who, leaves, core(*pair), *self._counts(n, k, r))
-
-    def _counts(self, n: int, k: int | None, r: Any):
-        """What MEAN and RUNNING_MEAN divide by: rows (or microbatches) in all, and those run."""
-        if not self.per_example:
-            return k, (k if r is None else r)
-        if r is None:
-            return n, n
-        return n, jnp.sum(jnp.arange(n) % k < r)
+        g = opts.grad_size // d if isinstance(opts.grad_size, int) else opts.grad_size
+        local = None if opts.size is None else mb if k is None else mb // d  # None: all rows
+        inner = dataclasses.replace(opts, size=local, grad_size=g, shard=False)
+        core = compose(row_fn, (0,) * masked + _AXES, leaves, inner, who)
+        # rows that are each their own output need not be grouped into optax's microbatches
+        # (unless a user's vmap_fn, with an axis name, lets a row see its microbatch), nor
+        # the rows of one "auto" chunk loop, which has no microbatches
+        rowwise = (self.per_example and self.vmap_fn is jax.vmap
+                   and all(t is AccumulationType.CONCAT for t in leaves.kinds))
+        if k is not None and (masked or not rowwise):
+            core = Interleave(core, leaves, local, r, masked)
+        core = Shard(core, opts.mesh, in_axes=_AXES) if opts.shard else core
+        if plan is not None:  # an "auto" size: the plan of the loop's Chunk
+            return plan_of(core, plan, pair, _AXES, opts)
+        out = (Pad(core, mb, in_axes=_AXES) if padded else core)(*pair)
+        if not self.per_example:  # MEAN over the microbatches, RUNNING_MEAN over those run
+            return leaves.finalize(out, k, k if r is None else r)
+        return leaves.finalize(out, n, n if r is None else jnp.sum(jnp.arange(n) % k < r))
 
     def _check(self, n: int, mb: Any, d: int) -> None:
         who = self.opts.who
