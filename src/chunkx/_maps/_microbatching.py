@@ -237,8 +237,7 @@ class Leaves(AbstractReducer):
 
     def each_leaf(self, fn: Callable, out: Tree) -> Tree:
         """`fn(kind, part)` on each leaf's part of `out`."""
-        parts = self.treedef.flatten_up_to(out)
-        return self.treedef.unflatten(list(map(fn, self.kinds, parts)))
+        return self.treedef.unflatten(list(map(fn, self.kinds, self.treedef.flatten_up_to(out))))
 
     def finalize(self, carry: Tree, mean_n: Any, run_n: Any) -> Tree:
         """The result from the loop's carry: MEAN divides by `mean_n`, RUNNING_MEAN by `run_n`

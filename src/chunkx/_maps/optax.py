@@ -285,9 +285,8 @@ def micro_grad(
     who = "micro_grad"
     batch = argnums_tuple(check_argnums(who, "batch_argnums", batch_argnums, negative=False))
     argnums = check_argnums(who, "argnums", argnums)
-    grad_fn = _GradFn(
-        fun, has_aux, argnums, transform_fn, metrics_fn, batch if keep_batch_dim else ()
-    )
+    expand = batch if keep_batch_dim else ()  # the examples keep a batch axis of length 1
+    grad_fn = _GradFn(fun, has_aux, argnums, transform_fn, metrics_fn, expand)
     return microbatched(
         who, grad_fn, (accumulator, AccumulationType.CONCAT), microbatch_size,
         num_real_microbatches, spec=((0,) * len(batch), batch, None), per_example=True,
