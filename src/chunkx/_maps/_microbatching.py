@@ -186,6 +186,11 @@ def _per_leaf(method: str, trees: int = 1) -> Callable:
     return each
 
 
+def _every(method: str) -> Callable:
+    """The `Leaves` predicate `method`: whether every leaf's reducer's holds."""
+    return lambda self: all(getattr(r, method)() for r in self.reducers)
+
+
 class Leaves(AbstractReducer):
     """One reducer per leaf of a pytree prefix (`treedef`) of the outputs, and what each leaf
     is (`kinds`: an AccumulationType, or the user's accumulator)."""
@@ -203,27 +208,21 @@ class Leaves(AbstractReducer):
     shard_spec = _per_leaf("shard_spec", trees=0)
     shard_local = _per_leaf("shard_local")
     shard_collect = _per_leaf("shard_collect")
+    is_additive = _every("is_additive")
+    compensates = _every("compensates")
+    can_mask = _every("can_mask")
 
     def _each(self, method: str, *trees: Tree, extra: tuple = ()) -> list:
         split = [self.treedef.flatten_up_to(t) for t in trees]
         return [getattr(r, method)(*xs, *extra) for r, *xs in zip(self.reducers, *split)]
-
-    def is_additive(self) -> bool:
-        return all(r.is_additive() for r in self.reducers)
-
-    def compensates(self) -> bool:
-        return all(r.compensates() for r in self.reducers)
-
-    def can_mask(self) -> bool:
-        return all(r.can_mask() for r in self.reducers)
 
     def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
         pairs = self._each("accumulate", acc, part, extra=(start, index))
         return tuple(self.treedef.unflatten([p[i] for p in pairs]) for i in (0, 1))
 
     def trim(self, out: Tree, n: int) -> Tree:
-        out = jax.tree_util.tree_map(replicated, out)  # cutting rows off an Explicit axis
-        return self.treedef.unflatten(self._each("trim", out, extra=(n,)))
+        # each leaf's `trim`, rows cut off an Explicit axis on one (replicated) layout
+        return _per_leaf("trim")(self, jax.tree_util.tree_map(replicated, out), n)
 
     def check_rows(self, rows_struct: Tree, who: str) -> None:
         try:
@@ -348,9 +347,8 @@ class Interleave(eqx.Module):
         head = ()
         if self.masked:  # a row mask `valid` arrives only where the rows are masked
             m = jnp.ones(n, bool) if valid is None else jnp.asarray(valid)
-            if self.num_real is not None:
-                m = m & (jnp.arange(n) % k < self.num_real)
-            head = (_swap_blocks(m, s, k),)  # chunk j of the loop: rows j::k
+            run = k if self.num_real is None else self.num_real  # microbatches run
+            head = (_swap_blocks(m & (jnp.arange(n) % k < run), s, k),)  # chunk j: rows j::k
         rows = jax.tree_util.tree_map(lambda x: _swap_blocks(x, s, k), rows)
         out = self.fn(*head, rows, fixed)
 
@@ -401,14 +399,14 @@ class Microbatched(eqx.Module):
     def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
         """The [`chunkx.MemoryPlan`][] of the reverse pass of `grad_microbatch_size="auto"`
         (the per-example maps; for `micro_grad`, differentiating through it)."""
-        opts = self.opts
-        opts.check_size_planned("grad_memory_plan")  # either plan needs an "auto" forward size
-        if opts.grad_size != "auto" or not self.per_example:
+        # either plan needs an "auto" forward size
+        self.opts.check_size_planned("grad_memory_plan")
+        if self.opts.grad_size != "auto" or not self.per_example:
             raise ValueError(
-                f"`{opts.who}.grad_memory_plan`: only a per-example map (micro_vmap, micro_grad) "
-                "built with grad_microbatch_size='auto' has a gradient plan."
+                f"`{self.opts.who}.grad_memory_plan`: only a per-example map (micro_vmap, "
+                "micro_grad) built with grad_microbatch_size='auto' has a gradient plan."
             )
-        return plan_call(self._call, opts, "grad_memory_plan", args, kwargs)
+        return plan_call(self._call, self.opts, "grad_memory_plan", args, kwargs)
 
     def _resolve(self, args: tuple, kwargs: dict) -> tuple:
         """`resolve` of `(args, kwargs)`: each batch argument's array leaves along its axis (the
