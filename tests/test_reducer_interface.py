@@ -11,7 +11,7 @@ import pytest
 
 import chunkx
 from chunkx._combinators.fused import _FusedAcc
-from chunkx._maps._accumulations import UserAccumulate
+from chunkx._maps._microbatching import UserAccumulate
 from helpers import rand
 
 

@@ -27,7 +27,7 @@ from ._maps.quantax import ChunkMap as ChunkMap, chunk_map as chunk_map
 from ._maps.quantax import jit_chunk_vmap as jit_chunk_vmap
 from ._maps.netket import apply_chunked as apply_chunked, vmap_chunked as vmap_chunked
 from ._maps.netket import ChunkedVjp as ChunkedVjp, vjp_chunked as vjp_chunked
-from ._maps._accumulations import AccumulationType as AccumulationType, Accumulator as Accumulator
+from ._maps._microbatching import AccumulationType as AccumulationType, Accumulator as Accumulator
 from ._maps.optax import microbatch as microbatch, micro_vmap as micro_vmap
 from ._maps.optax import micro_grad as micro_grad, reshape_batch_axis as reshape_batch_axis
 from ._plan.search import MemoryPlan as MemoryPlan, fit_memory as fit_memory

@@ -1,6 +1,13 @@
-"""The microbatching pipeline, `Pad(Shard(Interleave(Chunk(RowFn))))`, and `Microbatched`, the
-Module that `microbatch`, `micro_vmap` and `micro_grad` return, its options checked once
-(`microbatched`) into one `Options`.
+"""optax-style microbatching: the accumulations as reducers, and the pipeline of `microbatch`,
+`micro_vmap` and `micro_grad`, `Pad(Shard(Interleave(Chunk(RowFn))))`, in `Microbatched`, the
+Module they return, its options checked once (`microbatched`) into one `Options`.
+
+An accumulation is a reducer of the chunk loop. For per-example maps (`micro_vmap`,
+`micro_grad`) the built-in ones are [`chunkx.Sum`][] and [`chunkx.Concat`][] over rows (MEAN and
+RUNNING_MEAN divide the sum afterwards), so padded rows can be masked and the rows can be
+sharded; for `microbatch`, whose function sees a whole microbatch, SUM/MEAN/RUNNING_MEAN add
+the microbatch results and CONCAT stacks them. A user's `Accumulator` is the loop itself:
+`init`, `update` per microbatch, `finalize` after the loop.
 
 `Interleave` gives each chunk of the loop one of optax's microbatches: with `K` microbatches,
 microbatch `k` holds rows `k, k + K, k + 2K, ...` (optax reshapes the batch axis column-major),
@@ -10,25 +17,277 @@ column-major split of a sharded batch gives every microbatch the same share of e
 """
 
 import dataclasses
+import enum
 from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from .._checks import check_budget, resolve_batch_size
-from .._combinators._rows import mapped_length, moveaxis, zeros_like_struct
+from .._combinators._rows import mapped_length, moveaxis, struct_of, zeros_like_struct
+from .._combinators._sharding import is_explicit, mesh_of, place
 from .._combinators.groups import _swap_blocks
 from .._combinators.pad import Pad
-from .._combinators.reduce import zero_masked
+from .._combinators.reduce import AbstractReducer, Concat, Sum, join_chunks, zero_masked
 from .._combinators.shard import Shard
 from .._plan.measure import divisor_below
 from .._plan.search import MemoryPlan
-from .._types import RowMask
-from ._accumulations import AccumulationType, Leaves, finalize, plan_leaves, refuse_user, replicated
+from .._types import RowMask, Tree
 from ._vmap_axes import resolve
 from .pipeline import Options, compose, plan_call, plan_of
+
+
+def replicated(x: Any) -> Any:
+    """`x` replicated on its Explicit mesh (rows are then cut or permuted without collectives
+    that JAX cannot infer); anything else unchanged."""
+    mesh = mesh_of(x) if eqx.is_array(x) else None
+    return x if mesh is None or not is_explicit(mesh) else place(x, mesh, P())
+
+
+class AccumulationType(enum.Enum):
+    """How the results of the microbatches join (optax's names).
+
+    - `MEAN`: the mean over the batch (for `microbatch`: over the microbatches).
+    - `SUM`: the sum.
+    - `RUNNING_MEAN`: the mean over the rows (microbatches) actually run, see
+      `num_real_microbatches`.
+    - `CONCAT`: concatenated along axis 0, in the order of the batch.
+
+    !!! Example
+
+        ```python
+        import jax.numpy as jnp, chunkx
+        f = chunkx.micro_vmap(jnp.square, microbatch_size=2,
+                              accumulator=chunkx.AccumulationType.MEAN)
+        assert jnp.allclose(f(jnp.arange(6.0)), jnp.mean(jnp.arange(6.0) ** 2))
+        ```
+    """
+
+    MEAN = enum.auto()
+    SUM = enum.auto()
+    RUNNING_MEAN = enum.auto()
+    CONCAT = enum.auto()
+
+
+class Accumulator(eqx.Module):
+    """A user-written accumulation, run as the loop
+
+    ```python
+    carry = init(struct_of_one_microbatch_result)
+    for i in range(num_microbatches):
+        carry = update(carry, result_i, i)
+    return finalize(carry)
+    ```
+
+    where `result_i` is `fun`'s output on microbatch `i` (for `micro_vmap`: `aggregate` of the
+    per-example outputs of microbatch `i`). It may sit anywhere in a pytree prefix of the
+    outputs and then receives that subtree.
+
+    **Arguments:**
+
+    - `init`: `(struct) -> carry`, from the shape/dtype structs of one microbatch's result.
+    - `update`: `(carry, result, index) -> carry`.
+    - `finalize`: `(carry) -> result`.
+    - `aggregate`: `(per_example_outputs) -> result`, used by `micro_vmap` per microbatch.
+
+    !!! Example
+
+        ```python
+        import jax, jax.numpy as jnp, chunkx
+        biggest = chunkx.Accumulator(
+            init=lambda s: jnp.full(s.shape, -jnp.inf, s.dtype),
+            update=lambda c, v, i: jnp.maximum(c, v),
+            finalize=lambda c: c,
+            aggregate=lambda v: jnp.max(v, axis=0),
+        )
+        x = jnp.arange(8.0)
+        f = chunkx.micro_vmap(jnp.sin, microbatch_size=2, accumulator=biggest)
+        assert jnp.allclose(f(x), jnp.max(jnp.sin(x)))
+        ```
+    """
+
+    init: Callable[[Tree], Tree]
+    update: Callable[[Tree, Tree, Any], Tree]
+    finalize: Callable[[Tree], Tree]
+    aggregate: Callable[[Tree], Tree]
+
+
+_FIELDS = ("init", "update", "finalize", "aggregate")
+
+
+def _kind(x: Any) -> Any:
+    """What an accumulator leaf is: our AccumulationType, for ours or for an enum member of the
+    same name (optax's); itself, for an Accumulator or an object with its four functions
+    (optax's Accumulator works too); else `None`."""
+    if isinstance(x, enum.Enum) and x.name in AccumulationType.__members__:
+        return AccumulationType[x.name]
+    if isinstance(x, Accumulator) or all(callable(getattr(x, f, None)) for f in _FIELDS):
+        return x
+    return None
+
+
+class UserAccumulate(AbstractReducer):
+    """A microbatch loop of `microbatch` and the per-example maps: a user's `acc` (optax's
+    `init`/`update`/`finalize`) as the chunk loop's [`chunkx.AbstractAccumulation`][] (its
+    result is the carry, unfinalized), or with `acc=None` `microbatch`'s CONCAT, which stacks
+    the microbatch results and joins them along axis 0 (in loop order; `Interleave` puts the
+    rows in batch order, optax's column-major join).
+
+    It joins microbatches within one chunk loop only (no padding, no mesh): one piece of rows
+    (`reduce_rows`, where no loop runs) is that loop over one microbatch. Microbatches from
+    `num_real` on are run but do not update the carry.
+    """
+
+    acc: Any = None
+    num_real: Any = None
+    aggregate: bool = eqx.field(static=True, default=False)
+
+    def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
+        part = self.reduce_chunk(rows, valid)
+        acc, stacked = self.accumulate(self.init(struct_of(part), 1), part, 0, 0)
+        return self.finish(acc, jax.tree_util.tree_map(lambda y: y[None], stacked))
+
+    def combine(self, a: Tree, b: Tree) -> Tree:
+        raise NotImplementedError("UserAccumulate joins within one chunk loop only")
+
+    def check_rows(self, rows_struct: Tree, who: str) -> None:
+        pass  # a microbatch's result, joined as is
+
+    def reduce_chunk(self, rows: Tree, valid: RowMask | None) -> Tree:
+        return self.acc.aggregate(rows) if self.aggregate else rows
+
+    def init(self, part: Tree, n: int) -> Tree:
+        return None if self.acc is None else self.acc.init(part)
+
+    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
+        if self.acc is None:
+            return None, part
+        new = self.acc.update(acc, part, index)
+        if self.num_real is None:
+            return new, None
+        keep = index < self.num_real
+        return jax.tree_util.tree_map(lambda a, b: jnp.where(keep, a, b), new, acc), None
+
+    def finish(self, acc: Tree, stacked: Tree) -> Tree:
+        return join_chunks(stacked) if self.acc is None else acc
+
+
+def _per_leaf(method: str, trees: int = 1) -> Callable:
+    """The `Leaves` method `method`: each leaf's reducer's on its part of the first `trees`
+    arguments (pytrees of the outputs' prefix; the others passed to every leaf), the results
+    put back in the prefix's structure."""
+
+    def each(self, *args: Any) -> Tree:
+        return self.treedef.unflatten(self._each(method, *args[:trees], extra=args[trees:]))
+
+    return each
+
+
+def _every(method: str) -> Callable:
+    """The `Leaves` predicate `method`: whether every leaf's reducer's holds."""
+    return lambda self: all(getattr(r, method)() for r in self.reducers)
+
+
+class Leaves(AbstractReducer):
+    """One reducer per leaf of a pytree prefix (`treedef`) of the outputs, and what each leaf
+    is (`kinds`: an AccumulationType, or the user's accumulator)."""
+
+    reducers: tuple[AbstractReducer, ...]
+    treedef: Any = eqx.field(static=True)
+    kinds: tuple = ()
+    who: str = eqx.field(static=True, default="")  # the public map, for its errors
+
+    reduce_rows = _per_leaf("reduce_rows")
+    reduce_chunk = _per_leaf("reduce_chunk")
+    combine = _per_leaf("combine", trees=2)
+    init = _per_leaf("init")
+    finish = _per_leaf("finish", trees=2)
+    shard_spec = _per_leaf("shard_spec", trees=0)
+    shard_local = _per_leaf("shard_local")
+    shard_collect = _per_leaf("shard_collect")
+    is_additive = _every("is_additive")
+    compensates = _every("compensates")
+    can_mask = _every("can_mask")
+
+    def _each(self, method: str, *trees: Tree, extra: tuple = ()) -> list:
+        split = [self.treedef.flatten_up_to(t) for t in trees]
+        return [getattr(r, method)(*xs, *extra) for r, *xs in zip(self.reducers, *split)]
+
+    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
+        pairs = self._each("accumulate", acc, part, extra=(start, index))
+        return tuple(self.treedef.unflatten([p[i] for p in pairs]) for i in (0, 1))
+
+    def trim(self, out: Tree, n: int) -> Tree:
+        # each leaf's `trim`, rows cut off an Explicit axis on one (replicated) layout
+        return _per_leaf("trim")(self, jax.tree_util.tree_map(replicated, out), n)
+
+    def check_rows(self, rows_struct: Tree, who: str) -> None:
+        try:
+            self.treedef.flatten_up_to(rows_struct)
+        except (ValueError, TypeError) as e:
+            raise ValueError(
+                f"`{self.who or who}(accumulator=...)`: the accumulator tree must be a pytree "
+                f"prefix of the outputs (one AccumulationType or Accumulator per subtree): {e}"
+            ) from None
+        self._each("check_rows", rows_struct, extra=(who,))
+
+    def each_leaf(self, fn: Callable, out: Tree) -> Tree:
+        """`fn(kind, part)` on each leaf's part of `out`."""
+        return self.treedef.unflatten(list(map(fn, self.kinds, self.treedef.flatten_up_to(out))))
+
+    def finalize(self, carry: Tree, mean_n: Any, run_n: Any) -> Tree:
+        """The result from the loop's carry: MEAN divides by `mean_n`, RUNNING_MEAN by `run_n`
+        (what was run; zero where nothing ran), a user's Accumulator finalizes."""
+
+        def leaf(kind, c):
+            if kind not in (AccumulationType.MEAN, AccumulationType.RUNNING_MEAN):
+                return c if isinstance(kind, AccumulationType) else kind.finalize(c)
+            for x in jax.tree_util.tree_leaves(c):
+                if not jnp.issubdtype(x.dtype, jnp.floating):
+                    raise ValueError(
+                        f"`{self.who}(accumulator={kind.name})`: MEAN and RUNNING_MEAN need "
+                        f"floating-point outputs, got a leaf of dtype {x.dtype}."
+                    )
+            n = mean_n if kind is AccumulationType.MEAN else run_n
+            ran = n > 0  # nothing run: zeros, and zero gradients (no 0 / 0 under the where)
+            safe = jnp.where(ran, n, 1)
+            return jax.tree_util.tree_map(lambda x: jnp.where(ran, x / safe, 0).astype(x.dtype), c)
+
+        return self.each_leaf(leaf, carry)
+
+
+def plan_leaves(who: str, accumulator: Any, per_example: bool, num_real: Any, compensated: bool):
+    """The `Leaves` reducer of the accumulator prefix; SUM, MEAN and RUNNING_MEAN add with
+    compensation unless `compensated` is off."""
+    given, treedef = jax.tree_util.tree_flatten(accumulator, is_leaf=lambda x: _kind(x) is not None)
+    kinds, reducers = [_kind(x) for x in given], []
+    for x, k in zip(given, kinds):
+        if k is None:
+            raise ValueError(
+                f"`{who}(accumulator=...)`: every leaf of the accumulator tree must be an "
+                f"AccumulationType or an Accumulator, got {x!r}."
+            )
+        if k is AccumulationType.CONCAT:
+            reducers.append(Concat() if per_example else UserAccumulate())
+        elif isinstance(k, AccumulationType):
+            reducers.append(Sum(presummed=not per_example, compensated=compensated))
+        else:
+            reducers.append(UserAccumulate(k, num_real, per_example))
+    return Leaves(tuple(reducers), treedef, tuple(kinds), who)
+
+
+def refuse_user(who: str, leaves: Leaves, needs: dict) -> None:
+    """Raise if a user's Accumulator meets one of the options `needs` flags."""
+    for what, used in needs.items():
+        if used and any(not isinstance(k, AccumulationType) for k in leaves.kinds):
+            raise ValueError(
+                f"`{who}(accumulator=...)`: a user-written Accumulator runs microbatch by "
+                f"microbatch and cannot take {what}; use the AccumulationType members."
+            )
+
 
 _AXES = (0, None)  # the pipeline's two arguments: the batch arguments' rows, the others
 
@@ -63,11 +322,8 @@ class RowFn(eqx.Module):
         if not self.masked:
             return compute(rows)
         mask = xs[0]
-
-        def skip(rows):
-            return zeros_like_struct(jax.eval_shape(compute, rows))
-
-        out = jax.lax.cond(jnp.any(mask), compute, skip, rows)
+        skip = jax.eval_shape(compute, rows)
+        out = jax.lax.cond(jnp.any(mask), compute, lambda _: zeros_like_struct(skip), rows)
         if not self.per_example:
             return out
         return jax.tree_util.tree_map(lambda y: zero_masked(y, mask), out)
@@ -89,13 +345,10 @@ class Interleave(eqx.Module):
         s = n if self.size is None else self.size
         k = n // s
         head = ()
-        if valid is not None and not self.masked:
-            raise AssertionError("Interleave: a row mask arrived, but the rows are not masked")
-        if self.masked:
+        if self.masked:  # a row mask `valid` arrives only where the rows are masked
             m = jnp.ones(n, bool) if valid is None else jnp.asarray(valid)
-            if self.num_real is not None:
-                m = m & (jnp.arange(n) % k < self.num_real)
-            head = (_swap_blocks(m, s, k),)  # chunk j of the loop: rows j::k
+            run = k if self.num_real is None else self.num_real  # microbatches run
+            head = (_swap_blocks(m & (jnp.arange(n) % k < run), s, k),)  # chunk j: rows j::k
         rows = jax.tree_util.tree_map(lambda x: _swap_blocks(x, s, k), rows)
         out = self.fn(*head, rows, fixed)
 
@@ -146,14 +399,14 @@ class Microbatched(eqx.Module):
     def grad_memory_plan(self, *args: Any, **kwargs: Any) -> MemoryPlan:
         """The [`chunkx.MemoryPlan`][] of the reverse pass of `grad_microbatch_size="auto"`
         (the per-example maps; for `micro_grad`, differentiating through it)."""
-        opts = self.opts
-        opts.check_size_planned("grad_memory_plan")  # either plan needs an "auto" forward size
-        if opts.grad_size != "auto" or not self.per_example:
+        # either plan needs an "auto" forward size
+        self.opts.check_size_planned("grad_memory_plan")
+        if self.opts.grad_size != "auto" or not self.per_example:
             raise ValueError(
-                f"`{opts.who}.grad_memory_plan`: only a per-example map (micro_vmap, micro_grad) "
-                "built with grad_microbatch_size='auto' has a gradient plan."
+                f"`{self.opts.who}.grad_memory_plan`: only a per-example map (micro_vmap, "
+                "micro_grad) built with grad_microbatch_size='auto' has a gradient plan."
             )
-        return plan_call(self._call, opts, "grad_memory_plan", args, kwargs)
+        return plan_call(self._call, self.opts, "grad_memory_plan", args, kwargs)
 
     def _resolve(self, args: tuple, kwargs: dict) -> tuple:
         """`resolve` of `(args, kwargs)`: each batch argument's array leaves along its axis (the
@@ -189,16 +442,20 @@ class Microbatched(eqx.Module):
         flat, at, treedef, _ = self._resolve(args, kwargs)
         moved = [x if a is None else moveaxis(x, a, 0) for x, a in zip(flat, at)]
         mapped = jax.tree_util.tree_unflatten(treedef, [a is not None for a in at])
-        pair = eqx.partition(jax.tree_util.tree_unflatten(treedef, moved), mapped)
-        if not opts.shard:  # rows cut and permuted on one layout (each device's under Shard)
-            pair = (jax.tree_util.tree_map(replicated, pair[0]), pair[1])
+        rows, fixed = eqx.partition(jax.tree_util.tree_unflatten(treedef, moved), mapped)
+        # rows cut and permuted on one layout (each device's under Shard)
+        pair = (rows if opts.shard else jax.tree_util.tree_map(replicated, rows), fixed)
         n = mapped_length(pair, _AXES, who)
         if n == 0:
             raise ValueError(f"`{who}`: the batch is empty (0 rows); there is no microbatch.")
         axes = tuple(a for a in at if a is not None)
         mb = n if opts.size is None else opts.size
-        if mb == "auto" and not self.per_example:  # `fun` sees whole microbatches
-            whole = self._whole(RowFn(self.fun, axes, False, False), pair, n)
+        if mb == "auto" and not self.per_example:  # `fun` sees whole microbatches: the plan
+            # of a Chunk of microbatches, its size the largest divisor of the rows within it
+            fwd = dataclasses.replace(opts, grad_size=None)
+            whole = compose(RowFn(self.fun, axes, False, False), _AXES, leaves, fwd, who)
+            whole = whole.memory_plan(*pair)
+            whole = dataclasses.replace(whole, chunk_size=divisor_below(n, whole.chunk_size))
             if plan is not None:
                 return whole
             mb = whole.chunk_size
@@ -210,39 +467,24 @@ class Microbatched(eqx.Module):
         # masked rows: padded ones, of a microbatch past `num_real`, or padded over the devices
         masked = k is not None and (padded or r is not None or n % d != 0)
         row_fn = RowFn(self.fun, axes, self.per_example, masked, self.vmap_fn)
-        if k is None:  # one "auto" chunk loop over the rows, planned by its Chunk
-            core = compose(row_fn, _AXES, leaves, opts, who)
-            if plan is not None:
-                return plan_of(core, plan, pair, _AXES, opts)
-        else:
-            g = opts.grad_size // d if isinstance(opts.grad_size, int) else opts.grad_size
-            local = None if opts.size is None else mb // d  # None: all rows at once
-            inner = dataclasses.replace(opts, size=local, grad_size=g, shard=False)
-            core = compose(row_fn, (0,) * masked + _AXES, leaves, inner, who)
-            # rows that are each their own output need not be grouped into optax's microbatches
-            # (unless a user's vmap_fn, with an axis name, lets a row see its microbatch)
-            rowwise = (self.per_example and self.vmap_fn is jax.vmap
-                       and all(t is AccumulationType.CONCAT for t in leaves.kinds))
-            if masked or not rowwise:
-                core = Interleave(core, leaves, local, r, masked)
-            core = Shard(core, opts.mesh, in_axes=_AXES) if opts.shard else core
-        core = Pad(core, mb, in_axes=_AXES) if padded else core
-        return finalize(who, leaves, core(*pair), *self._counts(n, k, r))
-
-    def _whole(self, row_fn: RowFn, pair: tuple, n: int) -> MemoryPlan:
-        """`microbatch_size="auto"` where `fun` sees whole microbatches: the plan of a Chunk of
-        microbatches, its size the largest divisor of the rows within the planned size."""
-        opts = dataclasses.replace(self.opts, grad_size=None)
-        plan = compose(row_fn, _AXES, self.leaves, opts, opts.who).memory_plan(*pair)
-        return dataclasses.replace(plan, chunk_size=divisor_below(n, plan.chunk_size))
-
-    def _counts(self, n: int, k: int | None, r: Any):
-        """What MEAN and RUNNING_MEAN divide by: rows (or microbatches) in all, and those run."""
-        if not self.per_example:
-            return k, (k if r is None else r)
-        if r is None:
-            return n, n
-        return n, jnp.sum(jnp.arange(n) % k < r)
+        g = opts.grad_size // d if isinstance(opts.grad_size, int) else opts.grad_size
+        local = None if opts.size is None else mb if k is None else mb // d  # None: all rows
+        inner = dataclasses.replace(opts, size=local, grad_size=g, shard=False)
+        core = compose(row_fn, (0,) * masked + _AXES, leaves, inner, who)
+        # rows that are each their own output need not be grouped into optax's microbatches
+        # (unless a user's vmap_fn, with an axis name, lets a row see its microbatch), nor
+        # the rows of one "auto" chunk loop, which has no microbatches
+        rowwise = (self.per_example and self.vmap_fn is jax.vmap
+                   and all(t is AccumulationType.CONCAT for t in leaves.kinds))
+        if k is not None and (masked or not rowwise):
+            core = Interleave(core, leaves, local, r, masked)
+        core = Shard(core, opts.mesh, in_axes=_AXES) if opts.shard else core
+        if plan is not None:  # an "auto" size: the plan of the loop's Chunk
+            return plan_of(core, plan, pair, _AXES, opts)
+        out = (Pad(core, mb, in_axes=_AXES) if padded else core)(*pair)
+        if not self.per_example:  # MEAN over the microbatches, RUNNING_MEAN over those run
+            return leaves.finalize(out, k, k if r is None else r)
+        return leaves.finalize(out, n, n if r is None else jnp.sum(jnp.arange(n) % k < r))
 
     def _check(self, n: int, mb: Any, d: int) -> None:
         who = self.opts.who

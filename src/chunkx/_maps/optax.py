@@ -3,8 +3,8 @@
 `reshape_batch_axis`.
 
 Each map is a `Microbatched` Module over chunkx's combinators
-(`Pad(Shard(Interleave(Chunk(...))))`, see `_microbatching`), with the accumulations as reducers
-(`_accumulations`).
+(`Pad(Shard(Interleave(Chunk(...))))`), with the accumulations as reducers (see
+`_microbatching`).
 """
 
 import collections
@@ -21,9 +21,8 @@ from .._checks import as_in_axes, check_positive
 from .._combinators.reduce import identity
 from .._public import public
 from .._types import Budget
-from ._accumulations import AccumulationType
 from ._bind import argnums_tuple, check_argnums
-from ._microbatching import Microbatched, microbatched
+from ._microbatching import AccumulationType, Microbatched, microbatched
 
 MicrobatchSize = int | Literal["auto"] | None
 #: How many microbatches run: a Python, NumPy or JAX integer (traced too), or None for all.
@@ -210,16 +209,12 @@ class _GradFn(eqx.Module):
     expand: tuple[int, ...] = eqx.field(static=True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        args = [_one_example(a) if i in self.expand else a for i, a in enumerate(args)]
+        args = [jax.tree_util.tree_map(lambda x: jnp.expand_dims(x, 0), a) if i in self.expand
+                else a for i, a in enumerate(args)]  # `expand`: as a batch of one example
         grad_fn = jax.value_and_grad(self.fun, self.argnums, has_aux=self.has_aux)
         out, grad = grad_fn(*args, **kwargs)
         value, aux = out if self.has_aux else (out, None)
         return self.transform_fn(grad), IndividualOutputs(value, self.metrics_fn(grad), aux)
-
-
-def _one_example(tree: Any) -> Any:
-    """`tree` as a batch of one example."""
-    return jax.tree_util.tree_map(lambda x: jnp.expand_dims(x, 0), tree)
 
 
 def _no_metrics(grad: Any) -> None:
@@ -290,9 +285,8 @@ def micro_grad(
     who = "micro_grad"
     batch = argnums_tuple(check_argnums(who, "batch_argnums", batch_argnums, negative=False))
     argnums = check_argnums(who, "argnums", argnums)
-    grad_fn = _GradFn(
-        fun, has_aux, argnums, transform_fn, metrics_fn, batch if keep_batch_dim else ()
-    )
+    expand = batch if keep_batch_dim else ()  # the examples keep a batch axis of length 1
+    grad_fn = _GradFn(fun, has_aux, argnums, transform_fn, metrics_fn, expand)
     return microbatched(
         who, grad_fn, (accumulator, AccumulationType.CONCAT), microbatch_size,
         num_real_microbatches, spec=((0,) * len(batch), batch, None), per_example=True,
