@@ -1,7 +1,6 @@
 """`vmap_chunked`, `apply_chunked`, `vjp_chunked`: netket 3.23 semantics, composed from the
 combinators (`Vmap`, `Chunk`, `Shard` with the `Concat` and `Sum` reducers)."""
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PyTree
 
-from .._checks import as_in_axes, as_size, check_positive
+from .._checks import as_in_axes, check_positive
 from .._combinators.chunk import Chunk
 from .._combinators.reduce import Concat, Sum, zero_masked
 from .._combinators.shard import Shard
@@ -212,13 +211,12 @@ def _pull(pull, ys, ct, real_in: bool):
 
 
 class _ChunkVjp(eqx.Module):
-    """One chunk's forward pass and pullback: `(rows, sums)` for the reducers to join.
+    """One chunk's forward pass and pullback: `(rows, sums)` for the reducer to join.
 
-    `rows` (the forward output, the cotangents of chunked primals, aux) keep the mapped axis;
-    `sums` (the cotangents of unchunked primals) are already summed over the chunk's rows.
-    With `scatter=n`, rows are written at their row indices into zeros of `n` rows, so one
-    `Sum` reducer joins rows and sums in the same pass. With every primal in
-    `nondiff_argnums`, it is the forward pass alone.
+    `rows` (the forward output where `keep_y`, the cotangents of chunked primals, aux where
+    `keep_aux`) keep the mapped axis; `sums` (the cotangents of unchunked primals) are
+    already summed over the chunk's rows. With `scatter=n`, rows are written at their row
+    indices into zeros of `n` rows, so one `Sum` reducer joins rows and sums in the same pass.
     """
 
     fun: Callable[..., Any]
@@ -226,9 +224,9 @@ class _ChunkVjp(eqx.Module):
     nondiff_argnums: tuple[int, ...] = eqx.field(static=True)
     conjugate: bool = eqx.field(static=True)
     has_aux: bool = eqx.field(static=True)
-    keep_y: bool = eqx.field(static=True, default=False)
-    keep_aux: bool = eqx.field(static=True, default=False)
-    scatter: int | None = eqx.field(static=True, default=None)
+    keep_y: bool = eqx.field(static=True)
+    keep_aux: bool = eqx.field(static=True)
+    scatter: int | None = eqx.field(static=True)
 
     def __call__(self, ct, idx, *primals, valid=None):
         if valid is not None:  # repeated rows of a shifted chunk: no cotangent, nothing kept
@@ -292,8 +290,8 @@ class ChunkedVjp(eqx.Module):
     arrays: Any  # the arrays `fun` holds (a pytree argument under `jax.jit`)
     piece: _ChunkVjp = eqx.field(static=True)  # one chunk's pullback; the rest of `fun`
     primals: tuple
-    opts: Options  # the forward chunk size (`size`) and `shard`
-    chunk_size_bwd: int | None = eqx.field(static=True, converter=as_size)
+    opts: Options  # the backward chunk size (`size`) and `shard`
+    forward: Options | None  # the forward pass's own chunk size, where it differs
     return_forward: bool = eqx.field(static=True)
 
     # netket's pullback, a `Partial`, is accepted as `jax.jit`'s function, which is hashed: by
@@ -302,38 +300,23 @@ class ChunkedVjp(eqx.Module):
 
     def __call__(self, cotangents: PyTree[Any]) -> Any:
         piece = eqx.combine(self.arrays, self.piece)
-        chunk, has_aux, every = piece.chunk_argnums, piece.has_aux, range(len(self.primals))
-        fwd = self.opts.size
-        bwd = fwd if self.chunk_size_bwd is None else self.chunk_size_bwd
-        split = self.return_forward and fwd != bwd  # the forward pass gets its own Chunk
-        # netket: no chunk size, no chunking and no sharding (the cotangents need no rows)
-        direct = not chunk or (fwd is None and bwd is None)
-        n = None if direct else _check_rows(self.primals, chunk, cotangents)
-        diff = [i for i in every if i not in piece.nondiff_argnums]
-        has_sums = any(i not in chunk for i in diff)
-        # rows and sums from one pass: rows are scattered into n-row zeros and summed
-        scatter = n if has_sums else None
-        keep = dict(keep_y=self.return_forward and not split, keep_aux=has_aux and not split)
-        pull = dataclasses.replace(piece, scatter=scatter, **keep)
-        idx = None if scatter is None else jnp.arange(n, dtype=jnp.int32)
-        args = (cotangents, idx) + tuple(self.primals)
+        chunk, every = piece.chunk_argnums, range(len(self.primals))
+        if self.opts.size is not None:  # chunked: the cotangents have the primals' rows
+            _check_rows(self.primals, chunk, cotangents)
+        idx = None if piece.scatter is None else jnp.arange(piece.scatter, dtype=jnp.int32)
         axes = (0, 0) + tuple(0 if i in chunk else None for i in every)
-        if direct:
-            (y, chunked, aux), sums = pull(*args)
-        else:
-            reducer = Sum(presummed=True, mask_in_fn=True) if has_sums else Concat()
-            opts = dataclasses.replace(self.opts, size=bwd)
-            (y, chunked, aux), sums = compose(pull, axes, reducer, opts, _VJP)(*args)
-        if split:  # the forward pass alone: every primal nondifferentiable
-            forward = dataclasses.replace(
-                piece, nondiff_argnums=tuple(every), conjugate=False, keep_y=True, keep_aux=has_aux
-            )
-            (y, _, aux), _ = compose(forward, axes, Concat(), self.opts, _VJP)(*args)
+        reducer = Concat() if piece.scatter is None else Sum(presummed=True, mask_in_fn=True)
+        pullback = compose(piece, axes, reducer, self.opts, _VJP)
+        (y, chunked, aux), sums = pullback(cotangents, idx, *self.primals)
+        if self.forward is not None:  # the forward pass alone, in its own chunks
+            out = compose(piece.fun, axes[2:], Concat(), self.forward, _VJP)(*self.primals)
+            y, aux = out if piece.has_aux else (out, None)
+        diff = [i for i in every if i not in piece.nondiff_argnums]
         grads = tuple(_with_float0(self.primals[i], c if i in chunk else s)
                       for i, c, s in zip(diff, chunked, sums))
         if self.return_forward:
-            return (y, grads, aux) if has_aux else (y, grads)
-        return (grads, aux) if has_aux else grads
+            return (y, grads, aux) if piece.has_aux else (y, grads)
+        return (grads, aux) if piece.has_aux else grads
 
 
 def _with_float0(primal, grad):
@@ -444,12 +427,20 @@ def vjp_chunked(
     chunk_size_bwd = check_positive(who, "chunk_size_bwd", chunk_size_bwd)
     chunk_argnums = _argnums(who, "chunk_argnums", chunk_argnums, len(primals))
     nondiff_argnums = _argnums(who, "nondiff_argnums", nondiff_argnums, len(primals))
-    shard = bool(chunk_argnums) and _sharded(axis_0_is_sharded)
-    if chunk_argnums:
-        n = _check_rows(primals, chunk_argnums, None)
-        if not shard:  # netket: a chunk as large as the batch means no chunking
-            chunk_size = None if chunk_size is not None and chunk_size >= n else chunk_size
-    piece = _ChunkVjp(fun, chunk_argnums, nondiff_argnums, conjugate, has_aux)
+    n = _check_rows(primals, chunk_argnums, None) if chunk_argnums else None
+    shard = n is not None and _sharded(axis_0_is_sharded)
+    # netket: no chunked primals, or (unsharded) a chunk as large as the batch: no chunking
+    if n is None or (not shard and chunk_size is not None and chunk_size >= n):
+        chunk_size = None
+    bwd = chunk_size if chunk_size_bwd is None or n is None else chunk_size_bwd
+    split = return_forward and chunk_size != bwd  # the forward pass gets its own Chunk
+    # rows and sums from one pass: rows are scattered into n-row zeros and summed
+    sums = any(i not in chunk_argnums + nondiff_argnums for i in range(len(primals)))
+    piece = _ChunkVjp(fun, chunk_argnums, nondiff_argnums, conjugate, has_aux,
+                      keep_y=return_forward and not split, keep_aux=has_aux and not split,
+                      scatter=n if sums and bwd is not None else None)
     arrays, piece = eqx.partition(piece, eqx.is_array)
-    opts = Options(who, chunk_size, shard=shard)
-    return ChunkedVjp(arrays, piece, tuple(primals), opts, chunk_size_bwd, return_forward)
+    forward = Options(who, chunk_size, shard=shard) if split else None
+    # netket: no chunk size, no chunking and no sharding
+    opts = Options(who, bwd, shard=shard and bwd is not None)
+    return ChunkedVjp(arrays, piece, tuple(primals), opts, forward, return_forward)
