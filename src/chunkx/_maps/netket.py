@@ -44,20 +44,19 @@ def _chunk_in_axes(who: str, in_axes: Any) -> tuple[int | None, ...] | int | Non
 
 def _sharded(axis_0_is_sharded: bool | None) -> bool:
     """netket 3.23 shards by default (`netket_sharding`); with one device that is a no-op."""
-    if axis_0_is_sharded is None:
-        return jax.device_count() > 1
-    return axis_0_is_sharded
+    return jax.device_count() > 1 if axis_0_is_sharded is None else axis_0_is_sharded
 
 
 # -- vmap_chunked / apply_chunked ---------------------------------------------------------------
 
 
-def _apply(who, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums, lift):
+def _apply(who, lift, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums):
+    """The map `apply_chunked` (`lift=None`) or `vmap_chunked` (`lift=Vmap`) builds."""
     in_axes = _chunk_in_axes(who, in_axes)
     chunk_size = check_positive(who, "chunk_size", chunk_size)
     if pvary_argnums is not None:
         _argnums(who, "pvary_argnums", pvary_argnums, None)
-    fn = Vmap(f, in_axes) if lift else f
+    fn = f if lift is None else lift(f, in_axes)
     if chunk_size is None:
         return fn
     # [Shard ∘] Chunk ∘ fn: every chunk in one scan, the last one shifted back over rows
@@ -119,9 +118,7 @@ def apply_chunked(
         y = g(jnp.arange(10.0))   # == jnp.sin(jnp.arange(10.0))
         ```
     """
-    return _apply(
-        "apply_chunked", f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums, lift=False
-    )
+    return _apply("apply_chunked", None, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums)
 
 
 @public
@@ -168,9 +165,7 @@ def vmap_chunked(
         y = g(jnp.ones((10, 3)), jnp.ones((3, 2)))   # (10, 2)
         ```
     """
-    return _apply(
-        "vmap_chunked", f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums, lift=True
-    )
+    return _apply("vmap_chunked", Vmap, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums)
 
 
 # -- vjp_chunked: netket's vjp rules ------------------------------------------------------------
