@@ -206,12 +206,13 @@ def _pull(pull, ys, ct, real_in: bool):
 
 
 class _ChunkVjp(eqx.Module):
-    """One chunk's forward pass and pullback: `(rows, sums)` for the reducer to join.
+    """One chunk's forward pass and pullback: `(out, cotangents, aux)` for the reducer to join
+    (`out` where `keep_y`, `aux` where `keep_aux`, else `None`).
 
-    `rows` (the forward output where `keep_y`, the cotangents of chunked primals, aux where
-    `keep_aux`) keep the mapped axis; `sums` (the cotangents of unchunked primals) are
-    already summed over the chunk's rows. With `scatter=n`, rows are written at their row
-    indices into zeros of `n` rows, so one `Sum` reducer joins rows and sums in the same pass.
+    The output, aux and the cotangents of chunked primals keep the mapped axis; those of the
+    unchunked primals are summed over the chunk's rows. With `scatter=n`, rows are written at
+    their row indices into zeros of `n` rows, so one `Sum` reducer joins rows and sums in the
+    same pass.
     """
 
     fun: Callable[..., Any]
@@ -237,20 +238,20 @@ class _ChunkVjp(eqx.Module):
         # integer primals' float0 cotangents carry nothing: None through the chunks and the
         # reducers (which cannot scatter or add them), float0 zeros again at the end
         g = jax.tree_util.tree_map(lambda x: None if x.dtype == jax.dtypes.float0 else x, g)
-        chunked = tuple(gi if i in self.chunk_argnums else None for i, gi in zip(diff, g))
-        sums = tuple(None if i in self.chunk_argnums else gi for i, gi in zip(diff, g))
-        rows = (ys if self.keep_y else None, chunked, aux[0] if self.keep_aux else None)
-        if valid is not None:
-            rows = _but_float0(lambda x: zero_masked(x, valid), rows)
-        if self.scatter is not None:
-            rows = jax.tree_util.tree_map(lambda r: _scatter(r, idx, self.scatter), rows)
-        return rows, sums
+
+        def rows(tree):  # an output with the mapped axis, as the reducer joins it
+            return jax.tree_util.tree_map(lambda r: _rows(r, idx, valid, self.scatter), tree)
+
+        g = tuple(rows(gi) if i in self.chunk_argnums else gi for i, gi in zip(diff, g))
+        return rows(ys) if self.keep_y else None, g, rows(aux[0]) if self.keep_aux else None
 
 
-def _scatter(rows, idx, n):
-    """`rows` added at their row indices `idx` into zeros of `n` rows: a masked (zeroed) row
-    adds nothing where it repeats an index (a shifted chunk, rows padded over the devices)."""
-    return jnp.zeros((n,) + rows.shape[1:], rows.dtype).at[idx].add(rows)
+def _rows(r, idx, valid, n):
+    """The rows `r` with those `valid` masks zeroed; with `n`, added at their row indices
+    `idx` into zeros of `n` rows (a masked row adds nothing where it repeats an index: a
+    shifted chunk, rows padded over the devices)."""
+    r = r if valid is None else zero_masked(r, valid)
+    return r if n is None else jnp.zeros((n,) + r.shape[1:], r.dtype).at[idx].add(r)
 
 
 # -- vjp_chunked: the pullback Module ------------------------------------------------------------
@@ -302,13 +303,12 @@ class ChunkedVjp(eqx.Module):
         axes = (0, 0) + tuple(0 if i in chunk else None for i in every)
         reducer = Concat() if piece.scatter is None else Sum(presummed=True, mask_in_fn=True)
         pullback = compose(piece, axes, reducer, self.opts, _VJP)
-        (y, chunked, aux), sums = pullback(cotangents, idx, *self.primals)
+        y, g, aux = pullback(cotangents, idx, *self.primals)
         if self.forward is not None:  # the forward pass alone, in its own chunks
             out = compose(piece.fun, axes[2:], Concat(), self.forward, _VJP)(*self.primals)
             y, aux = out if piece.has_aux else (out, None)
         diff = [i for i in every if i not in piece.nondiff_argnums]
-        grads = tuple(_with_float0(self.primals[i], c if i in chunk else s)
-                      for i, c, s in zip(diff, chunked, sums))
+        grads = tuple(_with_float0(self.primals[i], gi) for i, gi in zip(diff, g))
         if self.return_forward:
             return (y, grads, aux) if piece.has_aux else (y, grads)
         return (grads, aux) if piece.has_aux else grads
