@@ -34,8 +34,7 @@ def _argnums(who: str, name: str, value: Argnums, nargs: int | None) -> tuple[in
 
 def _chunk_in_axes(who: str, in_axes: Any) -> tuple[int | None, ...] | int | None:
     """netket's rule: every `in_axes` entry is 0 (chunked) or None (passed whole)."""
-    entries = in_axes if isinstance(in_axes, tuple | list) else (in_axes,)
-    for a in entries:
+    for a in in_axes if isinstance(in_axes, tuple | list) else (in_axes,):
         if a is not None and (isinstance(a, bool) or a != 0):
             raise NotImplementedError(f"`{who}(in_axes={in_axes!r})`: every in_axes entry must be "
                                       f"0 or None (netket's rule), got {a!r}.")
@@ -302,8 +301,7 @@ class ChunkedVjp(eqx.Module):
         idx = None if piece.scatter is None else jnp.arange(piece.scatter, dtype=jnp.int32)
         axes = (0, 0) + tuple(0 if i in chunk else None for i in every)
         reducer = Concat() if piece.scatter is None else Sum(presummed=True, mask_in_fn=True)
-        pullback = compose(piece, axes, reducer, self.opts, _VJP)
-        y, g, aux = pullback(cotangents, idx, *self.primals)
+        y, g, aux = compose(piece, axes, reducer, self.opts, _VJP)(cotangents, idx, *self.primals)
         if self.forward is not None:  # the forward pass alone, in its own chunks
             out = compose(piece.fun, axes[2:], Concat(), self.forward, _VJP)(*self.primals)
             y, aux = out if piece.has_aux else (out, None)
