@@ -106,15 +106,14 @@ class ChunkMap(eqx.Module):
         return Pad(piece, multiple) if n % multiple else piece
 
     def _chunk(self, inner, size, zero, blocks=1):
-        """Chunks of `size` rows of each of `blocks` device blocks (`Groups` lays them out);
-        the reverse pass in chunks of `chunk_size_bwd` rows per block."""
+        """Chunks of `size` rows of each of `blocks` device blocks (`Groups` lays them out),
+        the last one shifted back (the default of a Chunk that concatenates); the reverse
+        pass in chunks of `chunk_size_bwd` rows per block."""
         if not self.use_scan:
             return Unrolled(inner, blocks * size, in_axes=zero, progress=self.opts.progress)
         bwd = self.opts.grad_size
-        return Chunk(
-            inner, blocks * size, in_axes=zero, remainder="shift", progress=self.opts.progress,
-            grad_size=None if bwd is None else blocks * bwd,
-        )
+        return Chunk(inner, blocks * size, in_axes=zero, progress=self.opts.progress,
+                     grad_size=None if bwd is None else blocks * bwd)
 
 
 def _layout(in_axes: InAxes, args: tuple, who: str = "chunk_map") -> tuple:
