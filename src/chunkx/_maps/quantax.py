@@ -74,8 +74,8 @@ class ChunkMap(eqx.Module):
         return self._memory("grad_memory_plan", args)
 
     def _memory(self, method: str, args: tuple):
-        """The plan `method` of the Chunk that one device runs, traced abstractly."""
-        self.opts.check_size_planned(method)
+        """The plan `method` of the Chunk that one device runs, traced abstractly (refused
+        unless its size is planned: the backward one with use_scan=True)."""
         self.opts.check_planned(method, "chunk_size='auto', use_scan=True, chunk_size_bwd=None")
         return eqx.filter_eval_shape(lambda args: self._call(args, method), args)
 
