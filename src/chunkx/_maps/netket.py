@@ -1,7 +1,6 @@
 """`vmap_chunked`, `apply_chunked`, `vjp_chunked`: netket 3.23 semantics, composed from the
 combinators (`Vmap`, `Chunk`, `Shard` with the `Concat` and `Sum` reducers)."""
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PyTree
 
-from .._checks import as_in_axes, as_size, check_positive
+from .._checks import as_in_axes, check_positive
 from .._combinators.chunk import Chunk
 from .._combinators.reduce import Concat, Sum, zero_masked
 from .._combinators.shard import Shard
@@ -35,8 +34,7 @@ def _argnums(who: str, name: str, value: Argnums, nargs: int | None) -> tuple[in
 
 def _chunk_in_axes(who: str, in_axes: Any) -> tuple[int | None, ...] | int | None:
     """netket's rule: every `in_axes` entry is 0 (chunked) or None (passed whole)."""
-    entries = in_axes if isinstance(in_axes, tuple | list) else (in_axes,)
-    for a in entries:
+    for a in in_axes if isinstance(in_axes, tuple | list) else (in_axes,):
         if a is not None and (isinstance(a, bool) or a != 0):
             raise NotImplementedError(f"`{who}(in_axes={in_axes!r})`: every in_axes entry must be "
                                       f"0 or None (netket's rule), got {a!r}.")
@@ -45,20 +43,19 @@ def _chunk_in_axes(who: str, in_axes: Any) -> tuple[int | None, ...] | int | Non
 
 def _sharded(axis_0_is_sharded: bool | None) -> bool:
     """netket 3.23 shards by default (`netket_sharding`); with one device that is a no-op."""
-    if axis_0_is_sharded is None:
-        return jax.device_count() > 1
-    return axis_0_is_sharded
+    return jax.device_count() > 1 if axis_0_is_sharded is None else axis_0_is_sharded
 
 
 # -- vmap_chunked / apply_chunked ---------------------------------------------------------------
 
 
-def _apply(who, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums, lift):
+def _apply(who, lift, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums):
+    """The map `apply_chunked` (`lift=None`) or `vmap_chunked` (`lift=Vmap`) builds."""
     in_axes = _chunk_in_axes(who, in_axes)
     chunk_size = check_positive(who, "chunk_size", chunk_size)
     if pvary_argnums is not None:
         _argnums(who, "pvary_argnums", pvary_argnums, None)
-    fn = Vmap(f, in_axes) if lift else f
+    fn = f if lift is None else lift(f, in_axes)
     if chunk_size is None:
         return fn
     # [Shard ∘] Chunk ∘ fn: every chunk in one scan, the last one shifted back over rows
@@ -120,9 +117,7 @@ def apply_chunked(
         y = g(jnp.arange(10.0))   # == jnp.sin(jnp.arange(10.0))
         ```
     """
-    return _apply(
-        "apply_chunked", f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums, lift=False
-    )
+    return _apply("apply_chunked", None, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums)
 
 
 @public
@@ -169,9 +164,7 @@ def vmap_chunked(
         y = g(jnp.ones((10, 3)), jnp.ones((3, 2)))   # (10, 2)
         ```
     """
-    return _apply(
-        "vmap_chunked", f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums, lift=True
-    )
+    return _apply("vmap_chunked", Vmap, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums)
 
 
 # -- vjp_chunked: netket's vjp rules ------------------------------------------------------------
@@ -212,13 +205,13 @@ def _pull(pull, ys, ct, real_in: bool):
 
 
 class _ChunkVjp(eqx.Module):
-    """One chunk's forward pass and pullback: `(rows, sums)` for the reducers to join.
+    """One chunk's forward pass and pullback: `(out, cotangents, aux)` for the reducer to join
+    (`out` where `keep_y`, `aux` where `keep_aux`, else `None`).
 
-    `rows` (the forward output, the cotangents of chunked primals, aux) keep the mapped axis;
-    `sums` (the cotangents of unchunked primals) are already summed over the chunk's rows.
-    With `scatter=n`, rows are written at their row indices into zeros of `n` rows, so one
-    `Sum` reducer joins rows and sums in the same pass. With every primal in
-    `nondiff_argnums`, it is the forward pass alone.
+    The output, aux and the cotangents of chunked primals keep the mapped axis; those of the
+    unchunked primals are summed over the chunk's rows. With `scatter=n`, rows are written at
+    their row indices into zeros of `n` rows, so one `Sum` reducer joins rows and sums in the
+    same pass.
     """
 
     fun: Callable[..., Any]
@@ -226,9 +219,9 @@ class _ChunkVjp(eqx.Module):
     nondiff_argnums: tuple[int, ...] = eqx.field(static=True)
     conjugate: bool = eqx.field(static=True)
     has_aux: bool = eqx.field(static=True)
-    keep_y: bool = eqx.field(static=True, default=False)
-    keep_aux: bool = eqx.field(static=True, default=False)
-    scatter: int | None = eqx.field(static=True, default=None)
+    keep_y: bool = eqx.field(static=True)
+    keep_aux: bool = eqx.field(static=True)
+    scatter: int | None = eqx.field(static=True)
 
     def __call__(self, ct, idx, *primals, valid=None):
         if valid is not None:  # repeated rows of a shifted chunk: no cotangent, nothing kept
@@ -244,20 +237,20 @@ class _ChunkVjp(eqx.Module):
         # integer primals' float0 cotangents carry nothing: None through the chunks and the
         # reducers (which cannot scatter or add them), float0 zeros again at the end
         g = jax.tree_util.tree_map(lambda x: None if x.dtype == jax.dtypes.float0 else x, g)
-        chunked = tuple(gi if i in self.chunk_argnums else None for i, gi in zip(diff, g))
-        sums = tuple(None if i in self.chunk_argnums else gi for i, gi in zip(diff, g))
-        rows = (ys if self.keep_y else None, chunked, aux[0] if self.keep_aux else None)
-        if valid is not None:
-            rows = _but_float0(lambda x: zero_masked(x, valid), rows)
-        if self.scatter is not None:
-            rows = jax.tree_util.tree_map(lambda r: _scatter(r, idx, self.scatter), rows)
-        return rows, sums
+
+        def rows(tree):  # an output with the mapped axis, as the reducer joins it
+            return jax.tree_util.tree_map(lambda r: _rows(r, idx, valid, self.scatter), tree)
+
+        g = tuple(rows(gi) if i in self.chunk_argnums else gi for i, gi in zip(diff, g))
+        return rows(ys) if self.keep_y else None, g, rows(aux[0]) if self.keep_aux else None
 
 
-def _scatter(rows, idx, n):
-    """`rows` added at their row indices `idx` into zeros of `n` rows: a masked (zeroed) row
-    adds nothing where it repeats an index (a shifted chunk, rows padded over the devices)."""
-    return jnp.zeros((n,) + rows.shape[1:], rows.dtype).at[idx].add(rows)
+def _rows(r, idx, valid, n):
+    """The rows `r` with those `valid` masks zeroed; with `n`, added at their row indices
+    `idx` into zeros of `n` rows (a masked row adds nothing where it repeats an index: a
+    shifted chunk, rows padded over the devices)."""
+    r = r if valid is None else zero_masked(r, valid)
+    return r if n is None else jnp.zeros((n,) + r.shape[1:], r.dtype).at[idx].add(r)
 
 
 # -- vjp_chunked: the pullback Module ------------------------------------------------------------
@@ -292,8 +285,8 @@ class ChunkedVjp(eqx.Module):
     arrays: Any  # the arrays `fun` holds (a pytree argument under `jax.jit`)
     piece: _ChunkVjp = eqx.field(static=True)  # one chunk's pullback; the rest of `fun`
     primals: tuple
-    opts: Options  # the forward chunk size (`size`) and `shard`
-    chunk_size_bwd: int | None = eqx.field(static=True, converter=as_size)
+    opts: Options  # the backward chunk size (`size`) and `shard`
+    forward: Options | None  # the forward pass's own chunk size, where it differs
     return_forward: bool = eqx.field(static=True)
 
     # netket's pullback, a `Partial`, is accepted as `jax.jit`'s function, which is hashed: by
@@ -302,38 +295,21 @@ class ChunkedVjp(eqx.Module):
 
     def __call__(self, cotangents: PyTree[Any]) -> Any:
         piece = eqx.combine(self.arrays, self.piece)
-        chunk, has_aux, every = piece.chunk_argnums, piece.has_aux, range(len(self.primals))
-        fwd = self.opts.size
-        bwd = fwd if self.chunk_size_bwd is None else self.chunk_size_bwd
-        split = self.return_forward and fwd != bwd  # the forward pass gets its own Chunk
-        # netket: no chunk size, no chunking and no sharding (the cotangents need no rows)
-        direct = not chunk or (fwd is None and bwd is None)
-        n = None if direct else _check_rows(self.primals, chunk, cotangents)
-        diff = [i for i in every if i not in piece.nondiff_argnums]
-        has_sums = any(i not in chunk for i in diff)
-        # rows and sums from one pass: rows are scattered into n-row zeros and summed
-        scatter = n if has_sums else None
-        keep = dict(keep_y=self.return_forward and not split, keep_aux=has_aux and not split)
-        pull = dataclasses.replace(piece, scatter=scatter, **keep)
-        idx = None if scatter is None else jnp.arange(n, dtype=jnp.int32)
-        args = (cotangents, idx) + tuple(self.primals)
+        chunk, every = piece.chunk_argnums, range(len(self.primals))
+        if self.opts.size is not None:  # chunked: the cotangents have the primals' rows
+            _check_rows(self.primals, chunk, cotangents)
+        idx = None if piece.scatter is None else jnp.arange(piece.scatter, dtype=jnp.int32)
         axes = (0, 0) + tuple(0 if i in chunk else None for i in every)
-        if direct:
-            (y, chunked, aux), sums = pull(*args)
-        else:
-            reducer = Sum(presummed=True, mask_in_fn=True) if has_sums else Concat()
-            opts = dataclasses.replace(self.opts, size=bwd)
-            (y, chunked, aux), sums = compose(pull, axes, reducer, opts, _VJP)(*args)
-        if split:  # the forward pass alone: every primal nondifferentiable
-            forward = dataclasses.replace(
-                piece, nondiff_argnums=tuple(every), conjugate=False, keep_y=True, keep_aux=has_aux
-            )
-            (y, _, aux), _ = compose(forward, axes, Concat(), self.opts, _VJP)(*args)
-        grads = tuple(_with_float0(self.primals[i], c if i in chunk else s)
-                      for i, c, s in zip(diff, chunked, sums))
+        reducer = Concat() if piece.scatter is None else Sum(presummed=True, mask_in_fn=True)
+        y, g, aux = compose(piece, axes, reducer, self.opts, _VJP)(cotangents, idx, *self.primals)
+        if self.forward is not None:  # the forward pass alone, in its own chunks
+            out = compose(piece.fun, axes[2:], Concat(), self.forward, _VJP)(*self.primals)
+            y, aux = out if piece.has_aux else (out, None)
+        diff = [i for i in every if i not in piece.nondiff_argnums]
+        grads = tuple(_with_float0(self.primals[i], gi) for i, gi in zip(diff, g))
         if self.return_forward:
-            return (y, grads, aux) if has_aux else (y, grads)
-        return (grads, aux) if has_aux else grads
+            return (y, grads, aux) if piece.has_aux else (y, grads)
+        return (grads, aux) if piece.has_aux else grads
 
 
 def _with_float0(primal, grad):
@@ -444,12 +420,20 @@ def vjp_chunked(
     chunk_size_bwd = check_positive(who, "chunk_size_bwd", chunk_size_bwd)
     chunk_argnums = _argnums(who, "chunk_argnums", chunk_argnums, len(primals))
     nondiff_argnums = _argnums(who, "nondiff_argnums", nondiff_argnums, len(primals))
-    shard = bool(chunk_argnums) and _sharded(axis_0_is_sharded)
-    if chunk_argnums:
-        n = _check_rows(primals, chunk_argnums, None)
-        if not shard:  # netket: a chunk as large as the batch means no chunking
-            chunk_size = None if chunk_size is not None and chunk_size >= n else chunk_size
-    piece = _ChunkVjp(fun, chunk_argnums, nondiff_argnums, conjugate, has_aux)
+    n = _check_rows(primals, chunk_argnums, None) if chunk_argnums else None
+    shard = n is not None and _sharded(axis_0_is_sharded)
+    # netket: no chunked primals, or (unsharded) a chunk as large as the batch: no chunking
+    if n is None or (not shard and chunk_size is not None and chunk_size >= n):
+        chunk_size = None
+    bwd = chunk_size if chunk_size_bwd is None or n is None else chunk_size_bwd
+    split = return_forward and chunk_size != bwd  # the forward pass gets its own Chunk
+    # rows and sums from one pass: rows are scattered into n-row zeros and summed
+    sums = any(i not in chunk_argnums + nondiff_argnums for i in range(len(primals)))
+    piece = _ChunkVjp(fun, chunk_argnums, nondiff_argnums, conjugate, has_aux,
+                      keep_y=return_forward and not split, keep_aux=has_aux and not split,
+                      scatter=n if sums and bwd is not None else None)
     arrays, piece = eqx.partition(piece, eqx.is_array)
-    opts = Options(who, chunk_size, shard=shard)
-    return ChunkedVjp(arrays, piece, tuple(primals), opts, chunk_size_bwd, return_forward)
+    forward = Options(who, chunk_size, shard=shard) if split else None
+    # netket: no chunk size, no chunking and no sharding
+    opts = Options(who, bwd, shard=shard and bwd is not None)
+    return ChunkedVjp(arrays, piece, tuple(primals), opts, forward, return_forward)

@@ -58,11 +58,7 @@ class ChunkMap(eqx.Module):
         if plan is None and all(a is None for a in at):  # no mapped array: nothing to chunk
             return _per_output(self.f(*args), self.out_axes, lambda o, ax: o)
         n = mapped_length(moved, zero, "chunk_map")
-        inner = _Moved(self.f, at, self.out_axes)
-        if self.opts.size in ("auto", None):
-            pipeline = compose(inner, zero, Concat(), self.opts, f"chunk_map({fn_name(self.f)})")
-        else:  # the mesh Shard runs on, or lays rows out for
-            pipeline = self._pipeline(inner, zero, n, call_mesh(self.opts.mesh, args).size)
+        pipeline = self._pipeline(_Moved(self.f, at, self.out_axes), zero, n, args)
         if plan is not None:
             return plan_of(pipeline, plan, moved, zero, self.opts)
         return _per_output(pipeline(*moved), self.out_axes, lambda o, ax: move_axis(o, 0, ax))
@@ -78,13 +74,14 @@ class ChunkMap(eqx.Module):
         return self._memory("grad_memory_plan", args)
 
     def _memory(self, method: str, args: tuple):
-        """The plan `method` of the Chunk that one device runs, traced abstractly."""
-        self.opts.check_size_planned(method)
+        """The plan `method` of the Chunk that one device runs, traced abstractly (refused
+        unless its size is planned: the backward one with use_scan=True)."""
         self.opts.check_planned(method, "chunk_size='auto', use_scan=True, chunk_size_bwd=None")
         return eqx.filter_eval_shape(lambda args: self._call(args, method), args)
 
-    def _pipeline(self, inner, zero, n, ndev):
-        """[Shard ∘] [Pad ∘] [Groups ∘] Chunk ∘ f, in quantax's per-device row layout.
+    def _pipeline(self, inner, zero, n, args):
+        """[Shard ∘] [Pad ∘] [Groups ∘] Chunk ∘ f, in quantax's per-device row layout (an
+        "auto" size, or none: the shared pipeline, its Chunk planning the size).
 
         quantax needs `n % D == 0`; chunkx pads the device blocks (copies of a real row), with
         `shard_batch` in the one `shard_map` (see `Shard`).
@@ -93,6 +90,9 @@ class ChunkMap(eqx.Module):
         path: `f` sees the whole batch), its reverse pass in chunks of `chunk_size_bwd`.
         """
         size = self.opts.size
+        if size in ("auto", None):
+            return compose(inner, zero, Concat(), self.opts, f"chunk_map({fn_name(self.f)})")
+        ndev = call_mesh(self.opts.mesh, args).size  # the mesh Shard runs on, or lays rows out for
         per_device = padded_rows_per_device(n, ndev)
         pad = self.atleast_1chunk and per_device < size  # up to one chunk per device
         if self.opts.shard:
@@ -106,15 +106,14 @@ class ChunkMap(eqx.Module):
         return Pad(piece, multiple) if n % multiple else piece
 
     def _chunk(self, inner, size, zero, blocks=1):
-        """Chunks of `size` rows of each of `blocks` device blocks (`Groups` lays them out);
-        the reverse pass in chunks of `chunk_size_bwd` rows per block."""
+        """Chunks of `size` rows of each of `blocks` device blocks (`Groups` lays them out),
+        the last one shifted back (the default of a Chunk that concatenates); the reverse
+        pass in chunks of `chunk_size_bwd` rows per block."""
         if not self.use_scan:
             return Unrolled(inner, blocks * size, in_axes=zero, progress=self.opts.progress)
         bwd = self.opts.grad_size
-        return Chunk(
-            inner, blocks * size, in_axes=zero, remainder="shift", progress=self.opts.progress,
-            grad_size=None if bwd is None else blocks * bwd,
-        )
+        return Chunk(inner, blocks * size, in_axes=zero, progress=self.opts.progress,
+                     grad_size=None if bwd is None else blocks * bwd)
 
 
 def _layout(in_axes: InAxes, args: tuple, who: str = "chunk_map") -> tuple:
