@@ -37,10 +37,10 @@ def _like(x: Any, ref: jax.ShapeDtypeStruct) -> Any:
     if jnp.iscomplexobj(x) and not jnp.issubdtype(ref.dtype, jnp.complexfloating):
         x = jnp.real(x)
     x = jax.lax.convert_element_type(x, ref.dtype)
-    if ref.weak_type:  # Python-scalar types: write into a weakly typed array of the same dtype
-        for kind in (int, float, complex):
-            if jax.dtypes.canonicalize_dtype(kind) == x.dtype:
-                return jax.lax.full(x.shape, kind(0)).at[...].set(x)
+    # a weak type (a Python scalar type's dtype): written into a weakly typed array of it
+    kind = {"i": int, "f": float, "c": complex}.get(x.dtype.kind)
+    if ref.weak_type and kind and jax.dtypes.canonicalize_dtype(kind) == x.dtype:
+        return jax.lax.full(x.shape, kind(0)).at[...].set(x)
     return x
 
 
