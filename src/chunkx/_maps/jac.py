@@ -32,7 +32,10 @@ def _partial(fun, argnums, args, kwargs):
 
 def _like(x: Any, ref: jax.ShapeDtypeStruct) -> Any:
     """Reshape and cast one Jacobian block like JAX's (`x is None`: a float0 tangent), dropping
-    an imaginary part for real targets, weakly typed where JAX's is."""
+    an imaginary part for real targets, weakly typed where JAX's is. An `aux` leaf that is not
+    a JAX array (a Python scalar, a NumPy array) is returned as it is, as JAX returns it."""
+    if x is not None and not isinstance(x, jax.Array):
+        return x
     x = jnp.zeros(ref.shape, ref.dtype) if x is None else jnp.reshape(x, ref.shape)
     if jnp.iscomplexobj(x) and not jnp.issubdtype(ref.dtype, jnp.complexfloating):
         x = jnp.real(x)
