@@ -21,14 +21,8 @@ Argnums = int | tuple[int, ...]
 def _partial(fun, argnums, args, kwargs):
     """`fun` as a function of the differentiated arguments only; those arguments; and the
     `argnums` of that function (an int stays an int, as JAX's Jacobian structure follows it)."""
-    n = len(args)
-    for i in argnums_tuple(argnums):
-        if not -n <= i < n:  # JAX's message
-            raise ValueError(
-                "Positional argument indices, e.g. for `static_argnums`, must have value greater "
-                "than or equal to -len(args) and less than len(args), but got value "
-                f"{i} for len(args) == {n}."
-            )
+    n = len(args)  # JAX's own check of `argnums` against `n` arguments (placeholders)
+    jax.eval_shape(jax.jacfwd(lambda *_: 0.0, argnums), *[0.0] * n)
     nums = tuple(i % n for i in argnums_tuple(argnums))
     rest = tuple(i for i in range(len(args)) if i not in nums)
     f = Bound(fun, tuple(args[i] for i in rest), rest, kwargs, free_at=nums)
@@ -38,27 +32,24 @@ def _partial(fun, argnums, args, kwargs):
 
 def _like(x: Any, ref: jax.ShapeDtypeStruct) -> Any:
     """Reshape and cast one Jacobian block like JAX's (`x is None`: a float0 tangent), dropping
-    an imaginary part for real targets, weakly typed where JAX's is."""
+    an imaginary part for real targets, weakly typed where JAX's is. An `aux` leaf that is not
+    a JAX array (a Python scalar, a NumPy array) is returned as it is, as JAX returns it."""
+    if x is not None and not isinstance(x, jax.Array):
+        return x
     x = jnp.zeros(ref.shape, ref.dtype) if x is None else jnp.reshape(x, ref.shape)
     if jnp.iscomplexobj(x) and not jnp.issubdtype(ref.dtype, jnp.complexfloating):
         x = jnp.real(x)
     x = jax.lax.convert_element_type(x, ref.dtype)
-    if ref.weak_type:  # Python-scalar types: write into a weakly typed array of the same dtype
-        for kind in (int, float, complex):
-            if jax.dtypes.canonicalize_dtype(kind) == x.dtype:
-                return jax.lax.full(x.shape, kind(0)).at[...].set(x)
+    # a weak type (a Python scalar type's dtype): written into a weakly typed array of it
+    kind = {"i": int, "f": float, "c": complex}.get(x.dtype.kind)
+    if ref.weak_type and kind and jax.dtypes.canonicalize_dtype(kind) == x.dtype:
+        return jax.lax.full(x.shape, kind(0)).at[...].set(x)
     return x
 
 
 def _no_float0(tree: Any) -> list:
     """Leaves of a tangent/cotangent tree, with float0 (integer) leaves as `None`."""
     return [None if x.dtype == jax.dtypes.float0 else x for x in jax.tree_util.tree_leaves(tree)]
-
-
-def _assemble(ref: Any, blocks: list) -> Any:
-    """Blocks (output-leaf major, input-leaf minor) in the structure of JAX's Jacobian `ref`."""
-    leaves, treedef = jax.tree_util.tree_flatten(ref)
-    return jax.tree_util.tree_unflatten(treedef, [_like(b, r) for b, r in zip(blocks, leaves)])
 
 
 def _jax_jacobian(jac: Callable, nums: Any, dyn: tuple, out: Any, has_aux: bool, **kw) -> Any:
@@ -74,10 +65,19 @@ def _jax_jacobian(jac: Callable, nums: Any, dyn: tuple, out: Any, has_aux: bool,
     return jax.eval_shape(jac(stand_in, nums, has_aux=has_aux, **kw), *dyn)
 
 
+def _as_jax(jac: Callable, nums: Any, dyn: tuple, out: Any, blocks: list, has_aux: bool, **kw):
+    """Blocks (output-leaf major, input-leaf minor; none at all: every block empty) and the
+    `aux` in `out = (y, aux)` (with `has_aux`), in the structure of JAX's own result."""
+    ref = _jax_jacobian(jac, nums, dyn, out, has_aux, **kw)
+    leaves, treedef = jax.tree_util.tree_flatten(ref[0] if has_aux else ref)
+    blocks = blocks or [None] * len(leaves)
+    jacobian = jax.tree_util.tree_unflatten(treedef, list(map(_like, blocks, leaves)))
+    return (jacobian, jax.tree_util.tree_map(_like, out[1], ref[1])) if has_aux else jacobian
+
+
 def _offsets(tree: Any) -> list[tuple[int, int]]:
     sizes = [int(np.size(x)) for x in jax.tree_util.tree_leaves(tree)]
-    starts = np.cumsum([0] + sizes[:-1]).tolist()
-    return list(zip(starts, sizes))
+    return list(zip(np.cumsum([0, *sizes]).tolist(), sizes))  # (start, size) of every leaf
 
 
 def _size(tree: Any) -> int:
@@ -112,21 +112,14 @@ class BatchJacfwd(eqx.Module):
         scalar = jnp.zeros((), complex if self.holomorphic else float)
         _jax_jacobian(jax.jacfwd, nums, dyn, scalar, False, holomorphic=self.holomorphic)
         if _size(dyn) == 0:  # no input entries: every block is empty
-            out = f(*dyn)
-            tangents, aux = [], (out[1] if self.has_aux else None)
+            tangents, out = [], f(*dyn)
         else:
-            tangents, aux, out = self._tangents(f, dyn)
-        ref = _jax_jacobian(jax.jacfwd, nums, dyn, out, self.has_aux, holomorphic=self.holomorphic)
-        ref_jac, ref_aux = ref if self.has_aux else (ref, None)
-        blocks = [  # (n, *y.shape) -> y.shape + x.shape for every input leaf x
-            None if t is None else jnp.moveaxis(t[s : s + k], 0, -1)
-            for t in tangents
-            for s, k in _offsets(dyn)
-        ] or [None] * len(jax.tree_util.tree_leaves(ref_jac))
-        jac = _assemble(ref_jac, blocks)
-        if not self.has_aux:
-            return jac
-        return jac, jax.tree_util.tree_map(_like, aux, ref_aux)
+            tangents, _, out = self._tangents(f, dyn)
+        # (n, *y.shape) -> y.shape + x.shape for every input leaf x
+        blocks = [None if t is None else jnp.moveaxis(t[s : s + k], 0, -1)
+                  for t in tangents for s, k in _offsets(dyn)]
+        return _as_jax(jax.jacfwd, nums, dyn, out, blocks, self.has_aux,
+                       holomorphic=self.holomorphic)
 
     def _tangents(self, f: Callable, dyn: tuple) -> tuple:
         """`(tangents, aux, out)`: the JVPs of every basis vector, `batch_size` at a time."""
@@ -182,10 +175,6 @@ class BatchJacrev(eqx.Module):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         f, dyn, nums = _partial(self.fun, self.argnums, args, kwargs)
         y, pullback, *aux = jax.vjp(f, *dyn, has_aux=self.has_aux)  # residuals: once
-        out = (y, aux[0]) if self.has_aux else y
-        ref = _jax_jacobian(jax.jacrev, nums, dyn, out, self.has_aux,
-                            holomorphic=self.holomorphic, allow_int=self.allow_int)
-        ref_jac = ref[0] if self.has_aux else ref
 
         def pull(i):  # the basis cotangent built inside the chunk, as for batch_jacfwd
             return _no_float0(pullback(_basis_vector(i, y)))
@@ -193,8 +182,8 @@ class BatchJacrev(eqx.Module):
         # no output entries (n = 0): zero rows, every block empty
         rows = batch_vmap(pull, batch_size=self.batch_size)(jnp.arange(_size(y)))
         blocks = [None if r is None else r[s : s + k] for s, k in _offsets(y) for r in rows]
-        jac = _assemble(ref_jac, blocks)
-        return (jac, *aux) if self.has_aux else jac
+        return _as_jax(jax.jacrev, nums, dyn, (y, *aux) if aux else y, blocks, self.has_aux,
+                       holomorphic=self.holomorphic, allow_int=self.allow_int)
 
 
 @public

@@ -80,9 +80,8 @@ class _CheckOutputs(eqx.Module):
 
 
 def _split_excluded(fn, excluded, args, kwargs):
-    if not excluded:
-        return fn, list(args), kwargs
-    at = tuple(i for i in sorted(e for e in excluded if isinstance(e, int)) if i < len(args))
+    """`fn` with the `excluded` positions and keywords bound; the other arguments and keywords."""
+    at = tuple(i for i in range(len(args)) if i in excluded)
     fixed_kwargs = {k: v for k, v in kwargs.items() if k in excluded}
     rest = [a for i, a in enumerate(args) if i not in excluded]
     rest_kwargs = {k: v for k, v in kwargs.items() if k not in excluded}
@@ -120,10 +119,7 @@ class BatchVectorize(eqx.Module):
                 "arguments are not supported (jnp.vectorize silently drops them); add their "
                 "names to excluded to pass them through unchanged."
             )
-        if signature is None:
-            in_core, out_core = [()] * len(args), None
-        else:
-            in_core, out_core = parse_signature(signature)
+        in_core, out_core = parse_signature(signature) if signature else ([()] * len(args), None)
         nones = {i for i, a in enumerate(args) if a is None}
         if any(i < len(in_core) and in_core[i] != () for i in nones):
             raise ValueError(f"`{_WHO}`: Cannot pass None at locations {nones} with {signature=}")
@@ -136,22 +132,21 @@ class BatchVectorize(eqx.Module):
                 f"got {len(args)!r} {context}"
             )
         sizes: dict[str, int] = {}
-        loop_shapes = []
         for a, core in zip(args, in_core):
             _record_sizes(sizes, a.shape, core, context, is_input=True)
-            loop_shapes.append(a.shape[: a.ndim - len(core)])
-        loop_shape = _loop_shape(args, loop_shapes, signature)
+        loop_shapes = [a.shape[: a.ndim - len(core)] for a, core in zip(args, in_core)]
+        _check_loop_shapes(args, loop_shapes, signature)
         if out_core is not None:
             fn = _CheckOutputs(fn, tuple(sizes.items()), tuple(out_core), context)
-        return _vectorize(fn, args, loop_shapes, loop_shape, self.batch_size)
+        return _vectorize(fn, args, loop_shapes, self.batch_size)
 
 
-def _loop_shape(args, loop_shapes, signature) -> tuple:
-    """The common loop shape, after jnp.vectorize's checks (named `batch_vectorize`): the loop
-    dimensions broadcast, and operands (not 0-d) with different numbers of loop dimensions
-    warn or raise as `jax_numpy_rank_promotion` says."""
+def _check_loop_shapes(args, loop_shapes, signature) -> None:
+    """jnp.vectorize's checks of the loop dimensions (named `batch_vectorize`): they broadcast,
+    and operands (not 0-d) with different numbers of them warn or raise as
+    `jax_numpy_rank_promotion` says."""
     try:
-        shape = jnp.broadcast_shapes(*loop_shapes)
+        jnp.broadcast_shapes(*loop_shapes)
     except ValueError as e:
         raise ValueError(
             f"`{_WHO}`: the loop dimensions of the arguments must broadcast, got shapes "
@@ -171,26 +166,23 @@ def _loop_shape(args, loop_shapes, signature) -> tuple:
             warnings.warn(msg, UserWarning, stacklevel=3)
         else:
             raise ValueError(msg)
-    return shape
 
 
-def _vectorize(fn, args, loop_shapes, loop_shape, batch_size):
-    """Squeeze size-1 loop dims, nest one `batch_vmap` per loop dim, restore the size-1 dims."""
-    ndim = len(loop_shape)
-    squeezed = [
-        jnp.squeeze(a, axis=tuple(i for i, s in enumerate(shape) if s == 1))
-        for a, shape in zip(args, loop_shapes)
-    ]
-    padded = [(1,) * (ndim - len(s)) + tuple(s) for s in loop_shapes]
-    for d in reversed(range(ndim)):  # innermost loop dim first; size-1 dims are not mapped
-        if loop_shape[d] != 1:
-            axes = tuple(None if shape[d] == 1 else 0 for shape in padded)
+def _vectorize(fn, args, loop_shapes, batch_size):
+    """Squeeze size-1 loop dims, nest one `batch_vmap` per loop dim (innermost first) over the
+    others, restore the size-1 dims."""
+    ndim = max(map(len, loop_shapes), default=0)
+    padded = [(1,) * (ndim - len(s)) + s for s in loop_shapes]
+    expand = []
+    for d in reversed(range(ndim)):
+        axes = tuple(None if p[d] == 1 else 0 for p in padded)
+        if 0 in axes:
             fn = batch_vmap(fn, axes, batch_size=batch_size)
-    out = fn(*squeezed)
-    expand = [d for d in range(ndim) if loop_shape[d] == 1]
-    if not expand:
-        return out
-    return jax.tree_util.tree_map(lambda o: jnp.expand_dims(o, axis=expand), out)
+        else:
+            expand.insert(0, d)
+    out = fn(*(jnp.squeeze(a, [i for i, k in enumerate(s) if k == 1])
+               for a, s in zip(args, loop_shapes)))
+    return jax.tree_util.tree_map(lambda o: jnp.expand_dims(o, expand), out) if expand else out
 
 
 @public
