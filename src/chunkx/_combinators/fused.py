@@ -41,9 +41,9 @@ def piece_sizes(n: int, size: int, chunk) -> set[int]:
     return {size} if remainder_of(chunk) == "shift" else {size, n % size} - {0}
 
 
-def _real_size(struct) -> int:
-    leaves = jax.tree_util.tree_leaves(struct)
-    return sum(x.size * (2 if jnp.iscomplexobj(x) else 1) for x in leaves)
+def _reals(x) -> int:
+    """How many real numbers an array (or a struct) holds: a complex number is two."""
+    return x.size * (2 if jnp.iscomplexobj(x) else 1)
 
 
 def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
@@ -64,15 +64,14 @@ def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
         first = min(n, chunk.size)  # converted first: whether to fuse depends on its output
         lifted = _Lifted(chunk, mapped, fixed, static, n, {first})
         struct = lifted.out_struct(first)
-        inexact = all(
-            jnp.issubdtype(x.dtype, jnp.inexact) for x in jax.tree_util.tree_leaves(struct)
-        )
+        leaves = jax.tree_util.tree_leaves(struct)
+        inexact = all(jnp.issubdtype(x.dtype, jnp.inexact) for x in leaves)
         if chunk.grad == "fused" and not inexact:
             raise ValueError(
                 f"`{who}(grad='fused')`: every leaf of the reduced output must be floating or "
                 f"complex to be differentiated, got {struct}."
             )
-        if inexact and (chunk.grad == "fused" or _real_size(struct) <= FUSED_MAX_OUTPUTS):
+        if inexact and (chunk.grad == "fused" or sum(map(_reals, leaves)) <= FUSED_MAX_OUTPUTS):
             c = chunk.grad_size or chunk.size
             sizes = piece_sizes(n, chunk.size, chunk) | piece_sizes(n, c, chunk)
             if sizes != {first}:  # the loops' other piece sizes are converted too
@@ -80,10 +79,6 @@ def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
                 lifted.struct = struct
             return "fused", lifted
     return ("recompute" if chunk.checkpoint else "store"), None
-
-
-def _is_zero(t: Any) -> bool:
-    return isinstance(t, SymbolicZero)
 
 
 def _convert(chunk, example: tuple, k: int):
@@ -157,7 +152,7 @@ def _merge(leaves, live, mask):
 
 
 def _live(leaves, dots):
-    mask = [not _is_zero(t) for t in dots]
+    mask = [not isinstance(t, SymbolicZero) for t in dots]
     return mask, [x for x, m in zip(leaves, mask) if m], [t for t, m in zip(dots, mask) if m]
 
 
@@ -165,10 +160,6 @@ def fused_call(chunk, lifted: _Lifted, valid) -> Any:
     """`Chunk.__call__` with `grad="fused"` (see the module docstring), on the lifted call
     that `grad_policy` made."""
     c, out_struct = chunk.grad_size or chunk.size, lifted.struct
-
-    @jax.custom_jvp
-    def f(row_leaves, whole_leaves, valid):
-        return lifted.primal(row_leaves, whole_leaves, valid)
 
     def rule(primals, tangents):
         row_leaves, whole_leaves, valid = primals
@@ -182,6 +173,16 @@ def fused_call(chunk, lifted: _Lifted, valid) -> Any:
                                   call=False)
         dot = sum((_contract(j, t) for j, t in zip(jw + jr, wdots + rdots)), jnp.zeros_like(vec))
         return _unflat(vec, out_struct), _unflat(dot.astype(vec.dtype), out_struct)
+
+    return _with_jvp(lifted, rule, valid)
+
+
+def _with_jvp(lifted: _Lifted, rule, valid) -> Any:
+    """The primal loop of `lifted` on its leaves, its JVP given by `rule` (symbolic zeros)."""
+
+    @jax.custom_jvp
+    def f(row_leaves, whole_leaves, valid):
+        return lifted.primal(row_leaves, whole_leaves, valid)
 
     f.defjvp(rule, symbolic_zeros=True)
     return f(lifted.rows, lifted.whole, valid)
@@ -256,13 +257,10 @@ def _unflat(vec, struct):
     leaves, tree = jax.tree_util.tree_flatten(struct)
     out, i = [], 0
     for s in leaves:
-        k = s.size
-        x = vec[i : i + k].reshape(s.shape)
-        i += k
-        if jnp.issubdtype(s.dtype, jnp.complexfloating):
-            x = x + 1j * vec[i : i + k].reshape(s.shape)
-            i += k
-        out.append(x.astype(s.dtype))
+        parts = 2 if jnp.iscomplexobj(s) else 1  # the real (and imaginary) parts
+        x = vec[i : i + parts * s.size].reshape((parts,) + s.shape)
+        i += parts * s.size
+        out.append((x[0] + 1j * x[1] if parts == 2 else x[0]).astype(s.dtype))
     return jax.tree_util.tree_unflatten(tree, out)
 
 
@@ -272,13 +270,8 @@ def regrad_call(chunk, mapped, fixed, static, valid, n) -> Any:
     sizes = piece_sizes(n, chunk.size, chunk) | piece_sizes(n, g, chunk)
     lifted = _Lifted(chunk, mapped, fixed, static, n, sizes)
 
-    @jax.custom_jvp
-    def f(row_leaves, whole_leaves, valid):
-        return lifted.primal(row_leaves, whole_leaves, valid)
-
     def rule(primals, tangents):
         row_leaves, whole_leaves, valid = primals
-        out = lifted.primal(row_leaves, whole_leaves, valid)
         rmask, rlive, rdots = _live(row_leaves, tangents[0])
         wmask, wlive, wdots = _live(whole_leaves, tangents[1])
 
@@ -288,8 +281,7 @@ def regrad_call(chunk, mapped, fixed, static, valid, n) -> Any:
             piece = lifted.piece(w)
             return lifted.loop(piece, chunk.reducer, r, valid, g, "chunkx grad", remat=True)
 
-        dot = jax.jvp(small, (rlive, wlive), (rdots, wdots))[1]
-        return out, dot
+        out = lifted.primal(row_leaves, whole_leaves, valid)
+        return out, jax.jvp(small, (rlive, wlive), (rdots, wdots))[1]
 
-    f.defjvp(rule, symbolic_zeros=True)
-    return f(lifted.rows, lifted.whole, valid)
+    return _with_jvp(lifted, rule, valid)
