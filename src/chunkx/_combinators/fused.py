@@ -34,11 +34,13 @@ from .reduce import AbstractAccumulation, Sum, zero_masked
 FUSED_MAX_OUTPUTS = 16
 
 
-def piece_sizes(n: int, size: int, chunk) -> set[int]:
-    """The row counts the chunk loop of `chunk` calls its piece with."""
-    if size >= n:
-        return {n}
-    return {size} if remainder_of(chunk) == "shift" else {size, n % size} - {0}
+def piece_sizes(chunk, n: int) -> set[int]:
+    """The row counts the chunk loops of `chunk` over `n` rows call their piece with: the
+    value's (chunks of `size`) and the gradient's (of `grad_size`, if given)."""
+    sizes = {min(size, n) for size in (chunk.size, chunk.grad_size or chunk.size)}
+    if remainder_of(chunk) == "shift":
+        return sizes
+    return sizes | {n % s for s in sizes if s < n and n % s}  # and the remainders
 
 
 def _reals(x) -> int:
@@ -72,8 +74,7 @@ def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
                 f"complex to be differentiated, got {struct}."
             )
         if inexact and (chunk.grad == "fused" or sum(map(_reals, leaves)) <= FUSED_MAX_OUTPUTS):
-            c = chunk.grad_size or chunk.size
-            sizes = piece_sizes(n, chunk.size, chunk) | piece_sizes(n, c, chunk)
+            sizes = piece_sizes(chunk, n)
             if sizes != {first}:  # the loops' other piece sizes are converted too
                 lifted = _Lifted(chunk, mapped, fixed, static, n, sizes)
                 lifted.struct = struct
@@ -121,9 +122,8 @@ class _Lifted:
         return self.struct
 
     def piece(self, whole_leaves):
-        fixed, convs = eqx.combine(
-            jax.tree_util.tree_unflatten(self.whole_tree, whole_leaves), self.whole_static
-        )
+        whole = jax.tree_util.tree_unflatten(self.whole_tree, whole_leaves)
+        fixed, convs = eqx.combine(whole, self.whole_static)
 
         def piece(row_leaves, valid, chunk=True):
             mapped = jax.tree_util.tree_unflatten(self.rows_tree, row_leaves)
@@ -219,9 +219,8 @@ class _FusedAcc(AbstractAccumulation):
     sums: Sum  # `(vec, J_whole)` add up as a Sum's do
 
     def init(self, part, n):
-        vec, jw = self.sums.init(part[:2], n)
         jr = [jnp.zeros((j.shape[0], n) + j.shape[2:], j.dtype) for j in part[2]]
-        return vec, jw, jr
+        return (*self.sums.init(part[:2], n), jr)
 
     def accumulate(self, acc, part, start, index):
         (vec, jw), _ = self.sums.accumulate(acc[:2], part[:2], start, index)
@@ -239,9 +238,7 @@ class _FusedAcc(AbstractAccumulation):
 
 def _contract(j, t):
     """`sum over t's axes of Re(j[k] * t)`, for every output element `k`."""
-    prod = j * t[None]
-    prod = jnp.real(prod) if jnp.iscomplexobj(prod) else prod
-    return prod.reshape(prod.shape[0], -1).sum(axis=1)
+    return jnp.real(j * t[None]).reshape(j.shape[0], -1).sum(axis=1)
 
 
 def _flat(out) -> jax.Array:
@@ -267,8 +264,7 @@ def _unflat(vec, struct):
 def regrad_call(chunk, mapped, fixed, static, valid, n) -> Any:
     """`grad="recompute"` with `grad_size`: the tangent loop runs at the backward size."""
     g = chunk.grad_size
-    sizes = piece_sizes(n, chunk.size, chunk) | piece_sizes(n, g, chunk)
-    lifted = _Lifted(chunk, mapped, fixed, static, n, sizes)
+    lifted = _Lifted(chunk, mapped, fixed, static, n, piece_sizes(chunk, n))
 
     def rule(primals, tangents):
         row_leaves, whole_leaves, valid = primals

@@ -28,8 +28,8 @@ class Inputs(NamedTuple):
     order: int
     cores: tuple
     C: tuple[int, ...]
-    W: tuple[int, ...]
-    rows: tuple
+    W: tuple[int, ...] = ()
+    rows: tuple = ()
 
     @property
     def modes(self) -> tuple[int, ...]:
@@ -42,16 +42,15 @@ def corewise_inputs(fn: str, name: str, kind: str, a: Any, pp: Any, x: Any, orde
     argument `name`)."""
     order = check_order(fn, order)
     cores = as_core_pair(fn, name, x)
-    s = Inputs(kind, order, cores, check_cores(fn, name, *cores)[1], (), ())
-    return _samples(fn, s, a, pp, "Tucker")
+    return _samples(fn, Inputs(kind, order, cores, check_cores(fn, name, *cores)[1]), a, pp,
+                    "Tucker")
 
 
 def tangent_inputs(fn: str, kind: str, a: Any, pp: Any, frame: Any, order: Any) -> Inputs:
     """Check `(a, pp, frame, order)` of a tangent entry point."""
     order = check_order(fn, order)
     frame = as_parts(frame, 4)
-    return _samples(fn, Inputs(kind, order, frame, check_frame(fn, frame), (), ()), a, pp,
-                    "frame Tucker")
+    return _samples(fn, Inputs(kind, order, frame, check_frame(fn, frame)), a, pp, "frame Tucker")
 
 
 def _samples(fn: str, s: Inputs, a: Any, pp: Any, label: str) -> Inputs:
