@@ -77,7 +77,7 @@ def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
             sizes = piece_sizes(chunk, n)
             if sizes != {first}:  # the loops' other piece sizes are converted too
                 lifted = _Lifted(chunk, mapped, fixed, static, n, sizes)
-                lifted.struct = struct
+            lifted.struct = struct  # the reduced output's structs, for `fused_call`
             return "fused", lifted
     return ("recompute" if chunk.checkpoint else "store"), None
 
@@ -104,7 +104,10 @@ class _MaskFirst(eqx.Module):
 
 
 class _Lifted:
-    """A `Chunk` call with every array explicit: row leaves, whole leaves, the row mask."""
+    """A `Chunk` call with every array explicit: row leaves, whole leaves, the row mask.
+
+    Where it fuses, `grad_policy` sets `struct`, the structs of the reduced output.
+    """
 
     def __init__(self, chunk, mapped, fixed, static, n, sizes):
         self.chunk, self.static, self.n = chunk, static, n
@@ -113,13 +116,11 @@ class _Lifted:
         self.rows, self.rows_tree = jax.tree_util.tree_flatten(mapped)
         whole, self.whole_static = eqx.partition((fixed, convs), eqx.is_array)
         self.whole, self.whole_tree = jax.tree_util.tree_flatten(whole)
-        self.struct = None  # the reduced output's structs, once `out_struct` found them
 
     def out_struct(self, k: int) -> Any:
         """The structs of the reduced output of `k` rows (the converted function replayed)."""
         piece = self.piece(self.whole)  # its rows' types as the conversion saw them
-        self.struct = jax.eval_shape(lambda r: piece(r, None, chunk=False), rows(self.rows, 0, k))
-        return self.struct
+        return jax.eval_shape(lambda r: piece(r, None, chunk=False), rows(self.rows, 0, k))
 
     def piece(self, whole_leaves):
         whole = jax.tree_util.tree_unflatten(self.whole_tree, whole_leaves)
@@ -193,8 +194,7 @@ def _vjp_piece(lifted, whole_leaves, rmask, wmask):
 
     def vjp_piece(row_leaves, valid):
         def g(live_rows, live_whole):
-            wl = _merge(whole_leaves, live_whole, wmask)
-            rl = _merge(row_leaves, live_rows, rmask)
+            wl, rl = _merge(whole_leaves, live_whole, wmask), _merge(row_leaves, live_rows, rmask)
             return _flat(lifted.piece(wl)(rl, valid))
 
         live_rows = [x for x, m in zip(row_leaves, rmask) if m]

@@ -165,9 +165,8 @@ class AbstractReducer(AbstractAccumulation):
         return self.reduce_rows(rows, valid)
 
     def init(self, part: Tree, n: int) -> Tree:
-        if self.compensates():
-            return comp.start(part)
-        return zeros_like_struct(part)  # additive: the identity; else a placeholder
+        # zeros: the identity of an additive reducer; a placeholder for a fold from chunk 0
+        return comp.start(part) if self.compensates() else zeros_like_struct(part)
 
     def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
         if self.compensates():
@@ -289,8 +288,7 @@ class Concat(AbstractReducer):
             if mesh is None or not is_explicit(mesh):
                 return b
             # on a caller's Explicit mesh: the buffer lives on the rows' mesh (rows replicated)
-            spec = (None,) + tuple(sharding.spec)[1:]
-            return jax.sharding.reshard(b, NamedSharding(mesh, P(*spec)))
+            return jax.sharding.reshard(b, NamedSharding(mesh, P(None, *tuple(sharding.spec)[1:])))
 
         return jax.tree_util.tree_map(buffer, part)
 
@@ -393,8 +391,8 @@ class Sum(AbstractReducer):
         return comp.narrow(self._sums(rows, valid))  # rounded once to the rows' dtype
 
     def reduce_chunk(self, rows: Tree, valid: RowMask | None) -> Tree:
-        wide = self._sums(rows, valid)  # a compensated loop adds a chunk's float32 sum
-        return wide if self.compensated else comp.narrow(wide)
+        # a compensated loop adds a bfloat16/float16 chunk's float32 sum, unrounded
+        return self._sums(rows, valid) if self.compensated else self.reduce_rows(rows, valid)
 
     def combine(self, a: Tree, b: Tree) -> Tree:
         return jax.tree_util.tree_map(jnp.add, a, b)

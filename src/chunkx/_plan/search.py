@@ -104,7 +104,7 @@ def _models(points: dict[int, int], rows: int) -> tuple[list[_Model], bool]:
     sizes, ys = np.array(list(points.items()), float).reshape(-1, 2).T
     r = rows % sizes
     cols = {"a": np.ones_like(sizes), "b": sizes, "c0": (r > 0).astype(float), "c": r}
-    full, per_row, fixed = (_lstsq(cols, ys, names) for names in ("a b c0 c", "a b c", "a b c0"))
+    full, per_row, fixed = (_lstsq(cols, ys, terms) for terms in ("a b c0 c", "a b c", "a b c0"))
     found = [full] if full is not None else [m for m in (per_row, fixed) if m is not None]
     if found:
         return found, True
@@ -112,10 +112,10 @@ def _models(points: dict[int, int], rows: int) -> tuple[list[_Model], bool]:
     return [_Model(a, b, 0.0, b), _Model(*fit_line(list(zip(sizes, ys))))], False
 
 
-def _lstsq(cols: dict[str, np.ndarray], ys: np.ndarray, names: str) -> "_Model | None":
-    """Least squares of `ys` on the columns `names` of `cols`, if they are determined and the
-    slopes >= 0."""
-    names = names.split()
+def _lstsq(cols: dict[str, np.ndarray], ys: np.ndarray, terms: str) -> "_Model | None":
+    """Least squares of `ys` on the columns of `cols` that `terms` names (space-separated), if
+    they are determined and the slopes >= 0."""
+    names = terms.split()
     x = np.stack([cols[k] for k in names], axis=1)
     if np.linalg.matrix_rank(x) < len(names):
         return None
@@ -272,10 +272,8 @@ def search_sizes(
     models, learnt = _models(seen, rows)
     model = models[0] if learnt else models[-1]
     predicted = _largest_predicted(model, 1, n, rows, budget) or 1
-    return MemoryPlan(
-        n, budget, tuple(seen.items()), model.a, model.b, predicted, max(fits),
-        (model.c0, model.c), rows,
-    )
+    return MemoryPlan(n, budget, tuple(seen.items()), model.a, model.b, predicted, max(fits),
+                      (model.c0, model.c), rows)
 
 
 #: The share of the budget above the line's fixed cost that a size predicted (not measured) by
@@ -307,8 +305,7 @@ def _bracketed(seen: dict[int, int], model: _Model, n: int, rows: int, budget: i
     `seen` bracket it (see `search_sizes`); else `None`."""
     if model.b <= 0 or model.a >= budget:
         return None
-    limit = model.a + MARGIN * (budget - model.a)
-    size = _largest_predicted(model, 1, n, rows, int(limit))
+    size = _largest_predicted(model, 1, n, rows, int(model.a + MARGIN * (budget - model.a)))
     fits = [s for s, v in seen.items() if v <= budget]
     if size is None or not fits or min(fits) > size:
         return None
