@@ -34,16 +34,18 @@ from .reduce import AbstractAccumulation, Sum, zero_masked
 FUSED_MAX_OUTPUTS = 16
 
 
-def piece_sizes(n: int, size: int, chunk) -> set[int]:
-    """The row counts the chunk loop of `chunk` calls its piece with."""
-    if size >= n:
-        return {n}
-    return {size} if remainder_of(chunk) == "shift" else {size, n % size} - {0}
+def piece_sizes(chunk, n: int) -> set[int]:
+    """The row counts the chunk loops of `chunk` over `n` rows call their piece with: the
+    value's (chunks of `size`) and the gradient's (of `grad_size`, if given)."""
+    sizes = {min(size, n) for size in (chunk.size, chunk.grad_size or chunk.size)}
+    if remainder_of(chunk) == "shift":
+        return sizes
+    return sizes | {n % s for s in sizes if s < n and n % s}  # and the remainders
 
 
-def _real_size(struct) -> int:
-    leaves = jax.tree_util.tree_leaves(struct)
-    return sum(x.size * (2 if jnp.iscomplexobj(x) else 1) for x in leaves)
+def _reals(x) -> int:
+    """How many real numbers an array (or a struct) holds: a complex number is two."""
+    return x.size * (2 if jnp.iscomplexobj(x) else 1)
 
 
 def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
@@ -64,26 +66,20 @@ def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
         first = min(n, chunk.size)  # converted first: whether to fuse depends on its output
         lifted = _Lifted(chunk, mapped, fixed, static, n, {first})
         struct = lifted.out_struct(first)
-        inexact = all(
-            jnp.issubdtype(x.dtype, jnp.inexact) for x in jax.tree_util.tree_leaves(struct)
-        )
+        leaves = jax.tree_util.tree_leaves(struct)
+        inexact = all(jnp.issubdtype(x.dtype, jnp.inexact) for x in leaves)
         if chunk.grad == "fused" and not inexact:
             raise ValueError(
                 f"`{who}(grad='fused')`: every leaf of the reduced output must be floating or "
                 f"complex to be differentiated, got {struct}."
             )
-        if inexact and (chunk.grad == "fused" or _real_size(struct) <= FUSED_MAX_OUTPUTS):
-            c = chunk.grad_size or chunk.size
-            sizes = piece_sizes(n, chunk.size, chunk) | piece_sizes(n, c, chunk)
+        if inexact and (chunk.grad == "fused" or sum(map(_reals, leaves)) <= FUSED_MAX_OUTPUTS):
+            sizes = piece_sizes(chunk, n)
             if sizes != {first}:  # the loops' other piece sizes are converted too
                 lifted = _Lifted(chunk, mapped, fixed, static, n, sizes)
-                lifted.struct = struct
+            lifted.struct = struct  # the reduced output's structs, for `fused_call`
             return "fused", lifted
     return ("recompute" if chunk.checkpoint else "store"), None
-
-
-def _is_zero(t: Any) -> bool:
-    return isinstance(t, SymbolicZero)
 
 
 def _convert(chunk, example: tuple, k: int):
@@ -108,7 +104,10 @@ class _MaskFirst(eqx.Module):
 
 
 class _Lifted:
-    """A `Chunk` call with every array explicit: row leaves, whole leaves, the row mask."""
+    """A `Chunk` call with every array explicit: row leaves, whole leaves, the row mask.
+
+    Where it fuses, `grad_policy` sets `struct`, the structs of the reduced output.
+    """
 
     def __init__(self, chunk, mapped, fixed, static, n, sizes):
         self.chunk, self.static, self.n = chunk, static, n
@@ -117,18 +116,15 @@ class _Lifted:
         self.rows, self.rows_tree = jax.tree_util.tree_flatten(mapped)
         whole, self.whole_static = eqx.partition((fixed, convs), eqx.is_array)
         self.whole, self.whole_tree = jax.tree_util.tree_flatten(whole)
-        self.struct = None  # the reduced output's structs, once `out_struct` found them
 
     def out_struct(self, k: int) -> Any:
         """The structs of the reduced output of `k` rows (the converted function replayed)."""
         piece = self.piece(self.whole)  # its rows' types as the conversion saw them
-        self.struct = jax.eval_shape(lambda r: piece(r, None, chunk=False), rows(self.rows, 0, k))
-        return self.struct
+        return jax.eval_shape(lambda r: piece(r, None, chunk=False), rows(self.rows, 0, k))
 
     def piece(self, whole_leaves):
-        fixed, convs = eqx.combine(
-            jax.tree_util.tree_unflatten(self.whole_tree, whole_leaves), self.whole_static
-        )
+        whole = jax.tree_util.tree_unflatten(self.whole_tree, whole_leaves)
+        fixed, convs = eqx.combine(whole, self.whole_static)
 
         def piece(row_leaves, valid, chunk=True):
             mapped = jax.tree_util.tree_unflatten(self.rows_tree, row_leaves)
@@ -157,7 +153,7 @@ def _merge(leaves, live, mask):
 
 
 def _live(leaves, dots):
-    mask = [not _is_zero(t) for t in dots]
+    mask = [not isinstance(t, SymbolicZero) for t in dots]
     return mask, [x for x, m in zip(leaves, mask) if m], [t for t, m in zip(dots, mask) if m]
 
 
@@ -165,10 +161,6 @@ def fused_call(chunk, lifted: _Lifted, valid) -> Any:
     """`Chunk.__call__` with `grad="fused"` (see the module docstring), on the lifted call
     that `grad_policy` made."""
     c, out_struct = chunk.grad_size or chunk.size, lifted.struct
-
-    @jax.custom_jvp
-    def f(row_leaves, whole_leaves, valid):
-        return lifted.primal(row_leaves, whole_leaves, valid)
 
     def rule(primals, tangents):
         row_leaves, whole_leaves, valid = primals
@@ -183,6 +175,16 @@ def fused_call(chunk, lifted: _Lifted, valid) -> Any:
         dot = sum((_contract(j, t) for j, t in zip(jw + jr, wdots + rdots)), jnp.zeros_like(vec))
         return _unflat(vec, out_struct), _unflat(dot.astype(vec.dtype), out_struct)
 
+    return _with_jvp(lifted, rule, valid)
+
+
+def _with_jvp(lifted: _Lifted, rule, valid) -> Any:
+    """The primal loop of `lifted` on its leaves, its JVP given by `rule` (symbolic zeros)."""
+
+    @jax.custom_jvp
+    def f(row_leaves, whole_leaves, valid):
+        return lifted.primal(row_leaves, whole_leaves, valid)
+
     f.defjvp(rule, symbolic_zeros=True)
     return f(lifted.rows, lifted.whole, valid)
 
@@ -192,8 +194,7 @@ def _vjp_piece(lifted, whole_leaves, rmask, wmask):
 
     def vjp_piece(row_leaves, valid):
         def g(live_rows, live_whole):
-            wl = _merge(whole_leaves, live_whole, wmask)
-            rl = _merge(row_leaves, live_rows, rmask)
+            wl, rl = _merge(whole_leaves, live_whole, wmask), _merge(row_leaves, live_rows, rmask)
             return _flat(lifted.piece(wl)(rl, valid))
 
         live_rows = [x for x, m in zip(row_leaves, rmask) if m]
@@ -218,9 +219,8 @@ class _FusedAcc(AbstractAccumulation):
     sums: Sum  # `(vec, J_whole)` add up as a Sum's do
 
     def init(self, part, n):
-        vec, jw = self.sums.init(part[:2], n)
         jr = [jnp.zeros((j.shape[0], n) + j.shape[2:], j.dtype) for j in part[2]]
-        return vec, jw, jr
+        return (*self.sums.init(part[:2], n), jr)
 
     def accumulate(self, acc, part, start, index):
         (vec, jw), _ = self.sums.accumulate(acc[:2], part[:2], start, index)
@@ -238,9 +238,7 @@ class _FusedAcc(AbstractAccumulation):
 
 def _contract(j, t):
     """`sum over t's axes of Re(j[k] * t)`, for every output element `k`."""
-    prod = j * t[None]
-    prod = jnp.real(prod) if jnp.iscomplexobj(prod) else prod
-    return prod.reshape(prod.shape[0], -1).sum(axis=1)
+    return jnp.real(j * t[None]).reshape(j.shape[0], -1).sum(axis=1)
 
 
 def _flat(out) -> jax.Array:
@@ -256,29 +254,20 @@ def _unflat(vec, struct):
     leaves, tree = jax.tree_util.tree_flatten(struct)
     out, i = [], 0
     for s in leaves:
-        k = s.size
-        x = vec[i : i + k].reshape(s.shape)
-        i += k
-        if jnp.issubdtype(s.dtype, jnp.complexfloating):
-            x = x + 1j * vec[i : i + k].reshape(s.shape)
-            i += k
-        out.append(x.astype(s.dtype))
+        parts = 2 if jnp.iscomplexobj(s) else 1  # the real (and imaginary) parts
+        x = vec[i : i + parts * s.size].reshape((parts,) + s.shape)
+        i += parts * s.size
+        out.append((x[0] + 1j * x[1] if parts == 2 else x[0]).astype(s.dtype))
     return jax.tree_util.tree_unflatten(tree, out)
 
 
 def regrad_call(chunk, mapped, fixed, static, valid, n) -> Any:
     """`grad="recompute"` with `grad_size`: the tangent loop runs at the backward size."""
     g = chunk.grad_size
-    sizes = piece_sizes(n, chunk.size, chunk) | piece_sizes(n, g, chunk)
-    lifted = _Lifted(chunk, mapped, fixed, static, n, sizes)
-
-    @jax.custom_jvp
-    def f(row_leaves, whole_leaves, valid):
-        return lifted.primal(row_leaves, whole_leaves, valid)
+    lifted = _Lifted(chunk, mapped, fixed, static, n, piece_sizes(chunk, n))
 
     def rule(primals, tangents):
         row_leaves, whole_leaves, valid = primals
-        out = lifted.primal(row_leaves, whole_leaves, valid)
         rmask, rlive, rdots = _live(row_leaves, tangents[0])
         wmask, wlive, wdots = _live(whole_leaves, tangents[1])
 
@@ -288,8 +277,7 @@ def regrad_call(chunk, mapped, fixed, static, valid, n) -> Any:
             piece = lifted.piece(w)
             return lifted.loop(piece, chunk.reducer, r, valid, g, "chunkx grad", remat=True)
 
-        dot = jax.jvp(small, (rlive, wlive), (rdots, wdots))[1]
-        return out, dot
+        out = lifted.primal(row_leaves, whole_leaves, valid)
+        return out, jax.jvp(small, (rlive, wlive), (rdots, wdots))[1]
 
-    f.defjvp(rule, symbolic_zeros=True)
-    return f(lifted.rows, lifted.whole, valid)
+    return _with_jvp(lifted, rule, valid)

@@ -165,9 +165,8 @@ class AbstractReducer(AbstractAccumulation):
         return self.reduce_rows(rows, valid)
 
     def init(self, part: Tree, n: int) -> Tree:
-        if self.compensates():
-            return comp.start(part)
-        return zeros_like_struct(part)  # additive: the identity; else a placeholder
+        # zeros: the identity of an additive reducer; a placeholder for a fold from chunk 0
+        return comp.start(part) if self.compensates() else zeros_like_struct(part)
 
     def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
         if self.compensates():
@@ -224,17 +223,15 @@ def join_chunks(stacked: Tree) -> Tree:
 def check_collapses(reduce: Callable, rows_struct: Tree, what: str) -> None:
     """Raise if `reduce(rows)` keeps the mapped axis (its shapes depend on the rows)."""
 
-    def with_rows(k):
-        return jax.tree_util.tree_map(
+    def layout(k):  # the tree and the leaf shapes of the partial of `k` rows
+        struct = jax.tree_util.tree_map(
             lambda s: jax.ShapeDtypeStruct((k,) + tuple(s.shape[1:]), s.dtype), rows_struct
         )
+        leaves, tree = jax.tree_util.tree_flatten(jax.eval_shape(reduce, struct))
+        return tree, [tuple(s.shape) for s in leaves]
 
-    s1, s2 = jax.eval_shape(reduce, with_rows(1)), jax.eval_shape(reduce, with_rows(2))
-    if jax.tree_util.tree_structure(s1) != jax.tree_util.tree_structure(s2) or any(
-        a.shape != b.shape
-        for a, b in zip(jax.tree_util.tree_leaves(s1), jax.tree_util.tree_leaves(s2))
-    ):
-        shapes = [tuple(s.shape) for s in jax.tree_util.tree_leaves(s2)]
+    (tree1, shapes1), (tree2, shapes) = layout(1), layout(2)
+    if tree1 != tree2 or shapes1 != shapes:
         raise ValueError(
             f"{what} must remove the mapped axis (e.g. jnp.sum over axis 0) so that partial "
             f"results can be folded; for 2 rows it returned shapes {shapes}, which depend on "
@@ -250,13 +247,6 @@ def _layout_like(y: Any, b: Any) -> Any:
     if spec_b is None or spec_y is None or tuple(spec_b) == tuple(spec_y):
         return y
     return jax.sharding.reshard(y, sb)
-
-
-def _sharding_of(t: Any) -> Any:
-    """The sharding of a struct (`jax.eval_shape`'s) or of an array, traced or not."""
-    if isinstance(t, jax.ShapeDtypeStruct):
-        return t.sharding
-    return getattr(jax.typeof(t), "sharding", None)
 
 
 class Concat(AbstractReducer):
@@ -291,13 +281,14 @@ class Concat(AbstractReducer):
 
         def buffer(t):
             b = jnp.zeros((n,) + tuple(t.shape[1:]), t.dtype)
-            sharding = _sharding_of(t)
+            # the sharding of a struct (`jax.eval_shape`'s) or of an array, traced or not
+            is_struct = isinstance(t, jax.ShapeDtypeStruct)
+            sharding = t.sharding if is_struct else getattr(jax.typeof(t), "sharding", None)
             mesh = getattr(sharding, "mesh", None)
             if mesh is None or not is_explicit(mesh):
                 return b
             # on a caller's Explicit mesh: the buffer lives on the rows' mesh (rows replicated)
-            spec = (None,) + tuple(sharding.spec)[1:]
-            return jax.sharding.reshard(b, NamedSharding(mesh, P(*spec)))
+            return jax.sharding.reshard(b, NamedSharding(mesh, P(None, *tuple(sharding.spec)[1:])))
 
         return jax.tree_util.tree_map(buffer, part)
 
@@ -384,7 +375,9 @@ class Sum(AbstractReducer):
     def compensates(self) -> bool:
         return self.compensated
 
-    def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
+    def _sums(self, rows: Tree, valid: RowMask | None) -> Tree:
+        """The sums of the rows as a chunk loop's partials (`comp.Wide` float32 sums of
+        bfloat16/float16 rows); the rows themselves where they are pre-summed."""
         if self.presummed:
             if valid is not None and not self.mask_in_fn:
                 raise ValueError(
@@ -392,22 +385,14 @@ class Sum(AbstractReducer):
                     "remainder='call', or Pad(fill='zero') for a map linear in its rows."
                 )
             return rows
+        return jax.tree_util.tree_map(lambda x: _row_sum(x, valid), rows)
 
-        def one_sum(x):  # bfloat16/float16 rows: summed in float32, rounded once (as jnp.sum)
-            dtype = _sum_dtype(x)
-            return _masked_sum(x, valid, comp.carry_dtype(dtype)).astype(dtype)
-
-        return jax.tree_util.tree_map(one_sum, rows)
+    def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
+        return comp.narrow(self._sums(rows, valid))  # rounded once to the rows' dtype
 
     def reduce_chunk(self, rows: Tree, valid: RowMask | None) -> Tree:
-        if self.presummed or not self.compensated:
-            return self.reduce_rows(rows, valid)
-
-        def wide_sum(x):  # bfloat16/float16 rows: the chunk's float32 sum, not rounded
-            dtype = _sum_dtype(x)
-            return comp.widen(_masked_sum(x, valid, comp.carry_dtype(dtype)), dtype)
-
-        return jax.tree_util.tree_map(wide_sum, rows)
+        # a compensated loop adds a bfloat16/float16 chunk's float32 sum, unrounded
+        return self._sums(rows, valid) if self.compensated else self.reduce_rows(rows, valid)
 
     def combine(self, a: Tree, b: Tree) -> Tree:
         return jax.tree_util.tree_map(jnp.add, a, b)
@@ -467,9 +452,7 @@ class Monoid(AbstractReducer):
 
     def is_additive(self) -> bool:
         """`additive` if given, else whether `reduction` is `jnp.add`/`operator.add`/`lax.add`."""
-        if self.additive is not None:
-            return self.additive
-        return self._adds()
+        return self._adds() if self.additive is None else self.additive
 
     def _adds(self) -> bool:
         return any(self.reduction is add for add in _ADDITIONS)
@@ -502,21 +485,19 @@ class Monoid(AbstractReducer):
         check_collapses(self.chunk_reduction, rows_struct, what)
 
 
-def _sum_dtype(x: Any) -> Any:
-    """The dtype the rows of `x` add up in: bool and integers narrower than 32 bits in
-    `jnp.sum`'s (the default integer of their signedness: a count, not a logical or, not
-    modulo 256); any other dtype, its own."""
+def _row_sum(x: Any, valid: RowMask | None) -> Any:
+    """The sum over axis 0 of the `valid` rows of `x`, as `comp.widen` makes it a partial.
+
+    Bool and integers narrower than 32 bits add up in `jnp.sum`'s dtype (the default integer
+    of their signedness: a count, not a logical or, not modulo 256); bfloat16/float16 in
+    float32 (as `jnp.sum` accumulates them); any other dtype in its own.
+    """
     dtype = jnp.result_type(x)
     if dtype == jnp.bool_ or (jnp.issubdtype(dtype, jnp.integer) and dtype.itemsize < 4):
-        return jax.eval_shape(jnp.sum, jax.ShapeDtypeStruct((0,), dtype)).dtype
-    return dtype
-
-
-def _masked_sum(x: Any, valid: RowMask | None, dtype: Any) -> Any:
-    """The sum over axis 0 of the `valid` rows of `x`, in `dtype`."""
+        dtype = jax.eval_shape(jnp.sum, jax.ShapeDtypeStruct((0,), dtype)).dtype
     if valid is not None:
         x = zero_masked(x, valid)
-    return jnp.sum(x, axis=0, dtype=dtype)
+    return comp.widen(jnp.sum(x, axis=0, dtype=comp.carry_dtype(dtype)), dtype)
 
 
 def zero_masked(x: Any, valid: Any) -> Any:

@@ -85,8 +85,7 @@ class _Model(NamedTuple):
 
 def fit_line(points: Any) -> tuple[float, float]:
     """Least-squares `(a, b)` of `bytes ≈ a + b·B` through `(B, bytes)` points (b >= 0)."""
-    xs = np.array([p[0] for p in points], float)
-    ys = np.array([p[1] for p in points], float)
+    xs, ys = np.array(list(points), float).reshape(-1, 2).T
     if len(xs) < 2 or np.ptp(xs) == 0:
         return float(ys.mean()), 0.0
     b, a = np.polyfit(xs, ys, 1)
@@ -102,28 +101,22 @@ def _models(points: dict[int, int], rows: int) -> tuple[list[_Model], bool]:
     order. With too few points for either, a remainder row is assumed to cost as much as a chunk
     row (as when XLA gives the remainder chunk its own buffers), then nothing.
     """
-    sizes = np.array(list(points), float)
-    ys = np.array(list(points.values()), float)
+    sizes, ys = np.array(list(points.items()), float).reshape(-1, 2).T
     r = rows % sizes
-    one, some = np.ones_like(sizes), (r > 0).astype(float)
-    found = []
-    for cols, names in (
-        ((one, sizes, some, r), "a b c0 c"),
-        ((one, sizes, r), "a b c"),
-        ((one, sizes, some), "a b c0"),
-    ):
-        model = _lstsq(np.stack(cols, axis=1), ys, names.split())
-        found += [] if model is None else [model]
-        if len(cols) == 4 and found:
-            break
+    cols = {"a": np.ones_like(sizes), "b": sizes, "c0": (r > 0).astype(float), "c": r}
+    full, per_row, fixed = (_lstsq(cols, ys, terms) for terms in ("a b c0 c", "a b c", "a b c0"))
+    found = [full] if full is not None else [m for m in (per_row, fixed) if m is not None]
     if found:
         return found, True
     a, b = fit_line(list(zip(sizes + r, ys)))
     return [_Model(a, b, 0.0, b), _Model(*fit_line(list(zip(sizes, ys))))], False
 
 
-def _lstsq(x: np.ndarray, ys: np.ndarray, names: list[str]) -> "_Model | None":
-    """Least squares of `ys` on the columns of `x`, if they are determined and the slopes >= 0."""
+def _lstsq(cols: dict[str, np.ndarray], ys: np.ndarray, terms: str) -> "_Model | None":
+    """Least squares of `ys` on the columns of `cols` that `terms` names (space-separated), if
+    they are determined and the slopes >= 0."""
+    names = terms.split()
+    x = np.stack([cols[k] for k in names], axis=1)
     if np.linalg.matrix_rank(x) < len(names):
         return None
     coef = dict(zip(names, np.linalg.lstsq(x, ys, rcond=None)[0]))
@@ -256,7 +249,7 @@ def search_sizes(
         if m(size) <= budget and size == n:  # the whole batch fits: no chunking
             return MemoryPlan(n, budget, tuple(seen.items()), float(m(n)), 0.0, n, n, rows=rows)
     if quick:
-        a, b = fit_line(list(seen.items()))
+        a, b = fit_line(seen.items())
         size = _trusted(m, seen, _Model(a, b), n, rows, budget, shift)
         if size is not None:
             return MemoryPlan(n, budget, tuple(seen.items()), a, b, size, size, rows=rows)
@@ -279,10 +272,8 @@ def search_sizes(
     models, learnt = _models(seen, rows)
     model = models[0] if learnt else models[-1]
     predicted = _largest_predicted(model, 1, n, rows, budget) or 1
-    return MemoryPlan(
-        n, budget, tuple(seen.items()), model.a, model.b, predicted, max(fits),
-        (model.c0, model.c), rows,
-    )
+    return MemoryPlan(n, budget, tuple(seen.items()), model.a, model.b, predicted, max(fits),
+                      (model.c0, model.c), rows)
 
 
 #: The share of the budget above the line's fixed cost that a size predicted (not measured) by
@@ -305,11 +296,8 @@ def _trusted(m, seen, model, n, rows, budget, shift) -> int | None:
     divides = _bracketed(seen, model._replace(c0=np.inf), n, rows, budget)
     if divides is not None and divides >= 0.9 * size:
         return divides
-    if any(v <= budget and rows % s and s <= size <= 1.1 * s for s, v in seen.items()):
-        return size
-    if shift and m(size) <= budget:
-        return size
-    return None
+    like = any(v <= budget and rows % s and s <= size <= 1.1 * s for s, v in seen.items())
+    return size if like or (shift and m(size) <= budget) else None
 
 
 def _bracketed(seen: dict[int, int], model: _Model, n: int, rows: int, budget: int) -> int | None:
@@ -317,8 +305,7 @@ def _bracketed(seen: dict[int, int], model: _Model, n: int, rows: int, budget: i
     `seen` bracket it (see `search_sizes`); else `None`."""
     if model.b <= 0 or model.a >= budget:
         return None
-    limit = model.a + MARGIN * (budget - model.a)
-    size = _largest_predicted(model, 1, n, rows, int(limit))
+    size = _largest_predicted(model, 1, n, rows, int(model.a + MARGIN * (budget - model.a)))
     fits = [s for s, v in seen.items() if v <= budget]
     if size is None or not fits or min(fits) > size:
         return None

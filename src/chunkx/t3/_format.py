@@ -113,8 +113,8 @@ class TuckerTensorTrain(eqx.Module):
         """
         d = check_ranks("TuckerTensorTrain.randn", "tucker_ranks, tt_ranks", shape, tucker_ranks,
                         tt_ranks)
-        tucker_shapes, tt_shapes = core_shapes(shape, tucker_ranks, tt_ranks, stack_shape)
-        shapes = tucker_shapes + tt_shapes
+        # the Tucker cores' shapes, then the TT cores'
+        shapes = sum(core_shapes(shape, tucker_ranks, tt_ranks, stack_shape), ())
         sizes = [prod(s) for s in shapes]
         # One draw for all cores (one PRNG program to compile), then split.
         flat = jax.random.normal(key, (sum(sizes),), dtype)
@@ -199,14 +199,12 @@ def check_cores(fn: str, name: str, tucker, tt):
     nc = len(C)
     for i in range(d):
         U, G = shape_of(tucker[i]), shape_of(tt[i])
-        if len(U) != nc + 2 or U[:nc] != C:
-            raise ValueError(
-                f"`{fn}({name})`: Tucker core {i} must have shape C + (n, N) with C={C}, got {U}."
-            )
-        if len(G) != nc + 3 or G[:nc] != C:
-            raise ValueError(
-                f"`{fn}({name})`: TT core {i} must have shape C + (r, n, r') with C={C}, got {G}."
-            )
+        for kind, got, k, core in (("Tucker", U, 2, "(n, N)"), ("TT", G, 3, "(r, n, r')")):
+            if len(got) != nc + k or got[:nc] != C:  # C + a Tucker core's 2 axes, a TT core's 3
+                raise ValueError(
+                    f"`{fn}({name})`: {kind} core {i} must have shape C + {core} with C={C}, "
+                    f"got {got}."
+                )
         if G[nc + 1] != U[nc]:
             raise ValueError(
                 f"`{fn}({name})`: TT core {i} middle dim must equal Tucker rank n_{i}={U[nc]} "

@@ -28,8 +28,8 @@ class Inputs(NamedTuple):
     order: int
     cores: tuple
     C: tuple[int, ...]
-    W: tuple[int, ...]
-    rows: tuple
+    W: tuple[int, ...] = ()
+    rows: tuple = ()
 
     @property
     def modes(self) -> tuple[int, ...]:
@@ -42,7 +42,7 @@ def corewise_inputs(fn: str, name: str, kind: str, a: Any, pp: Any, x: Any, orde
     argument `name`)."""
     order = check_order(fn, order)
     cores = as_core_pair(fn, name, x)
-    s = Inputs(kind, order, cores, check_cores(fn, name, *cores)[1], (), ())
+    s = Inputs(kind, order, cores, check_cores(fn, name, *cores)[1])
     return _samples(fn, s, a, pp, "Tucker")
 
 
@@ -50,8 +50,7 @@ def tangent_inputs(fn: str, kind: str, a: Any, pp: Any, frame: Any, order: Any) 
     """Check `(a, pp, frame, order)` of a tangent entry point."""
     order = check_order(fn, order)
     frame = as_parts(frame, 4)
-    return _samples(fn, Inputs(kind, order, frame, check_frame(fn, frame), (), ()), a, pp,
-                    "frame Tucker")
+    return _samples(fn, Inputs(kind, order, frame, check_frame(fn, frame)), a, pp, "frame Tucker")
 
 
 def _samples(fn: str, s: Inputs, a: Any, pp: Any, label: str) -> Inputs:
@@ -72,7 +71,7 @@ def residual_rows(fn: str, s: Inputs, res: Any, tangent: bool) -> tuple[tuple, t
     the probe kind; else `c`, one array `(T,) + W + B + C`) checked against `s`; returns
     `(B, lead, rows)` with rows `(Wf,) + lead + tail`, `lead = ([Bf,] Cf)` (a tangent stack `B`
     only if `tangent`)."""
-    name, probe = ("ztildes", True) if s.kind == "probe" else ("c", False)
+    probe, name, tail = (True, "ztildes", " + (N_i,)") if s.kind == "probe" else (False, "c", "")
     if probe:
         res = as_arrays(res)
         B = check_ztildes(fn, res, s.order, s.W, s.C, s.modes)
@@ -80,7 +79,6 @@ def residual_rows(fn: str, s: Inputs, res: Any, tangent: bool) -> tuple[tuple, t
         res = (jnp.asarray(res),)
         B = check_sample_jets(fn, res[0], s.order, s.W, s.C)
     if B != () and not tangent:
-        tail = " + (N_i,)" if probe else ""
         raise ValueError(
             f"`{fn}({name})`: expected shape (order+1,) + W + C{tail} with W={s.W}, C={s.C}; "
             f"got {tuple(res[0].shape)} (extra axes {B})."
