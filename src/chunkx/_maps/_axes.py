@@ -2,13 +2,9 @@
 
 from typing import Any
 
-import equinox as eqx
-import jax
-
-from .._combinators._rows import moveaxis
+from .._combinators._rows import map_mapped, moveaxis
 
 
 def move_axis(tree: Any, src: int, dst: int) -> Any:
-    return jax.tree_util.tree_map(
-        lambda x: moveaxis(x, src, dst) if eqx.is_array(x) else x, tree
-    )
+    """`tree` with axis `src` of every array leaf moved to `dst` (other leaves as they are)."""
+    return map_mapped(lambda x: moveaxis(x, src, dst), (tree,), (0,))[0]

@@ -1,11 +1,12 @@
 """The one argument binder and the one `argnums` normaliser the maps share."""
 
 import math
-import operator
 from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
+
+from .._checks import as_size
 
 
 class Bound(eqx.Module):
@@ -57,22 +58,20 @@ def check_argnums(
     range. Messages name `who` and the argument `name`.
     """
     many = not is_index(value)
-    try:
-        entries = tuple(value) if many else (value,)
+    try:  # every integer as a Python int (`as_size`)
+        nums = tuple(map(as_size, value)) if many else (as_size(value),)
     except TypeError:  # neither an int nor a sequence
-        entries = (value,)
+        nums = (value,)
     high = math.inf if nargs is None else nargs
     low = -high if negative else 0
-    for i in entries:
+    for i in nums:
         if not is_index(i) and nargs is None and negative:  # no range to state
             raise TypeError(
                 f"`{who}({name}={value!r})`: {name} must be an int or a sequence of ints, "
                 f"got {value!r}."
             )
-        i = operator.index(i) if is_index(i) else i
         if not is_index(i) or not low <= i < high:
             _out_of_range(who, name, value, i, nargs, negative)
-    nums = tuple(operator.index(i) for i in entries)
     return nums if many else nums[0]
 
 
@@ -83,13 +82,7 @@ def argnums_tuple(argnums: int | tuple[int, ...]) -> tuple[int, ...]:
 
 def is_index(x: Any) -> bool:
     """Whether `x` is an integer of any integer type (`operator.index`), not a bool."""
-    if isinstance(x, bool):
-        return False
-    try:
-        operator.index(x)
-    except TypeError:
-        return False
-    return True
+    return not isinstance(x, bool) and isinstance(as_size(x), int)
 
 
 def _out_of_range(who, name, value, i, nargs, negative):
