@@ -51,32 +51,23 @@ def _record_sizes(sizes: dict, shape: tuple, core: CoreDims, context: str, is_in
             )
 
 
-class _CheckOutputs(eqx.Module):
-    """`fn`, with its outputs checked against the signature's output core dimensions."""
-
-    fn: Callable[..., Any]
-    sizes: tuple[tuple[str, int], ...] = eqx.field(static=True)
-    out_core: tuple[CoreDims, ...] = eqx.field(static=True)
-    context: str = eqx.field(static=True)
-
-    def __call__(self, *args: Any) -> Any:
-        out = self.fn(*args)
-        many = isinstance(out, tuple)
-        if len(self.out_core) > 1 and not many:
-            raise TypeError(
-                f"`{_WHO}`: output must be a tuple when multiple outputs are expected, "
-                f"got: {out!r}\n{self.context}"
-            )
-        outs = out if many else (out,)
-        if len(outs) != len(self.out_core):
-            raise TypeError(
-                f"`{_WHO}`: wrong number of output arguments: expected {len(self.out_core)!r}, "
-                f"got {len(outs)!r} {self.context}"
-            )
-        sizes = dict(self.sizes)
-        for o, core in zip(outs, self.out_core):
-            _record_sizes(sizes, jnp.shape(o), core, self.context, is_input=False)
-        return out
+def _check_outputs(out: Any, sizes: dict, out_core: list, context: str, loop: int) -> None:
+    """Check the outputs of the mapped call (`loop` loop dimensions in front of each) against
+    the signature's output core dimensions, as `jax.numpy.vectorize` checks each element's."""
+    many = isinstance(out, tuple)
+    if len(out_core) > 1 and not many:
+        raise TypeError(
+            f"`{_WHO}`: output must be a tuple when multiple outputs are expected, "
+            f"got: {out!r}\n{context}"
+        )
+    outs = out if many else (out,)
+    if len(outs) != len(out_core):
+        raise TypeError(
+            f"`{_WHO}`: wrong number of output arguments: expected {len(out_core)!r}, "
+            f"got {len(outs)!r} {context}"
+        )
+    for o, core in zip(outs, out_core):
+        _record_sizes(sizes, jnp.shape(o)[loop:], core, context, is_input=False)
 
 
 def _split_excluded(fn, excluded, args, kwargs):
@@ -136,9 +127,10 @@ class BatchVectorize(eqx.Module):
             _record_sizes(sizes, a.shape, core, context, is_input=True)
         loop_shapes = [a.shape[: a.ndim - len(core)] for a, core in zip(args, in_core)]
         _check_loop_shapes(args, loop_shapes, signature)
+        out = _vectorize(fn, args, loop_shapes, self.batch_size)
         if out_core is not None:
-            fn = _CheckOutputs(fn, tuple(sizes.items()), tuple(out_core), context)
-        return _vectorize(fn, args, loop_shapes, self.batch_size)
+            _check_outputs(out, sizes, out_core, context, max(map(len, loop_shapes), default=0))
+        return out
 
 
 def _check_loop_shapes(args, loop_shapes, signature) -> None:
