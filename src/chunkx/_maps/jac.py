@@ -52,23 +52,20 @@ def _no_float0(tree: Any) -> list:
     return [None if x.dtype == jax.dtypes.float0 else x for x in jax.tree_util.tree_leaves(tree)]
 
 
-def _jax_jacobian(jac: Callable, nums: Any, dyn: tuple, out: Any, has_aux: bool, **kw) -> Any:
-    """The structs of JAX's own Jacobian (`jax.jacfwd`/`jax.jacrev`) of a function with
-    inputs `dyn` and outputs `out` (values, or `jax.ShapeDtypeStruct`s), with JAX's dtype
-    checks and messages. A function returning `out` as constants stands in for the user's,
-    which is not traced a second time."""
+def _as_jax(jac: Callable, nums: Any, dyn: tuple, out: Any, blocks: list, has_aux: bool, **kw):
+    """Blocks (output-leaf major, input-leaf minor; none at all: every block empty) and the
+    `aux` in `out = (y, aux)` (with `has_aux`), in the structure of JAX's own result.
+
+    That structure is JAX's Jacobian (`jax.jacfwd`/`jax.jacrev`) of a function with inputs
+    `dyn` and outputs `out` (values, or `jax.ShapeDtypeStruct`s), with JAX's dtype checks and
+    messages: a function returning `out` as constants stands in for the user's, which is not
+    traced a second time."""
 
     def stand_in(*_):
         return jax.tree_util.tree_map(
             lambda x: _like(None, x) if isinstance(x, jax.ShapeDtypeStruct) else x, out)
 
-    return jax.eval_shape(jac(stand_in, nums, has_aux=has_aux, **kw), *dyn)
-
-
-def _as_jax(jac: Callable, nums: Any, dyn: tuple, out: Any, blocks: list, has_aux: bool, **kw):
-    """Blocks (output-leaf major, input-leaf minor; none at all: every block empty) and the
-    `aux` in `out = (y, aux)` (with `has_aux`), in the structure of JAX's own result."""
-    ref = _jax_jacobian(jac, nums, dyn, out, has_aux, **kw)
+    ref = jax.eval_shape(jac(stand_in, nums, has_aux=has_aux, **kw), *dyn)
     leaves, treedef = jax.tree_util.tree_flatten(ref[0] if has_aux else ref)
     blocks = blocks or [None] * len(leaves)
     jacobian = jax.tree_util.tree_unflatten(treedef, list(map(_like, blocks, leaves)))
@@ -110,7 +107,7 @@ class BatchJacfwd(eqx.Module):
         f, dyn, nums = _partial(self.fun, self.argnums, args, kwargs)
         # JAX's checks of the inputs come first, before `f` runs (a scalar output stands in)
         scalar = jnp.zeros((), complex if self.holomorphic else float)
-        _jax_jacobian(jax.jacfwd, nums, dyn, scalar, False, holomorphic=self.holomorphic)
+        jax.eval_shape(jax.jacfwd(lambda *_: scalar, nums, holomorphic=self.holomorphic), *dyn)
         if _size(dyn) == 0:  # no input entries: every block is empty
             tangents, out = [], f(*dyn)
         else:
