@@ -71,12 +71,10 @@ def _check_outputs(out: Any, sizes: dict, out_core: list, context: str, loop: in
 
 
 def _split_excluded(fn, excluded, args, kwargs):
-    """`fn` with the `excluded` positions and keywords bound; the other arguments and keywords."""
+    """`fn` with the `excluded` positions and all keywords `kwargs` bound; the other arguments."""
     at = tuple(i for i in range(len(args)) if i in excluded)
-    fixed_kwargs = {k: v for k, v in kwargs.items() if k in excluded}
     rest = [a for i, a in enumerate(args) if i not in excluded]
-    rest_kwargs = {k: v for k, v in kwargs.items() if k not in excluded}
-    return Bound(fn, tuple(args[i] for i in at), at, fixed_kwargs), rest, rest_kwargs
+    return Bound(fn, tuple(args[i] for i in at), at, kwargs), rest
 
 
 class BatchVectorize(eqx.Module):
@@ -102,19 +100,20 @@ class BatchVectorize(eqx.Module):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         signature, context = self.signature, self.context
-        fn, args, kwargs = _split_excluded(self.pyfunc, self.excluded, args, kwargs)
-        if kwargs:
+        loose = sorted(set(kwargs) - self.excluded)
+        if loose:
             raise TypeError(
                 f"`{_WHO}(excluded={self.excluded!r})`: keyword argument(s) "
-                f"{', '.join(sorted(kwargs))} are not excluded, and vectorized keyword "
+                f"{', '.join(loose)} are not excluded, and vectorized keyword "
                 "arguments are not supported (jnp.vectorize silently drops them); add their "
                 "names to excluded to pass them through unchanged."
             )
+        fn, args = _split_excluded(self.pyfunc, self.excluded, args, kwargs)
         in_core, out_core = parse_signature(signature) if signature else ([()] * len(args), None)
         nones = {i for i, a in enumerate(args) if a is None}
         if any(i < len(in_core) and in_core[i] != () for i in nones):
             raise ValueError(f"`{_WHO}`: Cannot pass None at locations {nones} with {signature=}")
-        fn, args, _ = _split_excluded(fn, nones, args, {})  # None: passed through, as excluded
+        fn, args = _split_excluded(fn, nones, args, {})  # None: passed through, as excluded
         in_core = [c for i, c in enumerate(in_core) if i not in nones]
         args = [jnp.asarray(a) for a in args]
         if len(args) != len(in_core):
