@@ -2,6 +2,7 @@
 on the shared call layout (`pipeline`)."""
 
 import dataclasses
+import operator
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
@@ -59,10 +60,7 @@ class BatchVmap(AbstractChunkedVmap):
     filtered: ClassVar[bool] = False
     axis_size: ClassVar[None] = None
     _who: ClassVar[str] = "batch_vmap"  # in messages, also under `plan_chunk_size`
-
-    @property
-    def fun(self) -> Callable[..., Any]:
-        return self.f
+    fun = property(operator.attrgetter("f"))  # the function, as the base class calls it
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         twin = auto_twin((args, kwargs), self.opts.mesh) if self.opts.shard else None

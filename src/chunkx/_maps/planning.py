@@ -50,23 +50,23 @@ def plan_memory(
         assert chunkx.compiled_temp_bytes(g, xs, w) <= 100_000
         ```
     """
-    g = _map("plan_memory", f, in_axes, budget_bytes, (reduction, chunk_reduction), shard, mesh)
-    return g.memory_plan(*args)
+    how = (reduction, chunk_reduction, shard, mesh)
+    return _plan("plan_memory", f, args, in_axes, budget_bytes, how)
 
 
-def _map(
-    who: str, f: Callable, in_axes: Any, budget_bytes: Any, pair: tuple, shard: bool, mesh: Any
-) -> BatchVmap:
-    """`batch_vmap(f, in_axes, batch_size="auto", ...)` planned within `budget_bytes` for the
-    forward pass (the remainder as `batch_size=B` runs it), with adv's `(reduction,
-    chunk_reduction)` `pair`; its messages in the name of `who` (the function called)."""
+def _plan(who: str, f: Callable, args: tuple, in_axes: Any, budget_bytes: Any, how: tuple):
+    """The plan of `batch_vmap(f, in_axes, batch_size="auto", ...)(*args)` within
+    `budget_bytes` for the forward pass (the remainder as `batch_size=B` runs it), with adv's
+    `(reduction, chunk_reduction, shard, mesh)` in `how`; its messages in the name of `who`
+    (the function called)."""
+    reduction, chunk_reduction, shard, mesh = how
     check_budget(who, "budget_bytes", budget_bytes, allow_none=False)
     opts = check_options(
         who, "auto", memory_budget=budget_bytes, plan_grad=False, shard=shard, mesh=mesh,
         budget_name="budget_bytes",
     )
-    reducer, _ = reducer_for("batch_vmap", *pair)
-    return BatchVmap(f, in_axes, reducer, None, opts)
+    reducer, _ = reducer_for("batch_vmap", reduction, chunk_reduction)
+    return BatchVmap(f, in_axes, reducer, None, opts).memory_plan(*args)
 
 
 @public
@@ -127,6 +127,5 @@ def plan_chunk_size(
         assert 1 <= B < 256 and chunkx.compiled_temp_bytes(g, xs, w) <= 2**16
         ```
     """
-    pair = (reduction, chunk_reduction)
-    g = _map("plan_chunk_size", f, in_axes, budget_bytes, pair, shard, mesh)
-    return g.memory_plan(*args).chunk_size
+    how = (reduction, chunk_reduction, shard, mesh)
+    return _plan("plan_chunk_size", f, args, in_axes, budget_bytes, how).chunk_size
