@@ -234,6 +234,11 @@ class Leaves(AbstractReducer):
             ) from None
         self._each("check_rows", rows_struct, extra=(who,))
 
+    @property
+    def user(self) -> bool:
+        """Whether a leaf is a user's accumulator."""
+        return any(not isinstance(k, AccumulationType) for k in self.kinds)
+
     def each_leaf(self, fn: Callable, out: Tree) -> Tree:
         """`fn(kind, part)` on each leaf's part of `out`."""
         return self.treedef.unflatten(list(map(fn, self.kinds, self.treedef.flatten_up_to(out))))
@@ -277,16 +282,6 @@ def plan_leaves(who: str, accumulator: Any, per_example: bool, num_real: Any, co
         else:
             reducers.append(UserAccumulate(k, num_real, per_example))
     return Leaves(tuple(reducers), treedef, tuple(kinds), who)
-
-
-def refuse_user(who: str, leaves: Leaves, needs: dict) -> None:
-    """Raise if a user's Accumulator meets one of the options `needs` flags."""
-    for what, used in needs.items():
-        if used and any(not isinstance(k, AccumulationType) for k in leaves.kinds):
-            raise ValueError(
-                f"`{who}(accumulator=...)`: a user-written Accumulator runs microbatch by "
-                f"microbatch and cannot take {what}; use the AccumulationType members."
-            )
 
 
 _AXES = (0, None)  # the pipeline's two arguments: the batch arguments' rows, the others
@@ -501,21 +496,25 @@ class Microbatched(eqx.Module):
                     f"{d} devices of the mesh (each device runs its share of every microbatch)."
                 )
         divides = {"a batch that microbatch_size does not divide": isinstance(mb, int) and n % mb}
-        refuse_user(who, self.leaves, divides)
-        refuse_vmap_fn(who, self.vmap_fn, divides)
+        refuse(who, "accumulator", self.leaves.user, divides)
+        refuse(who, "vmap_fn", self.vmap_fn is not jax.vmap, divides)
 
 
-def refuse_vmap_fn(who: str, vmap_fn: Callable[..., Any], needs: dict) -> None:
-    """Raise if a `vmap_fn` other than `jax.vmap` meets one of the options `needs` flags: it
-    may reach across the rows of a microbatch (a collective over its axis), so it must see
-    every microbatch whole and alone, as optax runs it."""
+_REFUSALS = {
+    "accumulator": "a user-written Accumulator runs microbatch by microbatch and cannot take "
+    "{what}; use the AccumulationType members.",
+    "vmap_fn": "a vmap_fn other than jax.vmap may reach across the rows of a microbatch (a "
+    "collective over its axis), which must then see each microbatch whole; it cannot take {what}.",
+}
+
+
+def refuse(who: str, name: str, given: bool, needs: dict) -> None:
+    """Raise if the argument `name` is `given` (a user's Accumulator; a `vmap_fn` other than
+    `jax.vmap`, which may reach across the rows of a microbatch, so must see every microbatch
+    whole and alone, as optax runs it) and meets one of the options `needs` flags."""
     for what, used in needs.items():
-        if used and vmap_fn is not jax.vmap:
-            raise ValueError(
-                f"`{who}(vmap_fn=...)`: a vmap_fn other than jax.vmap may reach across the rows "
-                "of a microbatch (a collective over its axis), which must then see each "
-                f"microbatch whole; it cannot take {what}."
-            )
+        if used and given:
+            raise ValueError(f"`{who}({name}=...)`: " + _REFUSALS[name].format(what=what))
 
 
 def microbatched(
@@ -547,11 +546,11 @@ def microbatched(
         )
     if size == "auto" and grad_size is None:  # the reverse pass gets its own plan
         grad_size = "auto"
-    refuse_vmap_fn(who, vmap_fn, {'microbatch_size="auto"': size == "auto", "shard=True": shard,
-                                  "a grad_microbatch_size": grad_size not in (None, size)})
+    both = {'microbatch_size="auto"': size == "auto", "shard=True": shard}
+    refuse(who, "vmap_fn", vmap_fn is not jax.vmap,
+           {**both, "a grad_microbatch_size": grad_size not in (None, size)})
     leaves = plan_leaves(who, accumulator, per_example, num_real, compensated)
-    refuse_user(who, leaves, {'microbatch_size="auto"': size == "auto", "shard=True": shard,
-                              "grad_microbatch_size": grad_size is not None})
+    refuse(who, "accumulator", leaves.user, {**both, "grad_microbatch_size": grad_size is not None})
     # microbatch's reverse pass is planned for its one size argument, microbatch_size="auto"
     grad_name = "grad_microbatch_size" if per_example else "microbatch_size"
     opts = Options(
