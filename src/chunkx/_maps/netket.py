@@ -11,9 +11,7 @@ import numpy as np
 from jaxtyping import PyTree
 
 from .._checks import as_in_axes, check_positive
-from .._combinators.chunk import Chunk
 from .._combinators.reduce import Concat, Sum, zero_masked
-from .._combinators.shard import Shard
 from .._combinators.vmap import Vmap
 from .._public import public
 from .._types import InAxes, Size
@@ -61,8 +59,8 @@ def _apply(who, lift, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums):
     # [Shard ∘] Chunk ∘ fn: every chunk in one scan, the last one shifted back over rows
     # already done (one compiled program for any number of rows). The Shard runs on the mesh
     # it finds when called: the one set with `jax.set_mesh` (netket sets one), else all devices.
-    piece = Chunk(fn, chunk_size, in_axes=in_axes)  # in_axes: an int maps every argument
-    return Checked(Shard(piece) if _sharded(axis_0_is_sharded) else piece, in_axes, who)
+    opts = Options(who, chunk_size, shard=_sharded(axis_0_is_sharded))
+    return Checked(compose(fn, in_axes, Concat(), opts, who), in_axes, who)
 
 
 @public

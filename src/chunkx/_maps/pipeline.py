@@ -17,7 +17,7 @@ from .._combinators.chunk import Chunk, Reduce
 from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
 from .._combinators.shard import Shard
 from .._plan.measure import per_device_rows
-from .._types import GradPolicy, Remainder
+from .._types import GradPolicy, InAxes, Remainder
 
 Planned = int | Literal["auto"] | None
 BATCH_NAMES = ("batch_size", "grad_batch_size")
@@ -148,8 +148,9 @@ def reducer_for(
     return Monoid(reduction, chunk_reduction, True if grad == "fused" else None), None
 
 
-def compose(inner: Callable, axes: tuple, reducer: AbstractReducer, opts: Options, what: str):
-    """The pipeline: [Shard ∘] (Chunk | Reduce) ∘ inner, all with one reducer.
+def compose(inner: Callable, axes: InAxes, reducer: AbstractReducer, opts: Options, what: str):
+    """The pipeline: [Shard ∘] (Chunk | Reduce) ∘ inner, all with one reducer (`axes`: the
+    Chunk's and Shard's `in_axes`).
 
     An "auto" size is the Chunk's to plan (`opts.memory_budget`); the Chunk's messages name
     `opts.owner(what)`, the public map."""

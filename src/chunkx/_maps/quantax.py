@@ -242,10 +242,8 @@ def chunk_map(
             "loop (use_scan=True); the Python loop (use_scan=False) differentiates each "
             "unrolled chunk as a whole."
         )
-    in_axes = as_in_axes(in_axes)
-    unmapped = in_axes is None or (isinstance(in_axes, tuple) and all(a is None for a in in_axes))
-    if unmapped or (opts.size is None and not shard_batch):
-        return f
+    if not jax.tree_util.tree_leaves(in_axes) or (opts.size is None and not shard_batch):
+        return f  # no mapped argument (every in_axes entry None), or nothing to chunk
     if out_axes is None or (isinstance(out_axes, tuple) and None in out_axes):
         raise NotImplementedError(
             f"`{who}(out_axes={out_axes!r})`: `chunk_map` with `out_axes=None` not implemented; "

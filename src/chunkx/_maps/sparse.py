@@ -10,7 +10,7 @@ import numpy as np
 from jax.sharding import Mesh
 from jaxtyping import PRNGKeyArray, PyTree, UInt32
 
-from .._combinators._rows import mapped_length
+from .._combinators._rows import is_eager, mapped_length
 from .._combinators.pullback import Pullback, check_contract
 from .._combinators.reduce import identity
 from .._public import public
@@ -39,14 +39,11 @@ def _block_check(who: str, fn: Callable, y: Any, key: Any, rtol: float, atol: fl
         "cotangent), so sparse derivatives would be silently wrong. Use plain autodiff or "
         "batch_map for this fn."
     )
-    try:
-        if bool(bad):
-            raise ValueError(
-                f"{msg} Max abs difference {float(err):.3g}, scale {float(scale):.3g}."
-            )
-        return out, lambda x: x
-    except jax.errors.ConcretizationTypeError:
+    if not is_eager(bad):
         return out, lambda x: eqx.error_if(x, bad, msg)
+    if bad:
+        raise ValueError(f"{msg} Max abs difference {float(err):.3g}, scale {float(scale):.3g}.")
+    return out, lambda x: x
 
 
 @public
