@@ -65,6 +65,17 @@ def test_batch_map_strip_dim0_reduction_equals_adv():
     )
 
 
+@pytest.mark.parametrize("n", [0, 5])
+def test_batch_map_strip_dim0_equals_adv(n):
+    # per-row `fun`; 0 rows give the rows' (empty) shapes, as adv's `lax.map` does
+    x = {"a": rand(jax.random.PRNGKey(4), (n, 3), jnp.float64), "b": jnp.ones((n,))}
+    fun = lambda t: (jnp.sin(t["a"]) * t["b"], t["b"] + 1)  # noqa: E731
+    theirs = jax.jit(lambda x: adv.batch_map(fun, x, 1, strip_dim0=True))(x)
+    ours = chunkx.batch_map(fun, x, 1, strip_dim0=True)  # strip_dim0: batch size 1, as adv's
+    assert jax.tree_util.tree_map(jnp.shape, ours) == jax.tree_util.tree_map(jnp.shape, theirs)
+    assert_tree_close(ours, theirs, rtol=1e-12)
+
+
 def test_unexpected_kwargs_message_matches_adv():
     for mod in (adv, chunkx):
         with pytest.raises(ValueError, match="Unexpected keyword argument\\(s\\): alpha, zeta"):

@@ -1,5 +1,6 @@
 """The memory planner against XLA's compiled memory analysis, explicit sizes and jax.vmap."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -73,6 +74,16 @@ def test_plan_fits_budget_and_twice_does_not(name):
     plan = plan_memory(f, *args, in_axes=in_axes, budget_bytes=budget, **kw)
     assert plan.chunk_size == size and len(plan.points) <= 12
     assert plan.bytes_at(size + 1) is None or plan.bytes_at(size + 1) > budget
+
+
+def test_if_array_entries_plan_as_batch_vmap_takes_them():
+    # adv's in_axes entries may be `eqx.if_array(k)`, in batch_vmap and in its planners alike
+    f, args, in_axes, kw = next(iter(CASES.values()))
+    wrapped = tuple(None if a is None else eqx.if_array(a) for a in in_axes)
+    budget = compiled_temp(f, args, in_axes, N // 8 + 1, kw)
+    plain = plan_memory(f, *args, in_axes=in_axes, budget_bytes=budget, **kw)
+    assert plan_memory(f, *args, in_axes=wrapped, budget_bytes=budget, **kw) == plain
+    assert plan_chunk_size(f, *args, in_axes=wrapped, budget_bytes=budget, **kw) == plain.chunk_size
 
 
 def test_budget_smaller_than_one_row():

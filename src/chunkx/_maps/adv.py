@@ -10,7 +10,7 @@ import equinox as eqx
 import jax
 from jax.sharding import Mesh
 
-from .._checks import as_in_axes, check_in_axes, in_axes_tuple
+from .._checks import check_in_axes, in_axes_tuple
 from .._combinators._rows import mapped_length
 from .._combinators._sharding import auto_twin, on_inputs_mesh, to_mesh
 from .._combinators.reduce import AbstractReducer, identity
@@ -19,6 +19,14 @@ from .._types import Budget, GradPolicy, InAxes, Size
 from ._vmap_axes import Spec, resolve
 from .pipeline import Options, check_options, reducer_for, run_one_input
 from .vmap import AbstractChunkedVmap
+
+
+def _adv_in_axes(in_axes: Any) -> InAxes:
+    """adv's `in_axes`, hashable; an entry `eqx.if_array(k)` is `k` (adv maps array leaves
+    only either way)."""
+    if isinstance(in_axes, tuple | list):
+        return tuple(a.axis if isinstance(a, eqx.if_array) else a for a in in_axes)
+    return in_axes
 
 
 class BatchVmap(AbstractChunkedVmap):
@@ -52,7 +60,7 @@ class BatchVmap(AbstractChunkedVmap):
     """
 
     f: Callable[..., Any]
-    in_axes: InAxes = eqx.field(static=True, converter=as_in_axes)
+    in_axes: InAxes = eqx.field(static=True, converter=_adv_in_axes)
     reducer: AbstractReducer
     post: Callable | None = eqx.field(static=True)
     opts: Options
@@ -203,8 +211,6 @@ def batch_vmap(
         progress=progress,
     )
     reducer, post = reducer_for(who, reduction, chunk_reduction, reducer, grad)
-    if isinstance(in_axes, tuple | list):  # eqx.if_array(k): arrays along k, the rest whole
-        in_axes = tuple(a.axis if isinstance(a, eqx.if_array) else a for a in in_axes)
     return BatchVmap(f, in_axes, reducer, post, opts)
 
 

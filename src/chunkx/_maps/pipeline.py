@@ -16,6 +16,7 @@ from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.chunk import Chunk, Reduce
 from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
 from .._combinators.shard import Shard
+from .._combinators.vmap import Vmap
 from .._plan.measure import per_device_rows
 from .._types import GradPolicy, InAxes, Remainder
 
@@ -216,7 +217,7 @@ def run_one_input(
     who, what = opts.who, f"{opts.who}({fn_name(fun)})"
     n = mapped_length((x,), (0,), who)
     if how.get("strip_dim0"):
-        fun = Strip(fun)
+        fun = Strip(fun) if n else Vmap(fun)  # no row to strip: the rows' shapes, as vmapped
         if reduction is not None:
             if n == 0:
                 raise ValueError(
