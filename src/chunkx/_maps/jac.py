@@ -126,13 +126,16 @@ class BatchJacfwd(eqx.Module):
             push = lambda i: _no_float0(f_jvp(*_basis_vector(i, dyn)))  # noqa: E731
             tangents = batch_vmap(push, batch_size=self.batch_size)(index)
         else:  # a `jax.jvp` per chunk (the primal is part of every chunk)
+            fixed = []  # aux leaves that are not traced (Python numbers, NumPy arrays): as they are
 
             def push(i, primal):
                 out = jax.jvp(f, primal, _basis_vector(i, primal), has_aux=self.has_aux)
-                return _no_float0(out[1]), out[2:]
+                traced, rest = eqx.partition(out[2:], lambda v: isinstance(v, jax.Array))
+                fixed.append(rest)
+                return _no_float0(out[1]), traced
 
             tangents, aux = batch_vmap(push, (0, None), batch_size=self.batch_size)(index, dyn)
-            aux = jax.tree_util.tree_map(lambda x: x[0], aux)
+            aux = eqx.combine(jax.tree_util.tree_map(lambda x: x[0], aux), fixed[-1])
             # the primal's structs (a primal per column would be `n` copies of the output)
             y = jax.eval_shape(f, *dyn)
             y = y[0] if self.has_aux else y
