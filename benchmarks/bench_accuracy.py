@@ -26,6 +26,7 @@ from _timing import Variant, prepare, time_interleaved
 
 import chunkx
 
+
 def f(x, w):
     return jnp.sum(jnp.sin(3 * x * w) ** 2 + 0.5)
 
