@@ -314,6 +314,24 @@ def test_sharded_under_a_context_mesh():
     np.testing.assert_allclose(g, want_g, rtol=1e-13)
 
 
+@pytest.mark.parametrize("build", [
+    lambda f: chunkx.vmap_chunked(f, (0, None), chunk_size=1),
+    lambda f: chunkx.apply_chunked(jax.vmap(f, (0, None)), (0, None), chunk_size=1),
+])
+def test_eager_grad_under_a_context_mesh(build):
+    """Eager `jax.grad` of a sharded map under `jax.set_mesh` on an Auto mesh, with
+    single-device inputs, in both arguments, equals the closed form."""
+    x = jnp.linspace(0.0, 1.0, 16).reshape(8, 2)
+    w = jnp.array([0.3, -0.2])
+    g = build(lambda a, b: jnp.sin(a @ b))
+    mesh = jax.make_mesh((4,), ("S",), axis_types=(jax.sharding.AxisType.Auto,))
+    with jax.set_mesh(mesh):
+        gx, gw = jax.grad(lambda x, w: g(x, w).sum(), (0, 1))(x, w)
+    c = jnp.cos(x @ w)
+    np.testing.assert_allclose(gx, c[:, None] * w, rtol=1e-12)
+    np.testing.assert_allclose(gw, c @ x, rtol=1e-12)
+
+
 def test_vmap_chunked_int_in_axes_maps_every_argument():
     """netket turns `in_axes=0` into a 1-tuple (fails for two arguments); chunkx broadcasts."""
     x, w = jax.device_put(np.ones((10, 3))), jax.device_put(np.arange(30.0).reshape(10, 3))

@@ -84,7 +84,12 @@ def place(x, mesh: Mesh | AbstractMesh, spec: P):
     sharding = NamedSharding(mesh, spec)
     if is_explicit(mesh):
         return jax.sharding.reshard(x, sharding)
+    if isinstance(mesh, AbstractMesh):  # traced eagerly (e.g. by `jax.grad` under `set_mesh`):
+        return _constrain(x, sharding)  # the constraint on an abstract mesh needs a `jit`
     return jax.lax.with_sharding_constraint(x, sharding)
+
+
+_constrain = jax.jit(jax.lax.with_sharding_constraint, static_argnums=1)
 
 
 def auto_twin(args, mesh: Mesh | None = None) -> Mesh | None:
