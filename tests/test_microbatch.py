@@ -282,10 +282,10 @@ def test_micro_vmap_nested_in_vmap_and_a_module_through_jit():
 
 def test_a_map_with_an_array_num_real_is_jax_jits_function():
     """`jax.jit(map)` as with optax's closures, also where `num_real_microbatches` is an
-    array (a JAX or NumPy integer) held by the map."""
+    array (a JAX or NumPy integer, a 0-d NumPy array, as optax takes) held by the map."""
     x, w = data()
     g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
-    for r in (jnp.int32(2), np.int32(2)):
+    for r in (jnp.int32(2), np.int32(2), np.array(2)):
         for kind in ("CONCAT", "SUM"):
             want = jax.jit(om.micro_vmap(g, (0, None), microbatch_size=3, accumulator=theirs(kind),
                                          num_real_microbatches=r))(x, w)
