@@ -542,6 +542,22 @@ def test_batch_laid_out_on_an_explicit_mesh(shard):
             close(jax.jit(f)(xs, w), want[kind])
 
 
+@pytest.mark.parametrize("kind", ["CONCAT", "SUM"])
+def test_undivided_batch_split_over_an_explicit_mesh(kind):
+    """12 rows laid out on 4 devices, microbatches of 8 (padded to 16): padding rows split over
+    an Explicit mesh raised ShardingTypeError; now as jax.vmap, eager and under jit."""
+    x, w = data(12)
+    g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    mesh = MESHES["explicit"]()
+    want = jax.jit(lambda x, w: reference(kind, jax.vmap(g, (0, None))(x, w)))(x, w)
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.P("x")))
+        f = chunkx.micro_vmap(g, (0, None), microbatch_size=8, accumulator=ours(kind),
+                              shard=True)
+        close(f(xs, w), want)
+        close(jax.jit(f)(xs, w), want)
+
+
 def test_reshape_batch_axis_matches_optax():
     x = jnp.arange(24.0).reshape(2, 12)
     want = jax.jit(lambda x: (om.reshape_batch_axis(x, 3, axis=1),
