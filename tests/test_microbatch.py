@@ -558,6 +558,25 @@ def test_undivided_batch_split_over_an_explicit_mesh(kind):
         close(jax.jit(f)(xs, w), want)
 
 
+@pytest.mark.parametrize("r", [2, "array"])
+def test_num_real_with_a_batch_split_over_an_explicit_mesh(r):
+    """`num_real_microbatches` with shard=True on a batch laid out over an Explicit mesh: the
+    map's count (an array on that mesh) raised NotImplementedError from shard_map; now as
+    optax."""
+    x, w = data(16)
+    g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    want = jax.jit(om.micro_vmap(g, (0, None), microbatch_size=4, accumulator=theirs("SUM"),
+                                 num_real_microbatches=2))(x, w)
+    mesh = MESHES["explicit"]()
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.P("x")))
+        f = chunkx.micro_vmap(g, (0, None), microbatch_size=4, accumulator=ours("SUM"),
+                              num_real_microbatches=jnp.array(2) if r == "array" else r,
+                              shard=True)
+        close(f(xs, w), want)
+        close(jax.jit(f)(xs, w), want)
+
+
 def test_reshape_batch_axis_matches_optax():
     x = jnp.arange(24.0).reshape(2, 12)
     want = jax.jit(lambda x: (om.reshape_batch_axis(x, 3, axis=1),
