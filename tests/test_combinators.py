@@ -103,6 +103,44 @@ def test_shard_on_auto_and_explicit_meshes(axis_type, n):
     np.testing.assert_allclose(out, ref, rtol=1e-12)
 
 
+def test_shard_of_a_module_holding_arrays_made_on_an_explicit_mesh():
+    """Arrays laid out on an Explicit mesh (made under `jax.set_mesh`, or put there) and held
+    by the function (a Module's weights): `shard_map` cannot close over them, so they enter
+    as replicated arguments; values and gradients as the unsharded function's."""
+
+    class Affine(eqx.Module):
+        w: jax.Array
+
+        def __call__(self, x):
+            return jnp.tanh(x @ self.w)
+
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(AxisType.Explicit,))
+    x = rand(jax.random.PRNGKey(5), (8, 3), jnp.float64)
+    w = rand(jax.random.PRNGKey(6), (3,), jnp.float64)
+    ref = Affine(w)(x)
+    gref = jax.grad(lambda f: jnp.sum(f(x) ** 2))(Affine(w)).w
+    with jax.set_mesh(mesh):
+        f = Affine(jax.device_put(w, NamedSharding(mesh, P())))
+        xs = jax.device_put(x, NamedSharding(mesh, P("d")))
+        np.testing.assert_allclose(chunkx.Shard(chunkx.Vmap(f))(xs), ref, rtol=1e-12)
+        loss = lambda f: jnp.sum(chunkx.Shard(chunkx.Vmap(f))(xs) ** 2)  # noqa: E731
+        np.testing.assert_allclose(jax.grad(loss)(f).w, gref, rtol=1e-12)
+        np.testing.assert_allclose(jax.jit(jax.grad(loss))(f).w, gref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("inner", ["vmap", "shard"])
+def test_pad_of_rows_split_over_an_explicit_mesh(inner):
+    """12 rows laid out on 4 devices of an Explicit mesh, padded to 16: the edge row and the
+    padded rows cut off are taken on one (replicated) layout, eager and under jit."""
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(AxisType.Explicit,))
+    x = rand(jax.random.PRNGKey(5), (12,), jnp.float64)
+    fn = chunkx.Vmap(jnp.exp) if inner == "vmap" else chunkx.Shard(chunkx.Vmap(jnp.exp))
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(x, NamedSharding(mesh, P("d")))
+        np.testing.assert_allclose(chunkx.Pad(fn, 8)(xs), jnp.exp(x), rtol=1e-12)
+        np.testing.assert_allclose(jax.jit(chunkx.Pad(fn, 8))(xs), jnp.exp(x), rtol=1e-12)
+
+
 def test_concat_output_stays_sharded():
     mesh = jax.make_mesh((4,), ("d",), axis_types=(AxisType.Auto,))
     x = jnp.arange(16.0)

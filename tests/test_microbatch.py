@@ -282,10 +282,10 @@ def test_micro_vmap_nested_in_vmap_and_a_module_through_jit():
 
 def test_a_map_with_an_array_num_real_is_jax_jits_function():
     """`jax.jit(map)` as with optax's closures, also where `num_real_microbatches` is an
-    array (a JAX or NumPy integer) held by the map."""
+    array (a JAX or NumPy integer, a 0-d NumPy array, as optax takes) held by the map."""
     x, w = data()
     g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
-    for r in (jnp.int32(2), np.int32(2)):
+    for r in (jnp.int32(2), np.int32(2), np.array(2)):
         for kind in ("CONCAT", "SUM"):
             want = jax.jit(om.micro_vmap(g, (0, None), microbatch_size=3, accumulator=theirs(kind),
                                          num_real_microbatches=r))(x, w)
@@ -540,6 +540,41 @@ def test_batch_laid_out_on_an_explicit_mesh(shard):
             f = chunkx.micro_vmap(g, (0, None), microbatch_size=4, accumulator=ours(kind),
                                   shard=shard)
             close(jax.jit(f)(xs, w), want[kind])
+
+
+@pytest.mark.parametrize("kind", ["CONCAT", "SUM"])
+def test_undivided_batch_split_over_an_explicit_mesh(kind):
+    """12 rows laid out on 4 devices, microbatches of 8 (padded to 16): padding rows split over
+    an Explicit mesh raised ShardingTypeError; now as jax.vmap, eager and under jit."""
+    x, w = data(12)
+    g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    mesh = MESHES["explicit"]()
+    want = jax.jit(lambda x, w: reference(kind, jax.vmap(g, (0, None))(x, w)))(x, w)
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.P("x")))
+        f = chunkx.micro_vmap(g, (0, None), microbatch_size=8, accumulator=ours(kind),
+                              shard=True)
+        close(f(xs, w), want)
+        close(jax.jit(f)(xs, w), want)
+
+
+@pytest.mark.parametrize("r", [2, "array"])
+def test_num_real_with_a_batch_split_over_an_explicit_mesh(r):
+    """`num_real_microbatches` with shard=True on a batch laid out over an Explicit mesh: the
+    map's count (an array on that mesh) raised NotImplementedError from shard_map; now as
+    optax."""
+    x, w = data(16)
+    g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    want = jax.jit(om.micro_vmap(g, (0, None), microbatch_size=4, accumulator=theirs("SUM"),
+                                 num_real_microbatches=2))(x, w)
+    mesh = MESHES["explicit"]()
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.P("x")))
+        f = chunkx.micro_vmap(g, (0, None), microbatch_size=4, accumulator=ours("SUM"),
+                              num_real_microbatches=jnp.array(2) if r == "array" else r,
+                              shard=True)
+        close(f(xs, w), want)
+        close(jax.jit(f)(xs, w), want)
 
 
 def test_reshape_batch_axis_matches_optax():

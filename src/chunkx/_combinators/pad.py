@@ -27,7 +27,7 @@ from .._checks import (
 from .._types import AxisSpec, InAxes, RowMask
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._rows import map_mapped, mapped_length
-from ._sharding import on_inputs_mesh
+from ._sharding import is_explicit, mesh_of, on_inputs_mesh, place
 from .reduce import AbstractReducer, held_reducer, reducer_of
 
 Fill = Literal["edge", "zero"]
@@ -43,10 +43,15 @@ def pad_rows(x, m: int, fill: Fill = "edge"):
     `"edge"`: copies of the last real row (zeros if there is none), behind `stop_gradient`, so
     padded evaluations stay finite wherever the real ones are and no cotangent (not even a NaN
     from `0 * inf`) flows back from a padded row into the row it copies. `"zero"`: zeros.
+    Rows on an Explicit mesh are padded on one (replicated) layout: JAX cannot infer the
+    layout of a row cut from, or joined to, rows split over the devices.
     """
     n = x.shape[0]
     if m == n:
         return x
+    mesh = mesh_of(x)
+    if mesh is not None and is_explicit(mesh):
+        x = place(x, mesh, jax.P())
     if fill == "zero" or n == 0:
         extra = jnp.zeros((m - n,) + x.shape[1:], x.dtype)
     else:

@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 from .._types import RowMask, Tree
 from . import compensated as comp
 from ._rows import IN_RANGE, call_with_valid, fresh_rows, where_rows, zeros_like_struct
-from ._sharding import is_explicit, place
+from ._sharding import is_explicit, mesh_of, place
 
 #: Reductions known to be `+`: a Monoid folding with one of them sums its chunks' partials.
 _ADDITIONS = (jnp.add, operator.add, jax.lax.add)
@@ -313,7 +313,11 @@ class Concat(AbstractReducer):
         return fn(*args)  # every row is computed; `trim` cuts the padded ones off
 
     def trim(self, out: Tree, n: int) -> Tree:
-        return jax.tree_util.tree_map(lambda y: y[:n], out)
+        def cut(y):  # rows split over an Explicit mesh: cut on one (replicated) layout
+            mesh = mesh_of(y)
+            return (y if mesh is None or not is_explicit(mesh) else place(y, mesh, P()))[:n]
+
+        return jax.tree_util.tree_map(cut, out)
 
     def check_rows(self, rows_struct: Tree, who: str) -> None:
         pass

@@ -175,9 +175,13 @@ def _shard_run(fn, reducer, layout, args, valid):
     axis and the arguments' specs), joined by the reducer's collective."""
     mesh, axis, specs, v_spec = layout
     dyn, static = args
+    # on an Explicit mesh the arrays `fn` holds (a Module's weights made under `jax.set_mesh`,
+    # a map's count of microbatches) enter replicated: `shard_map` cannot close over them
+    held, fn = eqx.partition(fn, lambda x: is_explicit(mesh) and isinstance(x, jax.Array))
+    held = jax.tree_util.tree_map(lambda x: place(x, mesh, P()), held)
 
-    def local(dyn_args, v):
-        part = call_with_valid(fn, eqx.combine(dyn_args, static), v)
+    def local(dyn_args, v, held):
+        part = call_with_valid(eqx.combine(held, fn), eqx.combine(dyn_args, static), v)
         return reducer.shard_local(part, axis)
 
     # check_vma=False: `fn` is the user's code, and with the check on JAX types every value
@@ -189,9 +193,9 @@ def _shard_run(fn, reducer, layout, args, valid):
     # declares `P()`, and it returns a `psum`. tests/test_combinators.py::
     # test_shard_sum_replicated_and_user_constants checks both sides.
     gathered = jax.shard_map(
-        local, mesh=mesh, in_specs=(specs, v_spec), out_specs=reducer.shard_spec(axis),
+        local, mesh=mesh, in_specs=(specs, v_spec, P()), out_specs=reducer.shard_spec(axis),
         check_vma=False,
-    )(dyn, valid)
+    )(dyn, valid, held)
     return reducer.shard_collect(gathered, mesh)
 
 

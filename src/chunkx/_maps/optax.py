@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
+from jaxtyping import Int
 
 from .._checks import as_in_axes, check_positive
 from .._combinators.reduce import identity
@@ -25,8 +26,9 @@ from ._bind import argnums_tuple, check_argnums
 from ._microbatching import AccumulationType, Microbatched, microbatched
 
 MicrobatchSize = int | Literal["auto"] | None
-#: How many microbatches run: a Python, NumPy or JAX integer (traced too), or None for all.
-NumReal = int | np.integer | jax.Array | None
+#: How many microbatches run: a Python, NumPy or JAX integer (traced too; a 0-d NumPy array
+#: too, as optax takes one), or None for all.
+NumReal = int | np.integer | Int[np.ndarray, ""] | jax.Array | None
 
 
 @public
