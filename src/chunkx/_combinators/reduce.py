@@ -276,6 +276,12 @@ class Concat(AbstractReducer):
 
     def init(self, part: Tree, n: int) -> Tree:
         leaves = jax.tree_util.tree_leaves(part)
+        if any(len(t.shape) == 0 for t in leaves):
+            raise ValueError(
+                "`Chunk` with the Concat reducer: the chunked function must return its rows "
+                f"along axis 0 to be concatenated, got an output without one: {part}; use a "
+                "reducer (Sum, Monoid) for an output reduced over the rows."
+            )
         if not leaves or n % leaves[0].shape[0] == 0:
             return None  # whole chunks: stacked by the loop (no carried buffer, also in grad)
 
