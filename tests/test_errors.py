@@ -169,3 +169,7 @@ def test_concat_of_an_output_without_rows_is_refused(n):
         chunkx.batch_map(lambda a: a.sum(), x, batch_size=2)
     with pytest.raises(ValueError, match=r"must return its rows along axis 0"):
         chunkx.Chunk(lambda a: (a, a.sum()), 3)(x)
+    # more or fewer rows than given: refused, not cut to n rows or written over other rows
+    for f in (lambda a: jnp.concatenate([a, a]), lambda a: a[:1]):
+        with pytest.raises(ValueError, match=r"one per input row, got .* for a chunk of 3 rows"):
+            chunkx.batch_map(f, x, batch_size=3)
