@@ -157,3 +157,19 @@ def test_planning_errors_name_the_function_called(fn):
     mesh = jax.make_mesh((1, 1), ("a", "b"))
     with pytest.raises(ValueError, match=rf"`{name}\(mesh=\.\.\.\)`"):
         fn(jnp.sin, x, budget_bytes=10**6, shard=True, mesh=mesh)
+
+
+@pytest.mark.parametrize("n", [8, 7])
+def test_concat_of_an_output_without_rows_is_refused(n):
+    """A batched function that reduces its rows (a scalar per chunk) cannot be concatenated:
+    a ValueError, not an IndexError from the loop's buffer."""
+    x = jnp.arange(2.0 * n).reshape(n, 2)
+    with pytest.raises(ValueError, match=r"`Chunk` with the Concat reducer: the chunked function "
+                       r"must return its rows along axis 0"):
+        chunkx.batch_map(lambda a: a.sum(), x, batch_size=2)
+    with pytest.raises(ValueError, match=r"must return its rows along axis 0"):
+        chunkx.Chunk(lambda a: (a, a.sum()), 3)(x)
+    # more or fewer rows than given: refused, not cut to n rows or written over other rows
+    for f in (lambda a: jnp.concatenate([a, a]), lambda a: a[:1]):
+        with pytest.raises(ValueError, match=r"one per input row, got .* for a chunk of 3 rows"):
+            chunkx.batch_map(f, x, batch_size=3)

@@ -504,3 +504,13 @@ def test_fused_errors_name_the_map():
     with pytest.raises(ValueError, match=r"`chunkx.vmap\(grad='fused'\)`: every leaf of the"):
         chunkx.vmap(lambda x: x.astype(int), batch_size=2, reducer=chunkx.Sum(),
                     grad="fused")(jnp.ones(5))
+
+
+@pytest.mark.parametrize("grad", ["fused", "auto"])
+def test_fused_jvp_takes_python_scalar_tangents(grad):
+    f = lambda x, w: jnp.sin(x * w) * x  # noqa: E731
+    x, w = jnp.linspace(-1.0, 2.0, 10), jnp.asarray(0.7)
+    g = chunkx.Chunk(chunkx.Vmap(f, (0, None)), 3, reducer=chunkx.Sum(), grad=grad)
+    ref = lambda x, w: jnp.sum(jax.vmap(f, (0, None))(x, w))  # noqa: E731
+    t = (jnp.ones_like(x), 1.5)  # jax.jvp takes a Python scalar tangent for a scalar
+    close(jax.jvp(g, (x, w), t), jax.jvp(ref, (x, w), t))

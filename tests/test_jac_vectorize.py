@@ -314,6 +314,9 @@ def test_vectorize_errors():
         batch_vectorize(mul, signature="(n),(n)->()")(jnp.ones(3), jnp.ones(3))
     with pytest.raises(TypeError, match="wrong number of output arguments: expected 2, got 1"):
         batch_vectorize(lambda v: (v,), signature="(n)->(),()")(jnp.ones(3))
+    with pytest.raises(TypeError, match=r"got: ShapeDtypeStruct\(shape=\(3,\), dtype=float\d+\)\n"):
+        # one element's output, not the mapped values (eager: a whole array in the message)
+        batch_vectorize(lambda v: v, signature="(n)->(n),()")(jnp.ones((2, 3)))
     with pytest.raises(TypeError, match="wrong number of positional arguments: expected 2"):
         vdot(jnp.ones(3))
     with pytest.raises(TypeError, match="keyword argument.*scale are not excluded"):

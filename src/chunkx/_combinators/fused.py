@@ -237,8 +237,9 @@ class _FusedAcc(AbstractAccumulation):
 
 
 def _contract(j, t):
-    """`sum over t's axes of Re(j[k] * t)`, for every output element `k`."""
-    return jnp.real(j * t[None]).reshape(j.shape[0], -1).sum(axis=1)
+    """`sum over t's axes of Re(j[k] * t)`, for every output element `k` (`t` may be a
+    Python or NumPy scalar, as `jax.jvp` takes tangents)."""
+    return jnp.real(j * jnp.asarray(t)[None]).reshape(j.shape[0], -1).sum(axis=1)
 
 
 def _flat(out) -> jax.Array:

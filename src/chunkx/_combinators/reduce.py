@@ -274,6 +274,17 @@ class Concat(AbstractReducer):
     def combine(self, a: Tree, b: Tree) -> Tree:
         return jax.tree_util.tree_map(lambda x, y: jnp.concatenate([x, y], axis=0), a, b)
 
+    def check_chunk(self, part: Tree, size: int) -> None:
+        """Raise unless every leaf of a chunk's output `part` has the chunk's `size` rows
+        along axis 0 (each chunk is written over the rows it was given)."""
+        if any(len(t.shape) == 0 or t.shape[0] != size for t in jax.tree_util.tree_leaves(part)):
+            raise ValueError(
+                "`Chunk` with the Concat reducer: the chunked function must return its rows "
+                f"along axis 0 to be concatenated, one per input row, got {part} for a chunk "
+                f"of {size} rows; use a reducer (Sum, Monoid) for an output reduced over the "
+                "rows."
+            )
+
     def init(self, part: Tree, n: int) -> Tree:
         leaves = jax.tree_util.tree_leaves(part)
         if not leaves or n % leaves[0].shape[0] == 0:

@@ -56,9 +56,13 @@ def _check_outputs(out: Any, sizes: dict, out_core: list, context: str, loop: in
     the signature's output core dimensions, as `jax.numpy.vectorize` checks each element's."""
     many = isinstance(out, tuple)
     if len(out_core) > 1 and not many:
+        # what one element returned, as jnp.vectorize shows it (not the mapped values)
+        one = jax.tree_util.tree_map(
+            lambda o: jax.ShapeDtypeStruct(jnp.shape(o)[loop:], jnp.result_type(o)), out
+        )
         raise TypeError(
             f"`{_WHO}`: output must be a tuple when multiple outputs are expected, "
-            f"got: {out!r}\n{context}"
+            f"got: {one!r}\n{context}"
         )
     outs = out if many else (out,)
     if len(outs) != len(out_core):
