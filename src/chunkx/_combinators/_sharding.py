@@ -92,6 +92,13 @@ def place(x, mesh: Mesh | AbstractMesh, spec: P):
 _constrain = jax.jit(jax.lax.with_sharding_constraint, static_argnums=1)
 
 
+def replicated(x):
+    """`x` replicated on its Explicit mesh (rows are then cut, padded or permuted without
+    collectives that JAX cannot infer); anything else unchanged."""
+    mesh = mesh_of(x) if eqx.is_array(x) else None
+    return x if mesh is None or not is_explicit(mesh) else place(x, mesh, P())
+
+
 def auto_twin(args, mesh: Mesh | None = None) -> Mesh | None:
     """With no context mesh, a given Explicit `mesh` or inputs typed on an Explicit mesh: an
     Auto mesh of that shape.

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from .._progress import scan, ticker
 from .._types import RowMask
 from ._rows import fresh_rows, rows, struct_of, where_rows
-from .reduce import AbstractAccumulation, AbstractReducer, Concat
+from .reduce import AbstractAccumulation, AbstractReducer
 
 
 def remainder_of(opts) -> str:
@@ -62,8 +62,7 @@ def chunk_loop(
     if shift and valid is None:
         valid = jax.eval_shape(lambda: fresh_rows(s, 0, 0))
     step, part = _traced_once(piece, mapped, valid, call)
-    if isinstance(reducer, Concat):
-        reducer.check_chunk(part, s)
+    reducer.check_chunk(part, s)
     acc = reducer.init(part, n)
     tick = ticker(k + (r > 0), desc) if opts.progress else None
     acc, stacked = _loop(_at(step, n, s, shift, remat), reducer, source, acc, k, opts, tick)

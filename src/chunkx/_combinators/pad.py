@@ -27,7 +27,7 @@ from .._checks import (
 from .._types import AxisSpec, InAxes, RowMask
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._rows import map_mapped, mapped_length
-from ._sharding import is_explicit, mesh_of, on_inputs_mesh, place
+from ._sharding import on_inputs_mesh, replicated
 from .reduce import AbstractReducer, held_reducer, reducer_of
 
 Fill = Literal["edge", "zero"]
@@ -49,9 +49,7 @@ def pad_rows(x, m: int, fill: Fill = "edge"):
     n = x.shape[0]
     if m == n:
         return x
-    mesh = mesh_of(x)
-    if mesh is not None and is_explicit(mesh):
-        x = place(x, mesh, jax.P())
+    x = replicated(x)
     if fill == "zero" or n == 0:
         extra = jnp.zeros((m - n,) + x.shape[1:], x.dtype)
     else:

@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 from .._types import RowMask, Tree
 from . import compensated as comp
 from ._rows import IN_RANGE, call_with_valid, fresh_rows, where_rows, zeros_like_struct
-from ._sharding import is_explicit, mesh_of, place
+from ._sharding import is_explicit, place, replicated
 
 #: Reductions known to be `+`: a Monoid folding with one of them sums its chunks' partials.
 _ADDITIONS = (jnp.add, operator.add, jax.lax.add)
@@ -76,6 +76,10 @@ class AbstractAccumulation(eqx.Module):
     @abc.abstractmethod
     def finish(self, acc: Tree, stacked: Tree) -> Tree:
         """The loop's result from the final accumulator and the stacked per-chunk outputs."""
+
+    def check_chunk(self, part: Tree, size: int) -> None:
+        """Raise at trace time if one chunk's partial `part` (of a chunk of `size` rows) is
+        not what this loop can accumulate; by default any partial is."""
 
 
 class AbstractReducer(AbstractAccumulation):
@@ -324,11 +328,8 @@ class Concat(AbstractReducer):
         return fn(*args)  # every row is computed; `trim` cuts the padded ones off
 
     def trim(self, out: Tree, n: int) -> Tree:
-        def cut(y):  # rows split over an Explicit mesh: cut on one (replicated) layout
-            mesh = mesh_of(y)
-            return (y if mesh is None or not is_explicit(mesh) else place(y, mesh, P()))[:n]
-
-        return jax.tree_util.tree_map(cut, out)
+        # rows split over an Explicit mesh are cut on one (replicated) layout
+        return jax.tree_util.tree_map(lambda y: replicated(y)[:n], out)
 
     def check_rows(self, rows_struct: Tree, who: str) -> None:
         pass

@@ -24,11 +24,10 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
 
 from .._checks import check_budget, resolve_batch_size
 from .._combinators._rows import mapped_length, moveaxis, struct_of, zeros_like_struct
-from .._combinators._sharding import is_explicit, mesh_of, place
+from .._combinators._sharding import replicated
 from .._combinators.groups import _swap_blocks
 from .._combinators.pad import Pad
 from .._combinators.reduce import AbstractReducer, Concat, Sum, join_chunks, zero_masked
@@ -38,13 +37,6 @@ from .._plan.search import MemoryPlan
 from .._types import RowMask, Tree
 from ._vmap_axes import resolve
 from .pipeline import Options, compose, plan_call, plan_of
-
-
-def replicated(x: Any) -> Any:
-    """`x` replicated on its Explicit mesh (rows are then cut or permuted without collectives
-    that JAX cannot infer); anything else unchanged."""
-    mesh = mesh_of(x) if eqx.is_array(x) else None
-    return x if mesh is None or not is_explicit(mesh) else place(x, mesh, P())
 
 
 class AccumulationType(enum.Enum):
@@ -220,9 +212,7 @@ class Leaves(AbstractReducer):
         pairs = self._each("accumulate", acc, part, extra=(start, index))
         return tuple(self.treedef.unflatten([p[i] for p in pairs]) for i in (0, 1))
 
-    def trim(self, out: Tree, n: int) -> Tree:
-        # each leaf's `trim`, rows cut off an Explicit axis on one (replicated) layout
-        return _per_leaf("trim")(self, jax.tree_util.tree_map(replicated, out), n)
+    trim = _per_leaf("trim")
 
     def check_rows(self, rows_struct: Tree, who: str) -> None:
         try:
