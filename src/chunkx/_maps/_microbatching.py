@@ -25,7 +25,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._checks import check_budget, resolve_batch_size
+from .._checks import in_axes_tuple
 from .._combinators._rows import mapped_length, moveaxis, struct_of, zeros_like_struct
 from .._combinators._sharding import replicated
 from .._combinators.groups import _swap_blocks
@@ -35,8 +35,9 @@ from .._combinators.shard import Shard
 from .._plan.measure import divisor_below
 from .._plan.search import MemoryPlan
 from .._types import RowMask, Tree
+from ._bind import check_argnums
 from ._vmap_axes import resolve
-from .pipeline import Options, compose, plan_call, plan_of
+from .pipeline import Options, check_options, compose, plan_call, plan_of
 
 
 class AccumulationType(enum.Enum):
@@ -399,18 +400,9 @@ class Microbatched(eqx.Module):
         who, axes, nums = self.opts.who, self.in_axes, self.argnums
         if nums is None:  # every positional argument at in_axes
             nums = range(len(args))
-            axes = (axes,) * len(args) if axes is None or isinstance(axes, int) else axes
-            if len(axes) != len(args):
-                raise ValueError(
-                    f"`{who}(in_axes={self.in_axes!r})`: in_axes has {len(axes)} entries "
-                    f"but the function was called with {len(args)} positional arguments."
-                )
-        elif any(not -len(args) <= i < len(args) for i in nums):
-            name = "batch_argnums" if self.per_example else "argnums"
-            raise ValueError(
-                f"`{who}({name}={self.argnums})`: the function was called "
-                f"with {len(args)} positional arguments."
-            )
+            axes = in_axes_tuple(who, axes, len(args))
+        else:
+            check_argnums(who, "batch_argnums" if self.per_example else "argnums", nums, len(args))
         at = {i % len(args): a for i, a in zip(nums, axes)}
         if self.argnames is None:  # keywords map along axis 0
             at.update((k, 0) for k in kwargs)
@@ -515,38 +507,23 @@ def microbatched(
 ) -> Microbatched:
     """`fun` microbatched: the options of the map `who`, each checked once in its name, and
     its accumulation. `spec`: `Microbatched`'s `(in_axes, argnums, argnames)`."""
-    size = resolve_batch_size(who, size, {}, name="microbatch_size")
     if size == "auto" and num_real is not None:
         raise ValueError(
             f'`{who}(microbatch_size="auto", num_real_microbatches=...)`: with an automatic '
             "size the number of microbatches is not known in advance; give an int size."
         )
-    grad_size = resolve_batch_size(who, grad_size, {}, name="grad_microbatch_size")
-    if grad_size == "auto" and size is None:
-        raise ValueError(
-            f'`{who}(grad_microbatch_size="auto")`: a planned backward size needs a forward '
-            'one; give microbatch_size (an int or "auto").'
-        )
-    budget = check_budget(who, "memory_budget", memory_budget)
-    if budget is not None and "auto" not in (size, grad_size):
-        raise ValueError(
-            f"`{who}(memory_budget={budget})`: memory_budget sizes "
-            f'microbatch_size="auto" or grad_microbatch_size="auto", got '
-            f"microbatch_size={size!r}."
-        )
-    if size == "auto" and grad_size is None:  # the reverse pass gets its own plan
-        grad_size = "auto"
-    both = {'microbatch_size="auto"': size == "auto", "shard=True": shard}
-    refuse(who, "vmap_fn", vmap_fn is not jax.vmap,
-           {**both, "a grad_microbatch_size": grad_size not in (None, size)})
-    leaves = plan_leaves(who, accumulator, per_example, num_real, compensated)
-    refuse(who, "accumulator", leaves.user, {**both, "grad_microbatch_size": grad_size is not None})
     # microbatch's reverse pass is planned for its one size argument, microbatch_size="auto"
     grad_name = "grad_microbatch_size" if per_example else "microbatch_size"
-    opts = Options(
-        who, size, grad_size=grad_size, memory_budget=budget, shard=shard, mesh=mesh,
+    opts = check_options(
+        who, size, memory_budget=memory_budget, grad_size=grad_size, grad_auto=per_example,
+        names=("microbatch_size", grad_name), mesh_1d=False, shard=shard, mesh=mesh,
         remainder="shift" if size == "auto" and per_example else "call",
-        names=("microbatch_size", grad_name, "memory_budget"),
     )
+    both = {'microbatch_size="auto"': opts.size == "auto", "shard=True": shard}
+    refuse(who, "vmap_fn", vmap_fn is not jax.vmap,
+           {**both, "a grad_microbatch_size": opts.grad_size not in (None, opts.size)})
+    leaves = plan_leaves(who, accumulator, per_example, num_real, compensated)
+    refuse(who, "accumulator", leaves.user,
+           {**both, "grad_microbatch_size": opts.grad_size is not None})
     return Microbatched(fun, opts, leaves, *spec, per_example, num_real, vmap_fn)
 
