@@ -322,14 +322,14 @@ class Interleave(eqx.Module):
 
     fn: Callable[..., Any]
     reducer: Leaves
-    size: int | None = eqx.field(static=True)  # None: the rows are one microbatch
+    count: int = eqx.field(static=True)  # microbatches: K
     num_real: Any = None
     masked: bool = eqx.field(static=True, default=False)
 
     def __call__(self, rows: Any, fixed: Any, *, valid: RowMask | None = None) -> Any:
         n = mapped_length((rows,), (0,), "Interleave")
-        s = n if self.size is None else self.size
-        k = n // s
+        k = self.count
+        s = n // k
         head = ()
         if self.masked:  # a row mask `valid` arrives only where the rows are masked
             m = jnp.ones(n, bool) if valid is None else jnp.asarray(valid)
@@ -454,7 +454,7 @@ class Microbatched(eqx.Module):
         rowwise = (self.per_example and self.vmap_fn is jax.vmap
                    and all(t is AccumulationType.CONCAT for t in leaves.kinds))
         if k is not None and (masked or not rowwise):
-            core = Interleave(core, leaves, local, r, masked)
+            core = Interleave(core, leaves, k, r, masked)
         core = Shard(core, opts.mesh, in_axes=_AXES) if opts.shard else core
         if plan is not None:  # an "auto" size: the plan of the loop's Chunk
             return plan_of(core, plan, pair, _AXES, opts)
