@@ -352,9 +352,9 @@ class Microbatched(eqx.Module):
     accumulation (`plan_leaves`), and the pipeline a call runs,
     `Pad(Shard(Interleave(Chunk(RowFn))))`.
 
-    The batch arguments: the positional ones `argnums` and keywords `argnames` at `in_axes`
-    (one entry each); with `argnums=None` every positional argument at `in_axes` (an int,
-    `None`, or one entry each); with `argnames=None` every keyword along axis 0.
+    The batch arguments: the positional ones `argnums` and keywords `argnames`, or with
+    `argnums=None` every positional argument, at `in_axes` (an int, `None`, or one entry
+    each); with `argnames=None` every keyword along axis 0.
     `per_example`: the map vectorises `fun` (`micro_vmap`, `micro_grad`).
     """
 
@@ -397,12 +397,12 @@ class Microbatched(eqx.Module):
     def _resolve(self, args: tuple, kwargs: dict) -> tuple:
         """`resolve` of `(args, kwargs)`: each batch argument's array leaves along its axis (the
         other leaves, and the other arguments, passed whole)."""
-        who, axes, nums = self.opts.who, self.in_axes, self.argnums
+        who, nums = self.opts.who, self.argnums
         if nums is None:  # every positional argument at in_axes
             nums = range(len(args))
-            axes = in_axes_tuple(who, axes, len(args))
         else:
             check_argnums(who, "batch_argnums" if self.per_example else "argnums", nums, len(args))
+        axes = in_axes_tuple(who, self.in_axes, len(nums) + len(self.argnames or ()))
         at = {i % len(args): a for i, a in zip(nums, axes)}
         if self.argnames is None:  # keywords map along axis 0
             at.update((k, 0) for k in kwargs)
@@ -502,11 +502,11 @@ def refuse(who: str, name: str, given: bool, needs: dict) -> None:
 def microbatched(
     who: str, fun: Callable[..., Any], accumulator: Any, size: Any, num_real: Any, *,
     spec: tuple, per_example: bool = False, vmap_fn: Callable[..., Any] = jax.vmap,
-    compensated: bool = True, grad_size: Any = None, memory_budget: Any = None,
-    shard: bool = False, mesh: Any = None,
+    compensated: bool = True, **options: Any,
 ) -> Microbatched:
     """`fun` microbatched: the options of the map `who`, each checked once in its name, and
-    its accumulation. `spec`: `Microbatched`'s `(in_axes, argnums, argnames)`."""
+    its accumulation. `spec`: `Microbatched`'s `(in_axes, argnums, argnames)`; `options`:
+    `check_options`'s `grad_size`, `memory_budget`, `shard` and `mesh`."""
     if size == "auto" and num_real is not None:
         raise ValueError(
             f'`{who}(microbatch_size="auto", num_real_microbatches=...)`: with an automatic '
@@ -515,11 +515,10 @@ def microbatched(
     # microbatch's reverse pass is planned for its one size argument, microbatch_size="auto"
     grad_name = "grad_microbatch_size" if per_example else "microbatch_size"
     opts = check_options(
-        who, size, memory_budget=memory_budget, grad_size=grad_size, grad_auto=per_example,
-        names=("microbatch_size", grad_name), mesh_1d=False, shard=shard, mesh=mesh,
-        remainder="shift" if size == "auto" and per_example else "call",
+        who, size, grad_auto=per_example, names=("microbatch_size", grad_name), mesh_1d=False,
+        remainder="shift" if size == "auto" and per_example else "call", **options,
     )
-    both = {'microbatch_size="auto"': opts.size == "auto", "shard=True": shard}
+    both = {'microbatch_size="auto"': opts.size == "auto", "shard=True": opts.shard}
     refuse(who, "vmap_fn", vmap_fn is not jax.vmap,
            {**both, "a grad_microbatch_size": opts.grad_size not in (None, opts.size)})
     leaves = plan_leaves(who, accumulator, per_example, num_real, compensated)
