@@ -25,7 +25,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._checks import check_budget, resolve_batch_size
+from .._checks import in_axes_tuple
 from .._combinators._rows import mapped_length, moveaxis, struct_of, zeros_like_struct
 from .._combinators._sharding import replicated
 from .._combinators.groups import _swap_blocks
@@ -35,8 +35,9 @@ from .._combinators.shard import Shard
 from .._plan.measure import divisor_below
 from .._plan.search import MemoryPlan
 from .._types import RowMask, Tree
+from ._bind import check_argnums
 from ._vmap_axes import resolve
-from .pipeline import Options, compose, plan_call, plan_of
+from .pipeline import Options, check_options, compose, plan_call, plan_of
 
 
 class AccumulationType(enum.Enum):
@@ -321,14 +322,14 @@ class Interleave(eqx.Module):
 
     fn: Callable[..., Any]
     reducer: Leaves
-    size: int | None = eqx.field(static=True)  # None: the rows are one microbatch
+    count: int = eqx.field(static=True)  # microbatches: K
     num_real: Any = None
     masked: bool = eqx.field(static=True, default=False)
 
     def __call__(self, rows: Any, fixed: Any, *, valid: RowMask | None = None) -> Any:
         n = mapped_length((rows,), (0,), "Interleave")
-        s = n if self.size is None else self.size
-        k = n // s
+        k = self.count
+        s = n // k
         head = ()
         if self.masked:  # a row mask `valid` arrives only where the rows are masked
             m = jnp.ones(n, bool) if valid is None else jnp.asarray(valid)
@@ -351,9 +352,9 @@ class Microbatched(eqx.Module):
     accumulation (`plan_leaves`), and the pipeline a call runs,
     `Pad(Shard(Interleave(Chunk(RowFn))))`.
 
-    The batch arguments: the positional ones `argnums` and keywords `argnames` at `in_axes`
-    (one entry each); with `argnums=None` every positional argument at `in_axes` (an int,
-    `None`, or one entry each); with `argnames=None` every keyword along axis 0.
+    The batch arguments: the positional ones `argnums` and keywords `argnames`, or with
+    `argnums=None` every positional argument, at `in_axes` (an int, `None`, or one entry
+    each); with `argnames=None` every keyword along axis 0.
     `per_example`: the map vectorises `fun` (`micro_vmap`, `micro_grad`).
     """
 
@@ -396,21 +397,12 @@ class Microbatched(eqx.Module):
     def _resolve(self, args: tuple, kwargs: dict) -> tuple:
         """`resolve` of `(args, kwargs)`: each batch argument's array leaves along its axis (the
         other leaves, and the other arguments, passed whole)."""
-        who, axes, nums = self.opts.who, self.in_axes, self.argnums
+        who, nums = self.opts.who, self.argnums
         if nums is None:  # every positional argument at in_axes
             nums = range(len(args))
-            axes = (axes,) * len(args) if axes is None or isinstance(axes, int) else axes
-            if len(axes) != len(args):
-                raise ValueError(
-                    f"`{who}(in_axes={self.in_axes!r})`: in_axes has {len(axes)} entries "
-                    f"but the function was called with {len(args)} positional arguments."
-                )
-        elif any(not -len(args) <= i < len(args) for i in nums):
-            name = "batch_argnums" if self.per_example else "argnums"
-            raise ValueError(
-                f"`{who}({name}={self.argnums})`: the function was called "
-                f"with {len(args)} positional arguments."
-            )
+        else:
+            check_argnums(who, "batch_argnums" if self.per_example else "argnums", nums, len(args))
+        axes = in_axes_tuple(who, self.in_axes, len(nums) + len(self.argnames or ()))
         at = {i % len(args): a for i, a in zip(nums, axes)}
         if self.argnames is None:  # keywords map along axis 0
             at.update((k, 0) for k in kwargs)
@@ -462,7 +454,7 @@ class Microbatched(eqx.Module):
         rowwise = (self.per_example and self.vmap_fn is jax.vmap
                    and all(t is AccumulationType.CONCAT for t in leaves.kinds))
         if k is not None and (masked or not rowwise):
-            core = Interleave(core, leaves, local, r, masked)
+            core = Interleave(core, leaves, k, r, masked)
         core = Shard(core, opts.mesh, in_axes=_AXES) if opts.shard else core
         if plan is not None:  # an "auto" size: the plan of the loop's Chunk
             return plan_of(core, plan, pair, _AXES, opts)
@@ -510,43 +502,27 @@ def refuse(who: str, name: str, given: bool, needs: dict) -> None:
 def microbatched(
     who: str, fun: Callable[..., Any], accumulator: Any, size: Any, num_real: Any, *,
     spec: tuple, per_example: bool = False, vmap_fn: Callable[..., Any] = jax.vmap,
-    compensated: bool = True, grad_size: Any = None, memory_budget: Any = None,
-    shard: bool = False, mesh: Any = None,
+    compensated: bool = True, **options: Any,
 ) -> Microbatched:
     """`fun` microbatched: the options of the map `who`, each checked once in its name, and
-    its accumulation. `spec`: `Microbatched`'s `(in_axes, argnums, argnames)`."""
-    size = resolve_batch_size(who, size, {}, name="microbatch_size")
+    its accumulation. `spec`: `Microbatched`'s `(in_axes, argnums, argnames)`; `options`:
+    `check_options`'s `grad_size`, `memory_budget`, `shard` and `mesh`."""
     if size == "auto" and num_real is not None:
         raise ValueError(
             f'`{who}(microbatch_size="auto", num_real_microbatches=...)`: with an automatic '
             "size the number of microbatches is not known in advance; give an int size."
         )
-    grad_size = resolve_batch_size(who, grad_size, {}, name="grad_microbatch_size")
-    if grad_size == "auto" and size is None:
-        raise ValueError(
-            f'`{who}(grad_microbatch_size="auto")`: a planned backward size needs a forward '
-            'one; give microbatch_size (an int or "auto").'
-        )
-    budget = check_budget(who, "memory_budget", memory_budget)
-    if budget is not None and "auto" not in (size, grad_size):
-        raise ValueError(
-            f"`{who}(memory_budget={budget})`: memory_budget sizes "
-            f'microbatch_size="auto" or grad_microbatch_size="auto", got '
-            f"microbatch_size={size!r}."
-        )
-    if size == "auto" and grad_size is None:  # the reverse pass gets its own plan
-        grad_size = "auto"
-    both = {'microbatch_size="auto"': size == "auto", "shard=True": shard}
-    refuse(who, "vmap_fn", vmap_fn is not jax.vmap,
-           {**both, "a grad_microbatch_size": grad_size not in (None, size)})
-    leaves = plan_leaves(who, accumulator, per_example, num_real, compensated)
-    refuse(who, "accumulator", leaves.user, {**both, "grad_microbatch_size": grad_size is not None})
     # microbatch's reverse pass is planned for its one size argument, microbatch_size="auto"
     grad_name = "grad_microbatch_size" if per_example else "microbatch_size"
-    opts = Options(
-        who, size, grad_size=grad_size, memory_budget=budget, shard=shard, mesh=mesh,
-        remainder="shift" if size == "auto" and per_example else "call",
-        names=("microbatch_size", grad_name, "memory_budget"),
+    opts = check_options(
+        who, size, grad_auto=per_example, names=("microbatch_size", grad_name), mesh_1d=False,
+        remainder="shift" if size == "auto" and per_example else "call", **options,
     )
+    both = {'microbatch_size="auto"': opts.size == "auto", "shard=True": opts.shard}
+    refuse(who, "vmap_fn", vmap_fn is not jax.vmap,
+           {**both, "a grad_microbatch_size": opts.grad_size not in (None, opts.size)})
+    leaves = plan_leaves(who, accumulator, per_example, num_real, compensated)
+    refuse(who, "accumulator", leaves.user,
+           {**both, "grad_microbatch_size": opts.grad_size is not None})
     return Microbatched(fun, opts, leaves, *spec, per_example, num_real, vmap_fn)
 

@@ -9,7 +9,7 @@ Each map is a `Microbatched` Module over chunkx's combinators
 
 import collections
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -24,8 +24,8 @@ from .._public import public
 from .._types import Budget
 from ._bind import argnums_tuple, check_argnums
 from ._microbatching import AccumulationType, Microbatched, microbatched
+from .pipeline import Planned
 
-MicrobatchSize = int | Literal["auto"] | None
 #: How many microbatches run: a Python, NumPy or JAX integer (traced too; a 0-d NumPy array
 #: too, as optax takes one), or None for all.
 NumReal = int | np.integer | Int[np.ndarray, ""] | jax.Array | None
@@ -35,7 +35,7 @@ NumReal = int | np.integer | Int[np.ndarray, ""] | jax.Array | None
 def microbatch(
     fun: Callable[..., Any],
     argnums: int | Sequence[int],
-    microbatch_size: MicrobatchSize,
+    microbatch_size: Planned,
     accumulator: Any = AccumulationType.SUM,
     *,
     argnames: str | Sequence[str] = (),
@@ -102,8 +102,7 @@ def microbatch(
     argnums = argnums_tuple(check_argnums("microbatch", "argnums", argnums))
     names = (argnames,) if isinstance(argnames, str) else tuple(argnames)
     axes = check_argnums("microbatch", "in_axes", in_axes)
-    axes = (axes,) * (len(argnums) + len(names)) if isinstance(axes, int) else axes
-    if len(axes) != len(argnums) + len(names):
+    if not isinstance(axes, int) and len(axes) != len(argnums) + len(names):
         raise ValueError(
             f"`microbatch(in_axes={in_axes!r})`: in_axes needs one entry per batch argument "
             f"(argnums {argnums} and argnames {names}), got {len(axes)}."
@@ -120,11 +119,11 @@ def micro_vmap(
     in_axes: int | None | Sequence[int | None] = 0,
     out_axes: Any = 0,
     *,
-    microbatch_size: MicrobatchSize = None,
+    microbatch_size: Planned = None,
     vmap_fn: Callable[..., Any] = jax.vmap,
     accumulator: Any = AccumulationType.CONCAT,
     num_real_microbatches: NumReal = None,
-    grad_microbatch_size: MicrobatchSize = None,
+    grad_microbatch_size: Planned = None,
     memory_budget: Budget = None,
     shard: bool = False,
     mesh: Mesh | None = None,
@@ -231,12 +230,12 @@ def micro_grad(
     *,
     batch_argnums: int | Sequence[int] = 1,
     keep_batch_dim: bool = True,
-    microbatch_size: MicrobatchSize = None,
+    microbatch_size: Planned = None,
     accumulator: Any = AccumulationType.SUM,
     transform_fn: Callable[[Any], Any] = identity,
     metrics_fn: Callable[[Any], Any] = _no_metrics,
     num_real_microbatches: NumReal = None,
-    grad_microbatch_size: MicrobatchSize = None,
+    grad_microbatch_size: Planned = None,
     memory_budget: Budget = None,
     shard: bool = False,
     mesh: Mesh | None = None,
@@ -291,7 +290,7 @@ def micro_grad(
     grad_fn = _GradFn(fun, has_aux, argnums, transform_fn, metrics_fn, expand)
     return microbatched(
         who, grad_fn, (accumulator, AccumulationType.CONCAT), microbatch_size,
-        num_real_microbatches, spec=((0,) * len(batch), batch, None), per_example=True,
+        num_real_microbatches, spec=(0, batch, None), per_example=True,
         grad_size=grad_microbatch_size, memory_budget=memory_budget, shard=shard, mesh=mesh,
         compensated=compensated,
     )

@@ -82,7 +82,7 @@ class Options(eqx.Module):
 
 def check_options(
     who: str, batch_size: Any, *, kwargs: dict | None = None, memory_budget: Any = None,
-    grad: str = "auto", grad_size: Any = None, plan_grad: bool = True,
+    grad: str = "auto", grad_size: Any = None, plan_grad: bool = True, grad_auto: bool = False,
     budget_name: str = "memory_budget", names: tuple[str, str] = BATCH_NAMES, mesh_1d: bool = True,
     strip_dim0: bool = False, **rest: Any,
 ) -> Options:
@@ -92,17 +92,20 @@ def check_options(
     well as ints: `check_budget`), the mesh where `shard` (with `mesh_1d`, one axis), and the
     reverse-mode options: a policy, and a backward size, which needs a forward one ("auto" with
     an "auto" map, unless `grad="store"`; with `plan_grad=False` an "auto" map plans no
-    backward size of its own). `names`: the map's forward and backward size arguments;
+    backward size of its own). With `grad_auto` the backward size may be "auto" too, and the
+    budget sizes either "auto" size. `names`: the map's forward and backward size arguments;
     `strip_dim0` (adv's, for `run_one_input`) needs a size of 1; `rest`: the other `Options`
     fields (`shard`, `mesh`, `checkpoint`, ...).
     """
     memory_budget = check_budget(who, budget_name, memory_budget)
     size_name, grad_name = names
-    size = resolve_batch_size(who, batch_size, kwargs or {}, memory_budget, name=size_name)
+    forward_budget = None if grad_auto else memory_budget  # else checked below, for either size
+    size = resolve_batch_size(who, batch_size, kwargs or {}, forward_budget, name=size_name)
     if rest.get("shard") and mesh_1d:
         check_mesh_1d(who, rest.get("mesh"))
     check_choice(who, "grad", grad, ("auto", "fused", "recompute", "store"))
-    grad_size = check_positive(who, grad_name, grad_size)
+    if not (grad_auto and grad_size == "auto"):
+        grad_size = check_positive(who, grad_name, grad_size)
     if grad_size is not None and size is None:
         raise ValueError(
             f"`{who}({grad_name}={grad_size!r})`: a backward chunk size needs a "
@@ -110,6 +113,11 @@ def check_options(
         )
     if grad_size is None and size == "auto" and grad != "store" and plan_grad:
         grad_size = "auto"  # both passes are planned
+    if grad_auto and memory_budget is not None and "auto" not in (size, grad_size):
+        raise ValueError(
+            f"`{who}({budget_name}={memory_budget})`: {budget_name} sizes "
+            f'{size_name}="auto" or {grad_name}="auto", got {size_name}={size!r}.'
+        )
     if strip_dim0 and size != 1:
         raise ValueError(
             f"`{who}(strip_dim0=True, {size_name}={size!r})`: strip_dim0 needs "
