@@ -1,6 +1,7 @@
 """`batch_jacfwd` and `batch_jacrev`: `jax.jacfwd`/`jax.jacrev` with chunked basis vectors."""
 
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 from typing import Any
 
 import equinox as eqx
@@ -72,13 +73,9 @@ def _as_jax(jac: Callable, nums: Any, dyn: tuple, out: Any, blocks: list, has_au
     return (jacobian, jax.tree_util.tree_map(_like, out[1], ref[1])) if has_aux else jacobian
 
 
-def _offsets(tree: Any) -> list[tuple[int, int]]:
-    sizes = [int(np.size(x)) for x in jax.tree_util.tree_leaves(tree)]
-    return list(zip(np.cumsum([0, *sizes]).tolist(), sizes))  # (start, size) of every leaf
-
-
-def _size(tree: Any) -> int:
-    return sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(tree))
+def _starts(tree: Any) -> list[int]:
+    """Where every leaf of `tree` starts among its entries (flattened), then their number."""
+    return np.cumsum([0, *map(np.size, jax.tree_util.tree_leaves(tree))]).tolist()
 
 
 class BatchJacfwd(eqx.Module):
@@ -108,38 +105,36 @@ class BatchJacfwd(eqx.Module):
         # JAX's checks of the inputs come first, before `f` runs (a scalar output stands in)
         scalar = jnp.zeros((), complex if self.holomorphic else float)
         jax.eval_shape(jax.jacfwd(lambda *_: scalar, nums, holomorphic=self.holomorphic), *dyn)
-        if _size(dyn) == 0:  # no input entries: every block is empty
-            tangents, out = [], f(*dyn)
-        else:
-            tangents, _, out = self._tangents(f, dyn)
+        starts = _starts(dyn)  # no input entries (n = 0): every block is empty
+        tangents, out = self._tangents(f, dyn, starts[-1]) if starts[-1] else ([], f(*dyn))
         # (n, *y.shape) -> y.shape + x.shape for every input leaf x
-        blocks = [None if t is None else jnp.moveaxis(t[s : s + k], 0, -1)
-                  for t in tangents for s, k in _offsets(dyn)]
+        blocks = [None if t is None else jnp.moveaxis(t[s:e], 0, -1)
+                  for t in tangents for s, e in pairwise(starts)]
         return _as_jax(jax.jacfwd, nums, dyn, out, blocks, self.has_aux,
                        holomorphic=self.holomorphic)
 
-    def _tangents(self, f: Callable, dyn: tuple) -> tuple:
-        """`(tangents, aux, out)`: the JVPs of every basis vector, `batch_size` at a time."""
-        index = jnp.arange(_size(dyn))
+    def _tangents(self, f: Callable, dyn: tuple, n: int) -> tuple:
+        """`(tangents, out)`: the JVPs of the `n` basis vectors, `batch_size` at a time, and
+        `f`'s output (`(y, aux)` with `has_aux`; `y` may be its structs)."""
+        index = jnp.arange(n)
         if self.linearize:  # `jax.linearize` once; only the linear map runs per chunk
             y, f_jvp, *aux = jax.linearize(f, *dyn, has_aux=self.has_aux)
             push = lambda i: _no_float0(f_jvp(*_basis_vector(i, dyn)))  # noqa: E731
-            tangents = batch_vmap(push, batch_size=self.batch_size)(index)
-        else:  # a `jax.jvp` per chunk (the primal is part of every chunk)
-            fixed = []  # aux leaves that are not traced (Python numbers, NumPy arrays): as they are
+            return batch_vmap(push, batch_size=self.batch_size)(index), ((y, *aux) if aux else y)
+        # a `jax.jvp` per chunk (the primal is part of every chunk)
+        fixed = []  # aux leaves that are not traced (Python numbers, NumPy arrays): as they are
 
-            def push(i, primal):
-                out = jax.jvp(f, primal, _basis_vector(i, primal), has_aux=self.has_aux)
-                traced, rest = eqx.partition(out[2:], lambda v: isinstance(v, jax.Array))
-                fixed.append(rest)
-                return _no_float0(out[1]), traced
+        def push(i, primal):
+            out = jax.jvp(f, primal, _basis_vector(i, primal), has_aux=self.has_aux)
+            traced, rest = eqx.partition(out[2:], lambda v: isinstance(v, jax.Array))
+            fixed.append(rest)
+            return _no_float0(out[1]), traced
 
-            tangents, aux = batch_vmap(push, (0, None), batch_size=self.batch_size)(index, dyn)
-            aux = eqx.combine(jax.tree_util.tree_map(lambda x: x[0], aux), fixed[-1])
-            # the primal's structs (a primal per column would be `n` copies of the output)
-            y = jax.eval_shape(f, *dyn)
-            y = y[0] if self.has_aux else y
-        return tangents, (aux[0] if aux else None), ((y, aux[0]) if self.has_aux else y)
+        tangents, aux = batch_vmap(push, (0, None), batch_size=self.batch_size)(index, dyn)
+        aux = eqx.combine(jax.tree_util.tree_map(lambda x: x[0], aux), fixed[-1])
+        # the primal's structs (a primal per column would be `n` copies of the output)
+        y = jax.eval_shape(f, *dyn)
+        return tangents, ((y[0], *aux) if aux else y)
 
 
 def _basis_vector(i: Any, tree: Any) -> Any:
@@ -179,9 +174,9 @@ class BatchJacrev(eqx.Module):
         def pull(i):  # the basis cotangent built inside the chunk, as for batch_jacfwd
             return _no_float0(pullback(_basis_vector(i, y)))
 
-        # no output entries (n = 0): zero rows, every block empty
-        rows = batch_vmap(pull, batch_size=self.batch_size)(jnp.arange(_size(y)))
-        blocks = [None if r is None else r[s : s + k] for s, k in _offsets(y) for r in rows]
+        starts = _starts(y)  # no output entries (n = 0): zero rows, every block empty
+        rows = batch_vmap(pull, batch_size=self.batch_size)(jnp.arange(starts[-1]))
+        blocks = [None if r is None else r[s:e] for s, e in pairwise(starts) for r in rows]
         return _as_jax(jax.jacrev, nums, dyn, (y, *aux) if aux else y, blocks, self.has_aux,
                        holomorphic=self.holomorphic, allow_int=self.allow_int)
 

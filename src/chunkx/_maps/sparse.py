@@ -26,12 +26,9 @@ def _block_check(who: str, fn: Callable, y: Any, key: Any, rtol: float, atol: fl
     g = jax.random.normal(key, out.shape, out.dtype)
     dense = jax.tree_util.tree_leaves(vjp(g))
     diag = jax.tree_util.tree_leaves(vjp(jnp.ones_like(out)))
-    err = jnp.zeros((), out.dtype)
-    scale = jnp.zeros((), out.dtype)
-    for d, p in zip(dense, diag):
-        sparse = p * g.reshape(g.shape + (1,) * (p.ndim - g.ndim))
-        err = jnp.maximum(err, jnp.max(jnp.abs(d - sparse), initial=0).astype(out.dtype))
-        scale = jnp.maximum(scale, jnp.max(jnp.abs(d), initial=0).astype(out.dtype))
+    sparse = [p * g.reshape(g.shape + (1,) * (p.ndim - g.ndim)) for p in diag]
+    err = _largest([d - s for d, s in zip(dense, sparse)], out.dtype)
+    scale = _largest(dense, out.dtype)
     bad = err > atol + rtol * scale
     msg = (
         f"`{who}`: fn's Jacobian is not block-diagonal along the mapped axis: a dense VJP "
@@ -44,6 +41,11 @@ def _block_check(who: str, fn: Callable, y: Any, key: Any, rtol: float, atol: fl
     if bad:
         raise ValueError(f"{msg} Max abs difference {float(err):.3g}, scale {float(scale):.3g}.")
     return out, lambda x: x
+
+
+def _largest(leaves: list, dtype: Any) -> jax.Array:
+    """The largest absolute entry of any of `leaves` (`0` where there is none), in `dtype`."""
+    return jnp.max(jnp.array([0, *(jnp.max(jnp.abs(x), initial=0) for x in leaves)], dtype))
 
 
 @public
@@ -186,7 +188,7 @@ def sparse_pullback(
         rows = n if opts.size in (None, "auto") else min(n, opts.size)  # the first chunk
         head = jax.tree_util.tree_map(lambda x: x[0] if strip_dim0 else x[:rows], y)
         check_contract(who, head, jax.eval_shape(fn, head))
-    guard = None
+    guard = identity
     if check_block_diagonal and n:  # outside jit this raises before the pipeline runs
         where = f"{who}(check_block_diagonal=True)"
         _, guard = _block_check(where, fn, head, jax.random.key(0), 1e-4, 1e-6)
@@ -194,7 +196,7 @@ def sparse_pullback(
         Pullback(fn, higher_order), y, opts, reduction, chunk_reduction, strip_dim0=strip_dim0,
         arg="y",
     )
-    return out if guard is None else guard(out)  # under jit: an equinox.error_if on the output
+    return guard(out)  # under jit: an equinox.error_if on the output
 
 
 @public

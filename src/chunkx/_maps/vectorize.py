@@ -129,19 +129,19 @@ class BatchVectorize(eqx.Module):
         for a, core in zip(args, in_core):
             _record_sizes(sizes, a.shape, core, context, is_input=True)
         loop_shapes = [a.shape[: a.ndim - len(core)] for a, core in zip(args, in_core)]
-        _check_loop_shapes(args, loop_shapes, signature)
-        out = _vectorize(fn, args, loop_shapes, self.batch_size)
+        out = _vectorize(fn, args, loop_shapes, self.batch_size, signature)
         if out_core is not None:
             _check_outputs(out, sizes, out_core, context, max(map(len, loop_shapes), default=0))
         return out
 
 
-def _check_loop_shapes(args, loop_shapes, signature) -> None:
+def _vectorize(fn, args, loop_shapes, batch_size, signature):
     """jnp.vectorize's checks of the loop dimensions (named `batch_vectorize`): they broadcast,
     and operands (not 0-d) with different numbers of them warn or raise as
-    `jax_numpy_rank_promotion` says."""
+    `jax_numpy_rank_promotion` says; then the map: size-1 loop dims squeezed, one `batch_vmap`
+    nested per loop dim (innermost first) over the others, the size-1 dims restored."""
     try:
-        jnp.broadcast_shapes(*loop_shapes)
+        ndim = len(jnp.broadcast_shapes(*loop_shapes))
     except ValueError as e:
         raise ValueError(
             f"`{_WHO}`: the loop dimensions of the arguments must broadcast, got shapes "
@@ -161,12 +161,6 @@ def _check_loop_shapes(args, loop_shapes, signature) -> None:
             warnings.warn(msg, UserWarning, stacklevel=3)
         else:
             raise ValueError(msg)
-
-
-def _vectorize(fn, args, loop_shapes, batch_size):
-    """Squeeze size-1 loop dims, nest one `batch_vmap` per loop dim (innermost first) over the
-    others, restore the size-1 dims."""
-    ndim = max(map(len, loop_shapes), default=0)
     padded = [(1,) * (ndim - len(s)) + s for s in loop_shapes]
     expand = []
     for d in reversed(range(ndim)):
