@@ -269,15 +269,15 @@ class ChunkedVjp(eqx.Module):
             fun = eqx.combine(self.arrays, self.fun)
             out = compose(fun, axes[2:], Concat(), self.forward, _VJP)(*self.primals)
             y, aux = out if self.has_aux else (out, None)
-        diff = [i for i in every if i not in self.nondiff_argnums]
-        grads = tuple(_with_float0(self.primals[i], gi) for i, gi in zip(diff, g))
+        grads = tuple(_with_float0(self.primals[i], gi) for i, gi in g.items())
         if self.return_forward:
             return (y, grads, aux) if self.has_aux else (y, grads)
         return (grads, aux) if self.has_aux else grads
 
     def _chunk(self, ct, idx, *primals, valid=None):
         """One chunk's forward pass and pullback: `(out, cotangents, aux)` for the reducer to
-        join (`out` and `aux` where the forward pass has no chunks of its own, else `None`).
+        join (`out` and `aux` where the forward pass has no chunks of its own, else `None`;
+        the cotangents by the index of their primal).
 
         The output, aux and the cotangents of chunked primals keep the mapped axis; those of
         the unchunked primals are summed over the chunk's rows. With `scatter=n`, rows are
@@ -301,7 +301,7 @@ class ChunkedVjp(eqx.Module):
         def rows(tree):  # an output with the mapped axis, as the reducer joins it
             return jax.tree_util.tree_map(lambda r: _rows(r, idx, valid, self.scatter), tree)
 
-        g = tuple(rows(gi) if i in self.chunk_argnums else gi for i, gi in zip(diff, g))
+        g = {i: rows(gi) if i in self.chunk_argnums else gi for i, gi in zip(diff, g)}
         keep = self.forward is None
         y = rows(ys) if keep and self.return_forward else None
         return y, g, rows(aux[0]) if keep and self.has_aux else None
