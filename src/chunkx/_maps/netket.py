@@ -1,6 +1,7 @@
 """`vmap_chunked`, `apply_chunked`, `vjp_chunked`: netket 3.23 semantics, composed from the
 combinators (`Vmap`, `Chunk`, `Shard` with the `Concat` and `Sum` reducers)."""
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -202,47 +203,6 @@ def _pull(pull, ys, ct, real_in: bool):
     return _but_float0(lambda r, i: r + 1j * i, g, gi)
 
 
-class _ChunkVjp(eqx.Module):
-    """One chunk's forward pass and pullback: `(out, cotangents, aux)` for the reducer to join
-    (`out` where `keep_y`, `aux` where `keep_aux`, else `None`).
-
-    The output, aux and the cotangents of chunked primals keep the mapped axis; those of the
-    unchunked primals are summed over the chunk's rows. With `scatter=n`, rows are written at
-    their row indices into zeros of `n` rows, so one `Sum` reducer joins rows and sums in the
-    same pass.
-    """
-
-    fun: Callable[..., Any]
-    chunk_argnums: tuple[int, ...] = eqx.field(static=True)
-    nondiff_argnums: tuple[int, ...] = eqx.field(static=True)
-    conjugate: bool = eqx.field(static=True)
-    has_aux: bool = eqx.field(static=True)
-    keep_y: bool = eqx.field(static=True)
-    keep_aux: bool = eqx.field(static=True)
-    scatter: int | None = eqx.field(static=True)
-
-    def __call__(self, ct, idx, *primals, valid=None):
-        if valid is not None:  # repeated rows of a shifted chunk: no cotangent, nothing kept
-            ct = _but_float0(lambda x: zero_masked(x, valid), ct)
-        nd = self.nondiff_argnums
-        diff = [i for i in range(len(primals)) if i not in nd]
-        free = tuple(primals[i] for i in diff)
-        fixed = Bound(self.fun, tuple(primals[i] for i in nd), nd)
-        ys, pull, *aux = jax.vjp(fixed, *free, has_aux=self.has_aux)
-        g = _pull(pull, ys, ct, not _is_complex(free))
-        if self.conjugate:
-            g = _but_float0(jnp.conj, g)
-        # integer primals' float0 cotangents carry nothing: None through the chunks and the
-        # reducers (which cannot scatter or add them), float0 zeros again at the end
-        g = jax.tree_util.tree_map(lambda x: None if x.dtype == jax.dtypes.float0 else x, g)
-
-        def rows(tree):  # an output with the mapped axis, as the reducer joins it
-            return jax.tree_util.tree_map(lambda r: _rows(r, idx, valid, self.scatter), tree)
-
-        g = tuple(rows(gi) if i in self.chunk_argnums else gi for i, gi in zip(diff, g))
-        return rows(ys) if self.keep_y else None, g, rows(aux[0]) if self.keep_aux else None
-
-
 def _rows(r, idx, valid, n):
     """The rows `r` with those `valid` masks zeroed; with `n`, added at their row indices
     `idx` into zeros of `n` rows (a masked row adds nothing where it repeats an index: a
@@ -281,33 +241,70 @@ class ChunkedVjp(eqx.Module):
     """
 
     arrays: Any  # the arrays `fun` holds (a pytree argument under `jax.jit`)
-    piece: _ChunkVjp = eqx.field(static=True)  # one chunk's pullback; the rest of `fun`
+    fun: Callable[..., Any] = eqx.field(static=True)  # the rest of `fun`
     primals: tuple
+    chunk_argnums: tuple[int, ...] = eqx.field(static=True)
+    nondiff_argnums: tuple[int, ...] = eqx.field(static=True)
+    conjugate: bool = eqx.field(static=True)
+    has_aux: bool = eqx.field(static=True)
+    return_forward: bool = eqx.field(static=True)
+    scatter: int | None = eqx.field(static=True)  # rows and sums from one pass: see `_chunk`
     opts: Options  # the backward chunk size (`size`) and `shard`
     forward: Options | None  # the forward pass's own chunk size, where it differs
-    return_forward: bool = eqx.field(static=True)
 
     # netket's pullback, a `Partial`, is accepted as `jax.jit`'s function, which is hashed: by
     # identity here, as a function is (the fields hold arrays, which have no hash).
     __hash__ = object.__hash__
 
     def __call__(self, cotangents: PyTree[Any]) -> Any:
-        piece = eqx.combine(self.arrays, self.piece)
-        chunk, every = piece.chunk_argnums, range(len(self.primals))
+        chunk, every = self.chunk_argnums, range(len(self.primals))
         if self.opts.size is not None:  # chunked: the cotangents have the primals' rows
             _check_rows(self.primals, chunk, cotangents)
-        idx = None if piece.scatter is None else jnp.arange(piece.scatter, dtype=jnp.int32)
+        idx = None if self.scatter is None else jnp.arange(self.scatter, dtype=jnp.int32)
         axes = (0, 0) + tuple(0 if i in chunk else None for i in every)
-        reducer = Concat() if piece.scatter is None else Sum(presummed=True, mask_in_fn=True)
+        reducer = Concat() if self.scatter is None else Sum(presummed=True, mask_in_fn=True)
+        piece = dataclasses.replace(self, primals=())._chunk  # the primals come as arguments
         y, g, aux = compose(piece, axes, reducer, self.opts, _VJP)(cotangents, idx, *self.primals)
         if self.forward is not None:  # the forward pass alone, in its own chunks
-            out = compose(piece.fun, axes[2:], Concat(), self.forward, _VJP)(*self.primals)
-            y, aux = out if piece.has_aux else (out, None)
-        diff = [i for i in every if i not in piece.nondiff_argnums]
-        grads = tuple(_with_float0(self.primals[i], gi) for i, gi in zip(diff, g))
+            fun = eqx.combine(self.arrays, self.fun)
+            out = compose(fun, axes[2:], Concat(), self.forward, _VJP)(*self.primals)
+            y, aux = out if self.has_aux else (out, None)
+        grads = tuple(_with_float0(self.primals[i], gi) for i, gi in g.items())
         if self.return_forward:
-            return (y, grads, aux) if piece.has_aux else (y, grads)
-        return (grads, aux) if piece.has_aux else grads
+            return (y, grads, aux) if self.has_aux else (y, grads)
+        return (grads, aux) if self.has_aux else grads
+
+    def _chunk(self, ct, idx, *primals, valid=None):
+        """One chunk's forward pass and pullback: `(out, cotangents, aux)` for the reducer to
+        join (`out` and `aux` where the forward pass has no chunks of its own, else `None`;
+        the cotangents by the index of their primal).
+
+        The output, aux and the cotangents of chunked primals keep the mapped axis; those of
+        the unchunked primals are summed over the chunk's rows. With `scatter=n`, rows are
+        written at their row indices into zeros of `n` rows, so one `Sum` reducer joins rows
+        and sums in the same pass.
+        """
+        if valid is not None:  # repeated rows of a shifted chunk: no cotangent, nothing kept
+            ct = _but_float0(lambda x: zero_masked(x, valid), ct)
+        nd = self.nondiff_argnums
+        diff = [i for i in range(len(primals)) if i not in nd]
+        free = tuple(primals[i] for i in diff)
+        fixed = Bound(eqx.combine(self.arrays, self.fun), tuple(primals[i] for i in nd), nd)
+        ys, pull, *aux = jax.vjp(fixed, *free, has_aux=self.has_aux)
+        g = _pull(pull, ys, ct, not _is_complex(free))
+        if self.conjugate:
+            g = _but_float0(jnp.conj, g)
+        # integer primals' float0 cotangents carry nothing: None through the chunks and the
+        # reducers (which cannot scatter or add them), float0 zeros again at the end
+        g = jax.tree_util.tree_map(lambda x: None if x.dtype == jax.dtypes.float0 else x, g)
+
+        def rows(tree):  # an output with the mapped axis, as the reducer joins it
+            return jax.tree_util.tree_map(lambda r: _rows(r, idx, valid, self.scatter), tree)
+
+        g = {i: rows(gi) if i in self.chunk_argnums else gi for i, gi in zip(diff, g)}
+        keep = self.forward is None
+        y = rows(ys) if keep and self.return_forward else None
+        return y, g, rows(aux[0]) if keep and self.has_aux else None
 
 
 def _with_float0(primal, grad):
@@ -427,11 +424,10 @@ def vjp_chunked(
     split = return_forward and chunk_size != bwd  # the forward pass gets its own Chunk
     # rows and sums from one pass: rows are scattered into n-row zeros and summed
     sums = any(i not in chunk_argnums + nondiff_argnums for i in range(len(primals)))
-    piece = _ChunkVjp(fun, chunk_argnums, nondiff_argnums, conjugate, has_aux,
-                      keep_y=return_forward and not split, keep_aux=has_aux and not split,
-                      scatter=n if sums and bwd is not None else None)
-    arrays, piece = eqx.partition(piece, eqx.is_array)
+    arrays, fun = eqx.partition(fun, eqx.is_array)
     forward = Options(who, chunk_size, shard=shard) if split else None
     # netket: no chunk size, no chunking and no sharding
     opts = Options(who, bwd, shard=shard and bwd is not None)
-    return ChunkedVjp(arrays, piece, tuple(primals), opts, forward, return_forward)
+    return ChunkedVjp(arrays, fun, tuple(primals), chunk_argnums, nondiff_argnums, conjugate,
+                      has_aux, return_forward, n if sums and bwd is not None else None, opts,
+                      forward)
