@@ -39,8 +39,7 @@ class _Body(eqx.Module):
     out_mask: tuple[bool, ...] | None = eqx.field(static=True, default=None)
 
     def __call__(self, rows: list, fixed: list) -> Any:
-        leaves = [f if r is None else r for r, f in zip(rows, fixed)]
-        args, kwargs = jax.tree_util.tree_unflatten(self.treedef, leaves)
+        args, kwargs = jax.tree_util.tree_unflatten(self.treedef, eqx.combine(rows, fixed))
         out = self.fun(*args, **kwargs)
         if self.out_mask is None:
             return out
