@@ -141,17 +141,13 @@ class AbstractChunkedVmap(eqx.Module):
         if isinstance(self.reducer, Monoid):  # checked in the name the user called
             self.reducer.check_rows(eqx.filter_eval_shape(Vmap(body, _AXES), rows, fixed), who)
         out = pipeline(rows, fixed)
-        concat = isinstance(self.reducer, Concat)
-        if every and concat:
+        if every:  # each output's axis from the one int (nothing is kept aside)
             spec = self.out_axes.tree
-            return jax.tree_util.tree_map(
-                lambda o: moveaxis(o, 0, out_axis(who, o.shape[1:], spec)), out
-            )
-        if every:
-            return out  # reduced: no mapped axis left (out_axes is the default)
-        if concat:  # the mapped outputs: `None` where `kept` holds an output, as in out_axes
+            out_axes = jax.tree_util.tree_map(lambda o: out_axis(who, o.shape[1:], spec), out)
+            kept = out
+        if isinstance(self.reducer, Concat):  # else reduced: no mapped axis left
             out = jax.tree_util.tree_map(lambda o, a: moveaxis(o, 0, a), out, out_axes)
-        return eqx.combine(out, kept)
+        return eqx.combine(out, kept)  # `None` in `out` where `kept` holds an output
 
     def _unmapped(self, args: tuple, kwargs: dict) -> Any:
         """No mapped leaf: nothing to chunk; every row is the same (jax.vmap's broadcast)."""
