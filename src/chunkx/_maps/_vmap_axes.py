@@ -10,7 +10,11 @@ import numpy as np
 
 
 class Spec(NamedTuple):
-    """An axes pytree kept hashable (a static Module field): its leaves and its structure."""
+    """An axes pytree kept hashable (a static Module field): its leaves and its structure.
+
+    `Spec.of` checks an axes pytree; built directly, a `Spec` keeps any hashable leaves (a mask
+    of bools, one per output leaf, as `eqx.filter` takes it).
+    """
 
     leaves: tuple
     treedef: Any
