@@ -65,13 +65,20 @@ def check_argnums(
     high = math.inf if nargs is None else nargs
     low = -high if negative else 0
     for i in nums:
-        if not is_index(i) and nargs is None and negative:  # no range to state
+        if is_index(i) and low <= i < high:
+            continue
+        if nargs is None and negative:  # every index fits: `i` is no integer, no range to state
             raise TypeError(
                 f"`{who}({name}={value!r})`: {name} must be an int or a sequence of ints, "
                 f"got {value!r}."
             )
-        if not is_index(i) or not low <= i < high:
-            _out_of_range(who, name, value, i, nargs, negative)
+        if nargs is None:
+            expected = "be non-negative argument indices"
+        elif negative:
+            expected = f"index the {nargs} arguments ({-nargs} <= i < {nargs})"
+        else:
+            expected = f"index the {nargs} primals (0 <= i < {nargs})"
+        raise ValueError(f"`{who}({name}={value!r})`: {name} must {expected}, got {i!r}.")
     return nums if many else nums[0]
 
 
@@ -83,13 +90,3 @@ def argnums_tuple(argnums: int | tuple[int, ...]) -> tuple[int, ...]:
 def is_index(x: Any) -> bool:
     """Whether `x` is an integer of any integer type (`operator.index`), not a bool."""
     return not isinstance(x, bool) and isinstance(as_size(x), int)
-
-
-def _out_of_range(who, name, value, i, nargs, negative):
-    if nargs is None:
-        expected = "be non-negative argument indices"
-    elif negative:
-        expected = f"index the {nargs} arguments ({-nargs} <= i < {nargs})"
-    else:
-        expected = f"index the {nargs} primals (0 <= i < {nargs})"
-    raise ValueError(f"`{who}({name}={value!r})`: {name} must {expected}, got {i!r}.")

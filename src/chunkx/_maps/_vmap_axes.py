@@ -10,7 +10,11 @@ import numpy as np
 
 
 class Spec(NamedTuple):
-    """An axes pytree kept hashable (a static Module field): its leaves and its structure."""
+    """An axes pytree kept hashable (a static Module field): its leaves and its structure.
+
+    `Spec.of` checks an axes pytree; built directly, a `Spec` keeps any hashable leaves (a mask
+    of bools, one per output leaf, as `eqx.filter` takes it).
+    """
 
     leaves: tuple
     treedef: Any
@@ -109,21 +113,20 @@ def in_axis(who: str, where: str, leaf: Any, axis: int) -> int:
             f"`{who}(in_axes=...)`: {where} is mapped along axis {axis} but is a "
             f"{type(leaf).__name__}, not an array; map arrays only (in_axes None passes it whole)."
         )
-    nd = np.ndim(leaf)
-    if not -nd <= axis < nd:
-        raise ValueError(
-            f"`{who}(in_axes=...)`: {where} is mapped along axis {axis}, out of range for its "
-            f"shape {np.shape(leaf)}."
-        )
-    return axis % nd
+    where = f"{where} is mapped along axis {axis}, out of range for its shape {np.shape(leaf)}"
+    return _within(who, "in_axes", axis, np.ndim(leaf), where)
 
 
 def out_axis(who: str, shape: tuple, axis: int) -> int:
     """Where the mapped axis goes in an output leaf of per-example shape `shape`."""
     nd = len(shape) + 1
+    where = f"axis {axis} is out of range for an output of per-example shape {tuple(shape)}"
+    return _within(who, "out_axes", axis, nd, f"{where} (mapped rank {nd})")
+
+
+def _within(who: str, name: str, axis: int, nd: int, problem: str) -> int:
+    """`axis` of a rank-`nd` array as a non-negative int; else a `ValueError` in `who`'s name
+    that says `problem` about the argument `name`."""
     if not -nd <= axis < nd:
-        raise ValueError(
-            f"`{who}(out_axes=...)`: axis {axis} is out of range for an output of per-example "
-            f"shape {tuple(shape)} (mapped rank {nd})."
-        )
+        raise ValueError(f"`{who}({name}=...)`: {problem}.")
     return axis % nd

@@ -32,21 +32,17 @@ _AXES = (0, None)  # the pipeline's two arguments: mapped rows, fixed leaves (No
 class _Body(eqx.Module):
     """Per example: rebuild `(args, kwargs)` from a row of the mapped leaves and the fixed ones
     (each list `None` where the other holds the leaf), call `fun`, and keep the outputs that
-    are mapped (`out_mask`; `None`: all of them)."""
+    are mapped (`out_mask`, a `Spec` of the output's structure with a bool per leaf, as
+    `eqx.filter` takes it; `None`: all of them)."""
 
     fun: Callable[..., Any]
     treedef: Any = eqx.field(static=True)
-    out_mask: tuple[bool, ...] | None = eqx.field(static=True, default=None)
+    out_mask: Spec | None = eqx.field(static=True, default=None)
 
     def __call__(self, rows: list, fixed: list) -> Any:
-        leaves = [f if r is None else r for r, f in zip(rows, fixed)]
-        args, kwargs = jax.tree_util.tree_unflatten(self.treedef, leaves)
+        args, kwargs = jax.tree_util.tree_unflatten(self.treedef, eqx.combine(rows, fixed))
         out = self.fun(*args, **kwargs)
-        if self.out_mask is None:
-            return out
-        leaves, treedef = jax.tree_util.tree_flatten(out)
-        kept = [x if m else None for x, m in zip(leaves, self.out_mask)]
-        return jax.tree_util.tree_unflatten(treedef, kept)
+        return out if self.out_mask is None else eqx.filter(out, self.out_mask.tree)
 
 
 class AbstractChunkedVmap(eqx.Module):
@@ -137,7 +133,7 @@ class AbstractChunkedVmap(eqx.Module):
         body = _Body(self.fun, treedef)
         every = not self.filtered and type(self.out_axes.tree) is int  # every output mapped
         if not every:  # one row traced tells which outputs are mapped
-            body, out_tree, out_axes, kept = self._sorted(body, rows, fixed)
+            body, out_axes, kept = self._sorted(body, rows, fixed)
         what = f"{who}({fn_name(self.fun)})"
         pipeline = compose(Vmap(body, _AXES), _AXES, self.reducer, self.opts, what)
         if plan is not None:  # the plan of the pipeline's Chunk on the rows one device sees
@@ -145,20 +141,13 @@ class AbstractChunkedVmap(eqx.Module):
         if isinstance(self.reducer, Monoid):  # checked in the name the user called
             self.reducer.check_rows(eqx.filter_eval_shape(Vmap(body, _AXES), rows, fixed), who)
         out = pipeline(rows, fixed)
-        concat = isinstance(self.reducer, Concat)
-        if every and concat:
+        if every:  # each output's axis from the one int (nothing is kept aside)
             spec = self.out_axes.tree
-            return jax.tree_util.tree_map(
-                lambda o: moveaxis(o, 0, out_axis(who, o.shape[1:], spec)), out
-            )
-        if every or (not concat and None not in out_axes):
-            return out  # reduced: no mapped axis left (out_axes is the default)
-        mapped = iter(jax.tree_util.tree_leaves(out))
-        final = [
-            k if a is None else (moveaxis(next(mapped), 0, a) if concat else next(mapped))
-            for a, k in zip(out_axes, kept)
-        ]
-        return jax.tree_util.tree_unflatten(out_tree, final)
+            out_axes = jax.tree_util.tree_map(lambda o: out_axis(who, o.shape[1:], spec), out)
+            kept = out
+        if isinstance(self.reducer, Concat):  # else reduced: no mapped axis left
+            out = jax.tree_util.tree_map(lambda o, a: moveaxis(o, 0, a), out, out_axes)
+        return eqx.combine(out, kept)  # `None` in `out` where `kept` holds an output
 
     def _unmapped(self, args: tuple, kwargs: dict) -> Any:
         """No mapped leaf: nothing to chunk; every row is the same (jax.vmap's broadcast)."""
@@ -175,9 +164,10 @@ class AbstractChunkedVmap(eqx.Module):
         return eqx.combine(self.reducer.reduce_rows(dyn, None), static)
 
     def _sorted(self, body: _Body, rows: list, fixed: list) -> tuple:
-        """`(body, treedef, axes, kept)`: the body returning the mapped outputs only, the
-        output's structure, each output leaf's axis, and the leaves that are not mapped
-        (`None` where mapped): one row traced, outputs sorted as `eqx.filter_vmap` does."""
+        """`(body, axes, kept)`: the body returning the mapped outputs only (`None` in place of
+        the others), each output leaf's axis, and the outputs that are not mapped (`None` in
+        place of the others), each in the output's structure: one row traced, outputs sorted
+        as `eqx.filter_vmap` does."""
         who, spec = self._who, self.out_axes.tree
 
         def sort(rows, fixed):
@@ -186,7 +176,8 @@ class AbstractChunkedVmap(eqx.Module):
             axes = flat_axes(who, "out_axes", spec, out, "the output of the function")
             axes = tuple(a if a is None else out_axis(who, jnp.shape(x), a)
                          for x, a in zip(leaves, axes))
-            return [x if a is None else None for x, a in zip(leaves, axes)], (treedef, axes)
+            kept = [x if a is None else None for x, a in zip(leaves, axes)]
+            return jax.tree_util.tree_unflatten(treedef, kept), (treedef, axes)
 
         probe = eqx.filter_vmap(sort, in_axes=_AXES, out_axes=None)
         try:  # traced, as _call always is
@@ -198,8 +189,8 @@ class AbstractChunkedVmap(eqx.Module):
                 f"`{who}(out_axes={self.out_axes!r})`: an output with out_axes None "
                 "depends on a mapped argument; give it an int axis."
             ) from None
-        body = _Body(body.fun, body.treedef, tuple(a is not None for a in axes))
-        return body, treedef, axes, kept
+        body = _Body(body.fun, body.treedef, Spec(tuple(a is not None for a in axes), treedef))
+        return body, jax.tree_util.tree_unflatten(treedef, axes), kept
 
 
 class ChunkedVmap(AbstractChunkedVmap):
