@@ -3,15 +3,14 @@
 A plain running sum over `k` chunks loses up to `k` roundings of the running total, so its
 error grows as the chunks shrink (at one row per chunk it is a sequential sum of every row).
 Here each floating leaf carries its total and a compensation term: the rounding error of each
-addition is recovered exactly (Knuth's two-sum, which needs no ordering of the terms) and added
-to the compensation term, which is added to the total once, at the end (Neumaier's form of
-Kahan's summation). The error of the sum is then one rounding of the total plus a term of
-second order in the unit roundoff, whatever the number of chunks; within a chunk the rows are
-summed by `jnp.sum` as before. An infinite or NaN total makes its compensation NaN; the sum
-is then the total alone, so it reaches `inf` or NaN where `jnp.sum` does. Keeping the error
-apart from the next partial lets the new total depend on the old total and the partial only,
-so a loop reads the old total once, in the fusion that updates the compensation term: one
-extra carry per leaf.
+addition is recovered exactly (Knuth's two-sum, which needs no ordering of the terms) and
+carried into the next addition (as in Kahan's summation). The last addition's error rounds
+away against the total (the total is that addition rounded), so the total is the sum. An
+infinite or NaN total carries no error, so a sum reaches `inf` or NaN where `jnp.sum` does.
+The error of the running sum is then a few roundings of the total plus a term of second order
+in the unit roundoff, whatever the number of chunks; within a chunk the rows are summed by
+`jnp.sum` as before. Folding the error into the next partial (rather than adding it to a
+separate sum) lets XLA update both carries in place: one extra carry per leaf.
 
 Floating leaves narrower than float32 (bfloat16, float16) are accumulated in float32 and
 rounded to their own dtype once, at the end: `jnp.sum` of such a leaf accumulates in float32
@@ -72,19 +71,18 @@ class Running(eqx.Module):
         x = jnp.asarray(part.value if _is_wide(part) else part).astype(self.total.dtype)
         if self.comp is None:
             return Running(self.total + x, None, self.dtype)
-        # the exact rounding error of this addition (two-sum) joins the error carried so far;
-        # an infinite or NaN total makes it NaN, and `value` then returns the total alone
-        t = self.total + x
+        # the error carried so far joins the next partial (as in Kahan's); the two-sum of an
+        # infinite or NaN total is NaN, and such a total has no rounding error to carry
+        y = x + jnp.where(jnp.isnan(self.comp), 0, self.comp)
+        t = self.total + y
         z = t - self.total
-        return Running(t, self.comp + ((self.total - (t - z)) + (x - z)), self.dtype)
+        err = (self.total - (t - z)) + (y - z)  # exactly total + y - t (two-sum)
+        return Running(t, err, self.dtype)
 
     def value(self) -> jax.Array:
-        """The sum, in the leaf's dtype: the total plus the errors carried (the total alone
-        where it is infinite or NaN, as `jnp.sum`'s would be)."""
-        if self.comp is None:
-            return self.total.astype(self.dtype)
-        total = jnp.where(jnp.isfinite(self.total), self.total + self.comp, self.total)
-        return total.astype(self.dtype)
+        """The sum, in the leaf's dtype: `total`. The compensation left is the exact rounding
+        error of the last addition, so adding it would round back to `total`."""
+        return self.total.astype(self.dtype)
 
 
 def _start(struct: Any) -> Running:

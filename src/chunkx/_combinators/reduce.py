@@ -358,12 +358,12 @@ class Sum(AbstractReducer):
       leaves masked rows out of its sum, so a chunk loop shifts its last chunk back (one
       compiled program) instead of calling the leftover rows as one more piece.
     - `compensated`: a chunk loop adds the chunks' floating-point sums with compensation
-      (each addition's rounding error is computed exactly and summed apart, then added to
-      the total once; bfloat16 and float16 accumulate in float32), so the result is as
-      accurate as `jnp.sum` of all rows at any chunk size. `False`: a plain running sum in
-      the leaves' dtype (the bits of a hand-written loop such as optax's). Integer sums are
-      exact either way; bool rows and integer rows narrower than 32 bits add up in
-      `jnp.sum`'s dtype (a count in the default integer).
+      (each addition's rounding error is carried into the next addition; bfloat16 and
+      float16 accumulate in float32), so the result is as accurate as `jnp.sum` of all rows
+      at any chunk size. `False`: a plain running sum in the leaves' dtype (the bits of a
+      hand-written loop such as optax's). Integer sums are exact either way; bool rows and
+      integer rows narrower than 32 bits add up in `jnp.sum`'s dtype (a count in the
+      default integer).
 
     !!! Example
 
