@@ -9,7 +9,6 @@ then evened out over the probes (`ceil(W / ceil(W / c))`), so a zero-padded last
 costs more than equal chunks would.
 """
 
-import dataclasses
 import functools
 import numbers
 from collections.abc import Sequence
@@ -18,7 +17,7 @@ from typing import Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from chunkx import MemoryPlan, compiled_temp_bytes, fit_memory
+from chunkx import compiled_temp_bytes, fit_memory
 from chunkx._checks import check_choice, check_positive
 from chunkx._plan.measure import equal_chunks, padded_rows_per_device
 from chunkx._types import Budget, Size
@@ -81,25 +80,25 @@ def _temp(who: str, p: _Problem, size: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _plan(who: str, p: _Problem, budget: int | None) -> MemoryPlan:
-    """`fit_memory` over the public summed tangent transpose with `p.w_local` probes."""
-    w_local = p.w_local
+def _plan(who: str, p: _Problem, budget: int | None) -> int:
+    """The chunk size `fit_memory` plans over the public summed tangent transpose with
+    `p.w_local` probes, evened out to equal chunks.
+
+    The summed transpose evens its chunk out itself, so sizes with the same number of chunks
+    compile the same program, measured once: the evened size measures what the planned size
+    measured, and fits as it does.
+    """
     if budget is None:  # balanced: the chunked scratch about equals the resident inputs
         leaves = jax.tree_util.tree_leaves(p.structs())
         budget = 2 * sum(prod(a.shape) * a.dtype.itemsize for a in leaves)
 
     def measure(size: int) -> int:
-        # the summed transpose evens its chunk out itself: sizes with the same number of chunks
-        # compile the same program, measured once
-        return _temp(who, p, equal_chunks(w_local, size))
+        return _temp(who, p, equal_chunks(p.w_local, size))
 
     name = "target_bytes" if who == "max_chunk_size_within" else "budget"
-    plan = fit_memory(measure, w_local, int(budget), who=who,
+    plan = fit_memory(measure, p.w_local, int(budget), who=who,
                       what="the summed tangent transpose", name=name)
-    even = equal_chunks(w_local, plan.chunk_size)
-    if even == plan.chunk_size or measure(even) > plan.budget_bytes:
-        return plan
-    return dataclasses.replace(plan, points=plan.points + ((even, measure(even)),), chunk_size=even)
+    return equal_chunks(p.w_local, plan.chunk_size)
 
 
 @functools.lru_cache(maxsize=64)
@@ -164,9 +163,9 @@ def estimate_chunk_size(
     low = -(-MIN_ROWS // int(n_shards))  # per shard: every device's share of one chunk step
     if w_local <= low:
         return w_local
-    size = _plan("estimate_chunk_size", p, None).chunk_size
+    size = _plan("estimate_chunk_size", p, None)
     if size >= low:
-        return int(size)  # already even (`_plan`)
+        return size  # already even (`_plan`)
     return int(-(-w_local // max(1, w_local // low)))  # equal chunks of >= low
 
 
@@ -235,6 +234,6 @@ def max_chunk_size_within(
     p = _problem(fn, mode_shapes, tucker_ranks, tt_ranks, order, n_probes, n_tangent=n_tangent,
                  stack_shape=stack_shape, n_shards=n_shards, dtype=dtype)
     if scope == "program":
-        return int(_plan(fn, p, int(target_bytes)).chunk_size)
+        return _plan(fn, p, int(target_bytes))
     cs = max(1, min(p.w_local, int(float(target_bytes) // _per_row(fn, p))))
     return equal_chunks(p.w_local, cs)

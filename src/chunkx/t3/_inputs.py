@@ -71,12 +71,11 @@ def residual_rows(fn: str, s: Inputs, res: Any, tangent: bool) -> tuple[tuple, t
     the probe kind; else `c`, one array `(T,) + W + B + C`) checked against `s`; returns
     `(B, lead, rows)` with rows `(Wf,) + lead + tail`, `lead = ([Bf,] Cf)` (a tangent stack `B`
     only if `tangent`)."""
-    probe, name, tail = (True, "ztildes", " + (N_i,)") if s.kind == "probe" else (False, "c", "")
-    if probe:
-        res = as_arrays(res)
+    if s.kind == "probe":
+        res, name, tail = as_arrays(res), "ztildes", " + (N_i,)"
         B = check_ztildes(fn, res, s.order, s.W, s.C, s.modes)
     else:
-        res = (jnp.asarray(res),)
+        res, name, tail = (jnp.asarray(res),), "c", ""
         B = check_sample_jets(fn, res[0], s.order, s.W, s.C)
     if B != () and not tangent:
         raise ValueError(
@@ -84,7 +83,7 @@ def residual_rows(fn: str, s: Inputs, res: Any, tangent: bool) -> tuple[tuple, t
             f"got {tuple(res[0].shape)} (extra axes {B})."
         )
     lead = ((prod(B),) if tangent else ()) + (prod(s.C),)
-    return B, lead, jets_to_rows(res, s.W, len(B) + len(s.C), lead, scalar=not probe)
+    return B, lead, jets_to_rows(res, s.W, len(B) + len(s.C), lead, scalar=name == "c")
 
 
 def check_order(fn: str, order) -> int:
