@@ -77,10 +77,12 @@ class TuckerTensorTrain(eqx.Module):
 
     def to_dense(self) -> Float[Array, "..."]:
         """The dense tensor `C + (N_0, ..., N_{d-1})` (exponential in `d`: small cases only)."""
-        f = _dense_one
-        for _ in self.stack_shape:
-            f = jax.vmap(f)
-        return f(list(self.tucker_cores), list(self.tt_cores))
+        C, G0 = self.stack_shape, self.tt_cores[0]
+        X = jnp.ones(C + (1, G0.shape[-3]), G0.dtype)  # C + (the modes so far, flat; bond)
+        for U, G in zip(self.tucker_cores, self.tt_cores):
+            X = jnp.einsum("...ma,...anb,...nk->...mkb", X, G, U)
+            X = X.reshape(C + (-1, X.shape[-1]))
+        return X.sum(-1).reshape(C + self.shape)
 
     @staticmethod
     @jaxtyped(typechecker=beartype)
@@ -121,14 +123,6 @@ class TuckerTensorTrain(eqx.Module):
         offsets = [sum(sizes[:j]) for j in range(2 * d)]
         cores = [flat[o : o + k].reshape(s) for o, k, s in zip(offsets, sizes, shapes)]
         return TuckerTensorTrain(cores[:d], cores[d:])
-
-
-def _dense_one(tucker, tt):
-    X = jnp.ones((tt[0].shape[0],), tt[0].dtype)  # (bond,)
-    for U, G in zip(tucker, tt):
-        X = jnp.tensordot(X, G, axes=1)  # (..., n, r')
-        X = jnp.moveaxis(jnp.tensordot(X, U, axes=((X.ndim - 2,), (0,))), -1, -2)
-    return X.sum(-1)
 
 
 def as_core_pair(fn: str, name: str, x):
