@@ -130,6 +130,7 @@ def test_sampling_kind_errors():
     with pytest.raises(ValueError, match=r"`t3_apply_corewise_derivatives_transpose\(c\)`: expected "
                                          r"shape \(order\+1,\) \+ W \+ C .* \(extra axes \(2,\)\)"):
         t3.t3_apply_corewise_derivatives_transpose(np.zeros((2, 5, 2)), pp, pp, x, 1)
-    with pytest.raises(ValueError, match=r"`max_chunk_size_within\(target_bytes=0.5\)`: must be at "
-                                         r"least 1 byte, got 0.5"):
+    with pytest.raises(ValueError, match=r"`max_chunk_size_within\(target_bytes=0.5\)`: target_bytes "
+                                         r"must be a positive number of bytes \(an int or an "
+                                         r"integral float such as 64e6\), got 0.5"):
         t3.max_chunk_size_within((3, 4), (2, 3), (1, 2, 1), 1, 10, 0.5)

@@ -10,7 +10,6 @@ costs more than equal chunks would.
 """
 
 import functools
-import numbers
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
@@ -18,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from chunkx import compiled_temp_bytes, fit_memory
-from chunkx._checks import check_choice, check_positive
+from chunkx._checks import check_budget, check_choice, check_positive
 from chunkx._plan.measure import equal_chunks, padded_rows_per_device
 from chunkx._types import Budget, Size
 
@@ -225,15 +224,11 @@ def max_chunk_size_within(
         ```
     """
     fn = "max_chunk_size_within"
-    if (isinstance(target_bytes, bool) or not isinstance(target_bytes, numbers.Real)
-            or not target_bytes >= 1):  # NaN included
-        raise ValueError(
-            f"`{fn}(target_bytes={target_bytes!r})`: must be at least 1 byte, got {target_bytes!r}."
-        )
+    target_bytes = check_budget(fn, "target_bytes", target_bytes, allow_none=False)
     check_choice(fn, "scope", scope, ("assembly", "program"))
     p = _problem(fn, mode_shapes, tucker_ranks, tt_ranks, order, n_probes, n_tangent=n_tangent,
                  stack_shape=stack_shape, n_shards=n_shards, dtype=dtype)
     if scope == "program":
-        return _plan(fn, p, int(target_bytes))
-    cs = max(1, min(p.w_local, int(float(target_bytes) // _per_row(fn, p))))
+        return _plan(fn, p, target_bytes)
+    cs = max(1, min(p.w_local, int(target_bytes // _per_row(fn, p))))
     return equal_chunks(p.w_local, cs)
