@@ -1,4 +1,5 @@
-"""Transpose pipelines: per-probe computation -> `Chunk` over W -> reducer -> optional `Shard`.
+"""The chunked pipeline of the transposes and of `GaussNewton`: per-chunk computation ->
+`Chunk` over W -> reducer -> optional `Shard`.
 
 The row layout is internal (see `_stacks`): residual rows `(w, [Bf,] Cf, T, N_i)`, probe rows
 `(w, N_i)`, cores `(Cf,) + core`, variations `(Bf, Cf) + core`.
