@@ -93,7 +93,11 @@ def test_sharded_normal_operator_and_transposes_vs_references():
 
 def test_errors():
     x, v, a, pp, _ = problem("apply")
-    with pytest.raises(ValueError, match=r"`GaussNewton\(kind='dense'\)`: kind must be one of"):
+    with pytest.raises(
+        ValueError,
+        match=r"`GaussNewton\(kind='dense'\)`: kind must be 'probe' or 'apply' or 'entries', "
+        r"got 'dense'\.",
+    ):
         t3.GaussNewton("dense", a, pp, x, 1)
     with pytest.raises(ValueError, match=r"`GaussNewton\(weights\)`: expected one weight per "):
         t3.GaussNewton("apply", a, pp, x, 1, weights=np.ones(3))

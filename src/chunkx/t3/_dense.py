@@ -91,13 +91,11 @@ def dense_probe_derivatives(
     out = []
     for i in range(d):
         others = [j for j in range(d) if j != i]
+        spec = ",".join([letters] + [letters[j] for j in others]) + "->" + letters[i]
         jets = []
         for t in range(order + 1):
-            acc = jnp.zeros((T.shape[i],), T.dtype)
-            for subset in itertools.combinations(others, t):
-                vecs = [pp[j] if j in subset else ww[j] for j in others]
-                spec = ",".join([letters] + [letters[j] for j in others]) + "->" + letters[i]
-                acc = acc + jnp.einsum(spec, T, *vecs)
-            jets.append(math.factorial(t) * acc)
+            terms = (jnp.einsum(spec, T, *[pp[j] if j in subset else ww[j] for j in others])
+                     for subset in itertools.combinations(others, t))
+            jets.append(math.factorial(t) * sum(terms, jnp.zeros((T.shape[i],), T.dtype)))
         out.append(jnp.stack(jets))
     return out

@@ -8,13 +8,13 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jaxtyping import Array, ArrayLike, Float
 
-from chunkx._checks import as_size, check_positive
+from chunkx._checks import as_size, check_choice, check_positive
 
 from ._format import TuckerTensorTrain, as_arrays, as_core_pair, check_cores, prod
 from ._forward import corewise_jets
 from ._inputs import Inputs, check_order, corewise_inputs
-from ._pipeline import chunk_rows, normal_pipeline
-from ._stacks import KINDS, flat_lead
+from ._pipeline import normal_chunk, run_rows
+from ._stacks import KINDS, corewise_rows_fn, flat_lead
 from ._transpose import Call, transpose
 
 
@@ -90,9 +90,7 @@ class GaussNewton(eqx.Module):
         mesh: Mesh | None = None,
     ):
         fn = "GaussNewton"
-        if kind not in KINDS:
-            raise ValueError(f"`{fn}(kind={kind!r})`: kind must be one of {KINDS}, got {kind!r}.")
-        self.kind = kind
+        self.kind = check_choice(fn, "kind", kind, KINDS)
         self.order = check_order(fn, order)
         self.chunk_size = check_positive(fn, "chunk_size", chunk_size)
         self.mesh = mesh
@@ -141,9 +139,9 @@ class GaussNewton(eqx.Module):
             )
         s = self._inputs()
         C = s.C
-        cs = chunk_rows(prod(s.W), self.chunk_size, self.mesh, True)
-        pipe = normal_pipeline(self.order, cs, C != (), self.mesh, self.kind)
+        fwd = corewise_rows_fn(self.order, C != (), self.kind)
         fixed = (flat_lead(tucker, C), flat_lead(tt, C), (flat_lead(vU, C), flat_lead(vG, C)))
-        gU, gG = pipe(self.weights.reshape(prod(s.W)), *s.rows, *fixed)
+        args = (self.weights.reshape(prod(s.W)), *s.rows, *fixed)
+        gU, gG = run_rows(normal_chunk, fwd, True, self.chunk_size, self.mesh, args)
         out = [g.reshape(a.shape) + self.damping * a for g, a in zip(gU + gG, vU + vG)]
         return TuckerTensorTrain(out[: len(vU)], out[len(vU) :])

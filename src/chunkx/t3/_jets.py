@@ -30,19 +30,15 @@ def _unit_jet(batch, rank: int, order: int, dtype) -> Float[Array, "*w T r"]:
     return jnp.broadcast_to(e, tuple(batch) + e.shape)
 
 
-def _tshift(J: Float[Array, "*w T r"]) -> Float[Array, "*w T r"]:
-    """`out[t] = t * J[t-1]` (`out[0] = 0`): the affine-input term of the product rule."""
-    T = J.shape[-2]
-    tvec = jnp.arange(T, dtype=J.dtype)[:, None]
-    return tvec * jnp.concatenate([jnp.zeros_like(J[..., :1, :]), J[..., :-1, :]], axis=-2)
-
-
 def _push(X, mats):
     """Left-to-right jet push through `A(v)`: `X^(t) M0 + t X^(t-1) M1` (M1 is None for K=0)."""
     M0, M1 = mats
     out = X @ M0
     if M1 is not None:
-        out = out + _tshift(X) @ M1
+        # `t X^(t-1)` (zero at t = 0): the affine-input term of the product rule
+        tvec = jnp.arange(X.shape[-2], dtype=X.dtype)[:, None]
+        shifted = jnp.concatenate([jnp.zeros_like(X[..., :1, :]), X[..., :-1, :]], axis=-2)
+        out = out + (tvec * shifted) @ M1
     return out
 
 

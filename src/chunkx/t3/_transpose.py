@@ -17,10 +17,10 @@ from chunkx._checks import check_positive
 from chunkx._types import Size
 
 from .._public import public
-from ._format import CorePair, TuckerTensorTrain, prod
+from ._format import CorePair, TuckerTensorTrain
 from ._forward import Directions, Frame, Index, Probes, SampleResiduals
 from ._inputs import corewise_inputs, residual_rows, tangent_inputs, variation_shapes
-from ._pipeline import chunk_rows, transpose_pipeline
+from ._pipeline import run_rows, vjp_chunk
 from ._stacks import corewise_rows_fn, flat_lead, tangent_rows_fn
 
 Residuals = Sequence[Float[ArrayLike, "_T ..."]]
@@ -62,8 +62,7 @@ def transpose(fn: str, kind: str, call: Call, tangent: bool) -> Grads:
         fixed = tuple(tuple(jnp.zeros(z, dtype) for z in part) for part in zeros) + (fixed,)
     else:
         fwd = corewise_rows_fn(s.order, s.C != (), kind)
-    cs = chunk_rows(prod(s.W), chunk_size, call.mesh, sop)
-    grads = transpose_pipeline(fwd, len(fixed), sop, cs, call.mesh)(zt, *s.rows, *fixed)
+    grads = run_rows(vjp_chunk, fwd, sop, chunk_size, call.mesh, (zt, *s.rows, *fixed))
     front, n = ((), len(lead)) if sop else (s.W, 1 + len(lead))
     gU, gG = (tuple(g.reshape(front + B + s.C + g.shape[n:]) for g in part) for part in grads)
     return TuckerTensorTrain(gU, gG) if isinstance(call.cores, TuckerTensorTrain) else (gU, gG)
