@@ -14,29 +14,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 _MISSING = re.compile(r"missing a required (?:keyword-only )?argument: '(\w+)'")
 _UNEXPECTED = re.compile(r"got an unexpected keyword argument '(\w+)'")
 _MULTIPLE = re.compile(r"multiple values for argument '(\w+)'")
-
-
-class _Name:
-    """A default shown by name (a function's address would change from run to run)."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-def _param(p: inspect.Parameter) -> inspect.Parameter:
-    default = p.default
-    if default is not p.empty and callable(default) and hasattr(default, "__name__"):
-        default = _Name(default.__name__)
-    return p.replace(annotation=inspect.Parameter.empty, default=default)
+_FUNCTION = re.compile(r"<function (?:\S+\.)?(\w+) at 0x[0-9a-fA-F]+>")
 
 
 def _plain(sig: inspect.Signature) -> str:
-    """The signature without annotations: `(f, in_axes=0, *, chunk_size)`."""
-    params = [_param(p) for p in sig.parameters.values()]
-    return str(sig.replace(parameters=params, return_annotation=inspect.Signature.empty))
+    """The signature without annotations, a function default by name (its address would
+    change from run to run): `(f, in_axes=0, *, chunk_reduction=identity)`."""
+    params = [p.replace(annotation=p.empty) for p in sig.parameters.values()]
+    text = str(sig.replace(parameters=params, return_annotation=inspect.Signature.empty))
+    return _FUNCTION.sub(r"\1", text)
 
 
 def _what(error: TypeError, sig: inspect.Signature, nargs: int) -> str:
@@ -53,17 +39,6 @@ def _what(error: TypeError, sig: inspect.Signature, nargs: int) -> str:
         takes = f"{len(names)} positional argument{'s' if len(names) != 1 else ''}"
         return f"takes {takes} ({', '.join(names)}), got {nargs}; give the rest by keyword"
     return text
-
-
-def bind_error(who: str, sig: inspect.Signature, args: tuple, kwargs: dict) -> TypeError | None:
-    """The `TypeError` naming `who` that binding `args`/`kwargs` to `sig` raises, or `None`
-    where they bind."""
-    try:
-        sig.bind(*args, **kwargs)
-    except TypeError as error:
-        return TypeError(f"`{who}`: {_what(error, sig, len(args))}; the signature is "
-                         f"`{who}{_plain(sig)}`.")
-    return None
 
 
 @overload
@@ -85,9 +60,11 @@ def public(fn: F | None = None, *, name: str | None = None) -> Any:
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        error = bind_error(who, sig, args, kwargs)
-        if error is not None:
-            raise error
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as error:
+            raise TypeError(f"`{who}`: {_what(error, sig, len(args))}; the signature is "
+                            f"`{who}{_plain(sig)}`.") from None
         return checked(*args, **kwargs)
 
     return call

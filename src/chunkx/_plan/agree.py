@@ -2,7 +2,6 @@
 the others receive its chunk size, so the SPMD programs they compile agree."""
 
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +30,15 @@ def agreed_size(plan: Callable[[], int], who: str, what: str = "chunk size") -> 
             size = plan()
         except Exception as err:  # told to the others, then raised here
             error = err
-    got = _broadcast(size, multihost_utils)
+    # process 0's size on every process: a sum over one device per process (the others
+    # contribute 0), run eagerly even while a program is being traced
+    devices = np.array(jax.devices()).reshape(jax.process_count(), jax.local_device_count())
+    mesh = Mesh(devices, ("processes", "local"))
+    with jax.ensure_compile_time_eval():
+        x = multihost_utils.host_local_array_to_global_array(
+            np.full((1,), size, np.int64), mesh, P("processes"))
+        total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, P()))(x)
+        got = int(np.asarray(total.addressable_data(0)))
     if error is not None:
         raise error
     if got < 1:
@@ -42,14 +49,3 @@ def agreed_size(plan: Callable[[], int], who: str, what: str = "chunk size") -> 
     logger.debug("%s: process %d uses %s %d", who, jax.process_index(), what, got)
     return got
 
-
-def _broadcast(value: int, multihost_utils: Any) -> int:
-    """Process 0's `value` on every process: a sum over one device per process of the values
-    (the others contribute 0), run eagerly even while a program is being traced."""
-    devices = np.array(jax.devices()).reshape(jax.process_count(), jax.local_device_count())
-    mesh = Mesh(devices, ("processes", "local"))
-    local = np.full((1,), value if jax.process_index() == 0 else 0, np.int64)
-    with jax.ensure_compile_time_eval():
-        x = multihost_utils.host_local_array_to_global_array(local, mesh, P("processes"))
-        total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, P()))(x)
-        return int(np.asarray(total.addressable_data(0)))

@@ -37,15 +37,15 @@ def _no_fn(*args: Any) -> Any:
 
 
 class _AtSize(eqx.Module):
-    """`tree -> chunk(*args, valid=valid)` with `tree = (fn, args, valid)` at fixed sizes."""
+    """`(tree, g) -> chunk(*args, valid=valid)` with `tree = (fn, args, valid)` at forward size
+    `size` and backward size `g` (a `Run`, see `reverse.py`)."""
 
     chunk: Any
     size: int | None = eqx.field(static=True)
-    grad_size: int | None = eqx.field(static=True)
 
-    def __call__(self, tree: Any) -> Any:
+    def __call__(self, tree: Any, grad_size: int | None = None) -> Any:
         fn, args, valid = tree
-        return at_sizes(self.chunk, fn, self.size, self.grad_size)(*args, valid=valid)
+        return at_sizes(self.chunk, fn, self.size, grad_size)(*args, valid=valid)
 
 
 def _shift(chunk: Any) -> bool:
@@ -71,15 +71,6 @@ def _template(chunk: Any) -> Any:
 def planned_tree(chunk: Any, args: tuple, valid: Any) -> tuple:
     """`(fn, args, valid)` with the tracers `fn` closes over lifted into its leaves."""
     return ClosedOver.of(chunk.fn, *jax.tree_util.tree_map(_struct, args)), args, valid
-
-
-def _runner(template: Any, size: int | None) -> Callable[[Any, int | None], Any]:
-    """`run(tree, g)`: the Chunk at forward size `size` and backward size `g`, on `tree`."""
-
-    def run(t: Any, g: int | None) -> Any:
-        return _AtSize(template, size, g)(t)
-
-    return run
 
 
 def names(chunk: Any, reverse: bool = False) -> dict:
@@ -137,11 +128,6 @@ def _outer_batch(tree: Any) -> int:
     return int(np.prod(sizes, dtype=np.int64)) if sizes else 1
 
 
-def _options(chunk: Any) -> tuple:
-    return (chunk.in_axes, chunk.remainder, chunk.checkpoint, chunk.grad, chunk.unroll,
-            chunk.progress, type(chunk.reducer).__name__)
-
-
 def forward_plan(chunk: Any, tree: tuple, n: int) -> MemoryPlan:
     """The forward chunk size of a `Chunk(size="auto")` called on `tree = (fn, args, valid)`."""
     if n < 1:
@@ -166,13 +152,15 @@ def _search(chunk: Any, tree: tuple, n: int, size: int, reverse: tuple | None = 
     wrt, axes = reverse if backward else (None, ())
     budget = _budget(chunk, tree)
     template = _template(chunk)
-    probe = _AtSize(template, max(1, (n + 1) // 2), None)  # a loop and a remainder: all parts
-    key = fingerprint(probe, tree, extra=(backward, _options(chunk), n, size, wrt, budget))
-    run = _runner(template, size)
+    probe = _AtSize(template, max(1, (n + 1) // 2))  # a loop and a remainder: all parts
+    options = (chunk.in_axes, chunk.remainder, chunk.checkpoint, chunk.grad, chunk.unroll,
+               chunk.progress, type(chunk.reducer).__name__)
+    key = fingerprint(probe, tree, extra=(backward, options, n, size, wrt, budget))
+    run = _AtSize(template, size)
     held = _held_bytes(tree, wrt, axes) if backward else 0
 
     def measure(g: int) -> int:
-        program = VjpProgram(run, g, wrt) if backward else _AtSize(template, g, None)
+        program = VjpProgram(run, g, wrt) if backward else _AtSize(template, g)
         return compiled_temp_bytes(program, tree, who="Chunk") + held
 
     who = names(chunk, backward)
@@ -229,7 +217,7 @@ def auto_call(chunk: Any, args: tuple, valid: Any, axes: tuple, n: int) -> Any:
         size = agreed_size(lambda: forward_plan(chunk, tree, n).chunk_size, who, "chunk size")
     if chunk.grad_size != "auto":
         return at_sizes(chunk, chunk.fn, size, chunk.grad_size)(*args, valid=valid)
-    run = _runner(_template(chunk), size)
+    run = _AtSize(_template(chunk), size)
 
     def plan(t: Any, wrt: tuple) -> int:
         return agreed_size(lambda: reverse_plan(chunk, t, size or n, n, wrt, axes).chunk_size,
