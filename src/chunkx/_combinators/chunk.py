@@ -21,7 +21,7 @@ from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._rows import compiled_if_eager, join_args, mapped_length, split_args
 from ._sharding import on_inputs_mesh
 from .fused import fused_call, grad_policy, regrad_call
-from .loop import chunk_loop, evaluate, remainder_of
+from .loop import chunk_loop, evaluate
 from .reduce import AbstractReducer, Concat
 
 
@@ -209,12 +209,15 @@ class Chunk(eqx.Module):
 
     def __call__(self, *args: Any, valid: RowMask | None = None) -> Any:
         with on_inputs_mesh(args):  # eager inputs on an Explicit mesh: the buffers join them
-            return compiled_if_eager(_call_chunk, self, args, valid)
+            return compiled_if_eager(Chunk._call, self, args, valid)
 
     def remainder_policy(self) -> str:
         """`"shift"` or `"call"`: what this Chunk does with rows that its size leaves over
-        (`remainder` as given; by default `"shift"` wherever the reducer can shift)."""
-        return remainder_of(self)
+        (`remainder` as given; by default `"shift"` wherever the reducer can shift: one
+        compiled program for any number of rows)."""
+        if self.remainder is None:
+            return "shift" if self.reducer.can_shift() else "call"
+        return self.remainder
 
     def memory_plan(self, *args: Any, valid: RowMask | None = None) -> MemoryPlan:
         """The [`chunkx.MemoryPlan`][] that `size="auto"` follows for these arguments.
@@ -273,23 +276,13 @@ class Chunk(eqx.Module):
             return fused_call(self, lifted, valid)
         if self.grad_size is not None:
             return regrad_call(self, mapped, fixed, static, valid, n)
-        return self._plain(mapped, fixed, static, valid, n, s, policy == "recompute")
 
-    def _plain(self, mapped, fixed, static, valid, n, size, checkpoint):
-        """The chunk loop itself, at chunk size `size` (`n > size`)."""
-        fn, reducer = self.fn, self.reducer
-
-        def piece(chunk_rows, chunk_valid):
+        def piece(chunk_rows, chunk_valid):  # one chunk of the loop itself
             full = join_args(chunk_rows, fixed, static)
-            return evaluate(fn, reducer, full, chunk_valid, "Chunk", chunk=True)
+            return evaluate(self.fn, self.reducer, full, chunk_valid, "Chunk", chunk=True)
 
-        desc = f"chunkx: chunks of {size} rows"
         source = (mapped, valid)
-        return chunk_loop(piece, reducer, source, n, size, self, desc=desc, remat=checkpoint)
-
-
-def _call_chunk(chunk: Chunk, args: tuple, valid: RowMask | None) -> Any:
-    return chunk._call(args, valid)
+        return chunk_loop(piece, self.reducer, source, n, s, self, remat=policy == "recompute")
 
 
 layer_in_axes.register(Chunk, own_axes)

@@ -79,11 +79,6 @@ class Running(eqx.Module):
         err = (self.total - (t - z)) + (y - z)  # exactly total + y - t (two-sum)
         return Running(t, err, self.dtype)
 
-    def value(self) -> jax.Array:
-        """The sum, in the leaf's dtype: `total`. The compensation left is the exact rounding
-        error of the last addition, so adding it would round back to `total`."""
-        return self.total.astype(self.dtype)
-
 
 def _start(struct: Any) -> Running:
     dtype = jnp.dtype(struct.dtype)  # a Wide partial: the dtype of its rows
@@ -92,10 +87,6 @@ def _start(struct: Any) -> Running:
     zeros = jnp.zeros(shape, acc)
     comp = jnp.zeros(shape, acc) if jnp.issubdtype(dtype, jnp.inexact) else None
     return Running(zeros, comp, dtype)
-
-
-def _is_running(x: Any) -> bool:
-    return isinstance(x, Running)
 
 
 def start(struct: Tree) -> Tree:
@@ -109,5 +100,9 @@ def add(acc: Tree, part: Tree) -> Tree:
 
 
 def value(acc: Tree) -> Tree:
-    """The sums of `acc`, in the dtypes of the partial results."""
-    return jax.tree_util.tree_map(lambda r: r.value(), acc, is_leaf=_is_running)
+    """The sums of `acc`, in the dtypes of the partial results: each leaf's `total`. The
+    compensation left is the exact rounding error of the last addition, so adding it would
+    round back to `total`."""
+    return jax.tree_util.tree_map(
+        lambda r: r.total.astype(r.dtype), acc, is_leaf=lambda x: isinstance(x, Running)
+    )

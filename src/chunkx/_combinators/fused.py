@@ -27,7 +27,7 @@ from .._plan.auto import names
 from . import compensated as comp
 from ._rows import IN_RANGE, join_args, rows
 from ._sharding import typed_like
-from .loop import chunk_loop, evaluate, remainder_of
+from .loop import chunk_loop, evaluate
 from .reduce import AbstractAccumulation, Sum, zero_masked
 
 #: `grad="auto"` fuses where the reduced output has at most this many real elements.
@@ -38,7 +38,7 @@ def piece_sizes(chunk, n: int) -> set[int]:
     """The row counts the chunk loops of `chunk` over `n` rows call their piece with: the
     value's (chunks of `size`) and the gradient's (of `grad_size`, if given)."""
     sizes = {min(size, n) for size in (chunk.size, chunk.grad_size or chunk.size)}
-    if remainder_of(chunk) == "shift":
+    if chunk.remainder_policy() == "shift":
         return sizes
     return sizes | {n % s for s in sizes if s < n and n % s}  # and the remainders
 
@@ -65,7 +65,8 @@ def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
     if additive:
         first = min(n, chunk.size)  # converted first: whether to fuse depends on its output
         lifted = _Lifted(chunk, mapped, fixed, static, n, {first})
-        struct = lifted.out_struct(first)
+        piece = lifted.piece(lifted.whole)  # replayed on the rows' types the conversion saw
+        struct = jax.eval_shape(lambda r: piece(r, None, chunk=False), rows(lifted.rows, 0, first))
         leaves = jax.tree_util.tree_leaves(struct)
         inexact = all(jnp.issubdtype(x.dtype, jnp.inexact) for x in leaves)
         if chunk.grad == "fused" and not inexact:
@@ -117,11 +118,6 @@ class _Lifted:
         whole, self.whole_static = eqx.partition((fixed, convs), eqx.is_array)
         self.whole, self.whole_tree = jax.tree_util.tree_flatten(whole)
 
-    def out_struct(self, k: int) -> Any:
-        """The structs of the reduced output of `k` rows (the converted function replayed)."""
-        piece = self.piece(self.whole)  # its rows' types as the conversion saw them
-        return jax.eval_shape(lambda r: piece(r, None, chunk=False), rows(self.rows, 0, k))
-
     def piece(self, whole_leaves):
         whole = jax.tree_util.tree_unflatten(self.whole_tree, whole_leaves)
         fixed, convs = eqx.combine(whole, self.whole_static)
@@ -138,9 +134,8 @@ class _Lifted:
         """`piece` over the rows in chunks of `size`; `how`: `chunk_loop`'s `remat`, `call`."""
         if self.n <= size:  # one piece: its partial is the result
             return comp.narrow(piece(row_leaves, valid))
-        desc = f"{what}: chunks of {size} rows"
         source = (row_leaves, valid)
-        return chunk_loop(piece, reducer, source, self.n, size, self.chunk, desc=desc, **how)
+        return chunk_loop(piece, reducer, source, self.n, size, self.chunk, what=what, **how)
 
     def primal(self, row_leaves, whole_leaves, valid):
         piece = self.piece(whole_leaves)

@@ -13,15 +13,6 @@ from ._rows import fresh_rows, rows, struct_of, where_rows
 from .reduce import AbstractAccumulation, AbstractReducer
 
 
-def remainder_of(opts) -> str:
-    """The remainder policy a chunk loop with options `opts` (a `Chunk`) follows: as asked,
-    or, with the default `remainder=None`, `"shift"` wherever its reducer allows it (one
-    compiled program for any number of rows), else `"call"`."""
-    if opts.remainder is None:
-        return "shift" if opts.reducer.can_shift() else "call"
-    return opts.remainder
-
-
 def evaluate(
     fn: Callable, reducer: AbstractReducer, args: tuple, valid: RowMask | None, who: str,
     chunk: bool = False,
@@ -40,21 +31,22 @@ def evaluate(
 
 
 def chunk_loop(
-    piece, reducer: AbstractAccumulation, source, n, s, opts, *, desc: str = "chunkx",
+    piece, reducer: AbstractAccumulation, source, n, s, opts, *, what: str = "chunkx",
     remat: bool = False, call: bool = True,
 ) -> Any:
     """`piece(rows, valid)` over chunks of `s` rows of `source = (mapped, valid)`, accumulated.
 
     `reducer` is any [`chunkx.AbstractAccumulation`][] (a reducer, or the fused gradient's
-    loop); `opts` gives `remainder`, `unroll` and `progress`; `desc` names the progress bar
-    (the chunk sizes "auto" chose are visible there). `remat`: each step (its slicing
-    included) is a `jax.checkpoint`, so reverse mode keeps one chunk index per step, not the
-    chunk's rows. `piece` is traced once, at the chunk's shape (its structs come from that
-    trace): a chunked map traces its function once. The loop body calls that trace as one
-    jitted step (`call`), or replays it op by op (`call=False`: XLA then sees the piece's
-    outputs where the loop writes them, as for the fused gradient's row Jacobians).
+    loop); `opts` (a `Chunk`) gives `remainder_policy()`, `unroll` and `progress`; the
+    progress bar reads "`what`: chunks of `s` rows" (the chunk sizes "auto" chose are visible
+    there). `remat`: each step (its slicing included) is a `jax.checkpoint`, so reverse mode
+    keeps one chunk index per step, not the chunk's rows. `piece` is traced once, at the
+    chunk's shape (its structs come from that trace): a chunked map traces its function once.
+    The loop body calls that trace as one jitted step (`call`), or replays it op by op
+    (`call=False`: XLA then sees the piece's outputs where the loop writes them, as for the
+    fused gradient's row Jacobians).
     """
-    shift = remainder_of(opts) == "shift" and n % s != 0
+    shift = opts.remainder_policy() == "shift" and n % s != 0
     k, r = (-(-n // s), 0) if shift else divmod(n, s)
     # the structs of one chunk's rows (and of its fresh-row mask, which a shifted loop passes)
     # as the loop's slicing makes them, traced only: an eager call slices nothing here
@@ -64,8 +56,20 @@ def chunk_loop(
     step, part = _traced_once(piece, mapped, valid, call)
     reducer.check_chunk(part, s)
     acc = reducer.init(part, n)
-    tick = ticker(k + (r > 0), desc) if opts.progress else None
-    acc, stacked = _loop(_at(step, n, s, shift, remat), reducer, source, acc, k, opts, tick)
+    tick = ticker(k + (r > 0), f"{what}: chunks of {s} rows") if opts.progress else None
+    at = _at(step, n, s, shift, remat)
+
+    # chunks 0..k-1 in one scan; the chunk index is carried, not scanned over (`jnp.arange(k)`
+    # would be one more buffer of `k` entries): a chunk of one row costs no more than one of two
+    def body(carry, _):
+        acc, i = carry
+        part, start = at(source, i)
+        acc, stacked = reducer.accumulate(acc, part, start, i)
+        return (acc, i + 1), stacked
+
+    init = (acc, jnp.zeros((), jnp.int32))
+    progress = tick is not None
+    (acc, _), stacked = scan(body, init, None, k, unroll=opts.unroll, progress=progress, tick=tick)
     if r:  # remainder="call": the leftover rows are one more piece
         acc, _ = reducer.accumulate(acc, piece(*rows(source, k * s, r)), k * s, k)
         if tick is not None:  # counted too, reported after the loop's own steps
@@ -103,25 +107,6 @@ def stop_repeated(x, fresh):
     if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
         return x
     return where_rows(fresh, x, jax.lax.stop_gradient(x))
-
-
-def _loop(at, reducer, source, acc, k, opts, tick):
-    """Chunks `0..k-1` in one scan: `(acc, stacked)` as the reducer accumulates them.
-
-    The chunk index is carried, not scanned over (`jnp.arange(k)` would be one more buffer of
-    `k` entries): a chunk of one row costs no more than a chunk of two.
-    """
-
-    def step(carry, _):
-        acc, i = carry
-        part, start = at(source, i)
-        acc, stacked = reducer.accumulate(acc, part, start, i)
-        return (acc, i + 1), stacked
-
-    init = (acc, jnp.zeros((), jnp.int32))
-    progress = tick is not None
-    (acc, _), stacked = scan(step, init, None, k, unroll=opts.unroll, progress=progress, tick=tick)
-    return acc, stacked
 
 
 def _traced_once(piece, mapped, valid, call):

@@ -391,9 +391,13 @@ class Sum(AbstractReducer):
     def compensates(self) -> bool:
         return self.compensated
 
-    def _sums(self, rows: Tree, valid: RowMask | None) -> Tree:
-        """The sums of the rows as a chunk loop's partials (`comp.Wide` float32 sums of
-        bfloat16/float16 rows); the rows themselves where they are pre-summed."""
+    def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
+        return comp.narrow(self.reduce_chunk(rows, valid))  # rounded once to the rows' dtype
+
+    def reduce_chunk(self, rows: Tree, valid: RowMask | None) -> Tree:
+        """The sums of the rows as a chunk loop's partials: a compensated loop adds a
+        bfloat16/float16 chunk's float32 sum unrounded (`comp.Wide`); the rows themselves
+        where they are pre-summed."""
         if self.presummed:
             if valid is not None and not self.mask_in_fn:
                 raise ValueError(
@@ -401,14 +405,8 @@ class Sum(AbstractReducer):
                     "remainder='call', or Pad(fill='zero') for a map linear in its rows."
                 )
             return rows
-        return jax.tree_util.tree_map(lambda x: _row_sum(x, valid), rows)
-
-    def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
-        return comp.narrow(self._sums(rows, valid))  # rounded once to the rows' dtype
-
-    def reduce_chunk(self, rows: Tree, valid: RowMask | None) -> Tree:
-        # a compensated loop adds a bfloat16/float16 chunk's float32 sum, unrounded
-        return self._sums(rows, valid) if self.compensated else self.reduce_rows(rows, valid)
+        sums = jax.tree_util.tree_map(lambda x: _row_sum(x, valid), rows)
+        return sums if self.compensated else comp.narrow(sums)
 
     def combine(self, a: Tree, b: Tree) -> Tree:
         return jax.tree_util.tree_map(jnp.add, a, b)
