@@ -40,13 +40,10 @@ def own_axes(layer: Any) -> Any:
 
 def _same(a: Any, b: Any) -> bool:
     """Whether two `in_axes` specs map the same arguments (an int/None is one entry for all)."""
-    if isinstance(a, tuple) and isinstance(b, tuple):
+    if isinstance(a, tuple) == isinstance(b, tuple):
         return a == b
-    if isinstance(b, tuple):
-        a, b = b, a
-    if isinstance(a, tuple):
-        return all(x == b for x in a)
-    return a == b
+    entries, one = (a, b) if isinstance(a, tuple) else (b, a)
+    return all(x == one for x in entries)
 
 
 def inherit_axes(who: str, in_axes: Any, fn: Any) -> Any:

@@ -5,10 +5,7 @@ import jax
 import jax.numpy as jnp
 
 from .._types import AxisSpec
-
-
-def array_leaves(tree) -> list:
-    return [x for x in jax.tree_util.tree_leaves(tree) if eqx.is_array(x)]
+from ._sharding import sharding_of
 
 
 def _where(i: int, path: tuple) -> str:
@@ -85,13 +82,7 @@ def struct_of(tree):
     """Shape/dtype (and sharding, where typed) structs of the array leaves of `tree`."""
 
     def struct(x):
-        sharding = None
-        if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
-            sharding = x.sharding  # concrete: a mesh of devices (eager calls)
-        elif eqx.is_array(x):
-            sharding = getattr(jax.typeof(x), "sharding", None)
-        if getattr(getattr(sharding, "mesh", None), "empty", True):
-            sharding = None
+        sharding = sharding_of(x) if eqx.is_array(x) else None
         return jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x), sharding=sharding)
 
     return jax.tree_util.tree_map(struct, tree)

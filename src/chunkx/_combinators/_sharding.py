@@ -13,13 +13,19 @@ def default_mesh() -> Mesh:
     return jax.make_mesh((jax.device_count(),), ("x",), axis_types=(AxisType.Auto,))
 
 
+def sharding_of(x):
+    """The sharding an array is laid out with, where it is on a (non-empty) mesh: concrete
+    eager (a mesh of devices), abstract traced."""
+    if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+        sharding = x.sharding
+    else:
+        sharding = getattr(jax.typeof(x), "sharding", None)
+    return None if getattr(getattr(sharding, "mesh", None), "empty", True) else sharding
+
+
 def mesh_of(x) -> Mesh | AbstractMesh | None:
     """The (non-empty) mesh an array is laid out on, if any: concrete eager, abstract traced."""
-    if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
-        mesh = getattr(x.sharding, "mesh", None)
-    else:
-        mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
-    return None if mesh is None or mesh.empty else mesh
+    return getattr(sharding_of(x), "mesh", None)
 
 
 def call_mesh(mesh: Mesh | None, args) -> Mesh | AbstractMesh:
@@ -33,10 +39,8 @@ def call_mesh(mesh: Mesh | None, args) -> Mesh | AbstractMesh:
     context = _context_mesh()
     if context is not None:
         return context
-    for leaf in jax.tree_util.tree_leaves(args):
-        found = mesh_of(leaf) if eqx.is_array(leaf) else None
-        if found is not None:
-            return found
+    for found in _meshes(args):  # the first input's
+        return found
     abstract = jax.sharding.get_abstract_mesh()
     return abstract if not abstract.empty else default_mesh()
 
@@ -57,12 +61,16 @@ def on_inputs_mesh(args):
     JAX asks for one (`jax.set_mesh`) before eager operations that create arrays typed on an
     Explicit mesh (a padding, a buffer); under `jit`, or inside a context mesh, nothing is set.
     """
-    for leaf in jax.tree_util.tree_leaves(args):
-        if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
-            mesh = getattr(leaf.sharding, "mesh", None)
-            if isinstance(mesh, Mesh) and is_explicit(mesh):
-                return on_mesh(mesh)
+    for mesh in _meshes(args):
+        if isinstance(mesh, Mesh) and is_explicit(mesh):  # concrete: eager
+            return on_mesh(mesh)
     return contextlib.nullcontext()
+
+
+def _meshes(args):
+    """The meshes the array leaves of `args` are laid out on, in leaf order, one at a time."""
+    found = (mesh_of(x) for x in jax.tree_util.tree_leaves(args) if eqx.is_array(x))
+    return (mesh for mesh in found if mesh is not None)
 
 
 def _context_mesh() -> Mesh | None:
@@ -112,21 +120,16 @@ def auto_twin(args, mesh: Mesh | None = None) -> Mesh | None:
     """
     if not jax.sharding.get_abstract_mesh().empty:
         return None
-    if mesh is not None:
-        if not is_explicit(mesh):
-            return None
-        auto = (AxisType.Auto,) * len(mesh.axis_names)
+    if mesh is None:
+        mesh = next((m for m in _meshes(args) if is_explicit(m)), None)
+    if mesh is None or not is_explicit(mesh):
+        return None
+    auto = (AxisType.Auto,) * len(mesh.axis_names)
+    if isinstance(mesh, Mesh):
         return Mesh(mesh.devices, mesh.axis_names, axis_types=auto)
-    for leaf in jax.tree_util.tree_leaves(args):
-        found = mesh_of(leaf) if eqx.is_array(leaf) else None
-        if found is not None and is_explicit(found):
-            auto = (AxisType.Auto,) * len(found.axis_names)
-            if isinstance(found, Mesh):
-                return Mesh(found.devices, found.axis_names, axis_types=auto)
-            if found.size != jax.device_count():
-                return None
-            return jax.make_mesh(found.axis_sizes, found.axis_names, axis_types=auto)
-    return None
+    if mesh.size != jax.device_count():
+        return None
+    return jax.make_mesh(mesh.axis_sizes, mesh.axis_names, axis_types=auto)
 
 
 def to_mesh(args, mesh: Mesh):

@@ -20,10 +20,6 @@ from jax.custom_derivatives import SymbolicZero
 from .._types import Tree
 
 
-def _is_zero(t: Any) -> bool:
-    return isinstance(t, SymbolicZero)
-
-
 def _blocks(call, nbatch, y, c, mask):
     """`call(y, c)` and its diagonal blocks w.r.t. the leaves of `y` selected by `mask`.
 
@@ -50,17 +46,10 @@ def _blocks(call, nbatch, y, c, mask):
             full = [ct if i == o else jnp.zeros_like(x) for i, x in enumerate(outs)]
             return vjp(jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(out), full))[0]
 
-        rows = jax.vmap(pull)(cts)  # leaf l: (k,) + S + T_l
-        blocks.append(
-            [
-                None
-                if r is None
-                else jnp.moveaxis(r, 0, nbatch).reshape(
-                    leaf.shape[:nbatch] + u + r.shape[1 + nbatch :]
-                )
-                for r in rows
-            ]
-        )
+        rows = jax.vmap(pull)(cts)  # leaf l: (k,) + S + T_l, the block S + U_o + T_l below
+        blocks.append(jax.tree_util.tree_map(
+            lambda r: jnp.moveaxis(r, 0, nbatch).reshape(leaf.shape + r.shape[1 + nbatch :]), rows
+        ))
     return out, blocks
 
 
@@ -85,8 +74,8 @@ def block_sparse(call: Callable, nbatch: int, y: list, c: list, higher_order: bo
     def rule(primals, tangents):
         y, c = primals
         ydot, cdot = tangents
-        mask = [not _is_zero(t) for t in ydot]
-        c_live = [not _is_zero(t) for t in cdot]
+        mask = [not isinstance(t, SymbolicZero) for t in ydot]
+        c_live = [not isinstance(t, SymbolicZero) for t in cdot]
         if any(mask):
             if higher_order:
                 out = block_sparse(call, nbatch, y, c, True)
@@ -124,19 +113,15 @@ def block_sparse(call: Callable, nbatch: int, y: list, c: list, higher_order: bo
     return f(y, c)
 
 
-def _describe(tree) -> str:
-    leaves = jax.tree_util.tree_leaves(tree)
-    kinds = ", ".join(f"{x.dtype}{list(x.shape)}" for x in leaves)
-    return f"{type(tree).__name__} with {len(leaves)} array leaves ({kinds})"
-
-
 def check_contract(who: str, y_struct: Tree, out_struct: Any) -> int:
     """Raise unless `fn` returns one array of shape `S` that prefixes every inexact leaf of y."""
     if not isinstance(out_struct, jax.ShapeDtypeStruct):
+        leaves = jax.tree_util.tree_leaves(out_struct)
+        kinds = ", ".join(f"{x.dtype}{list(x.shape)}" for x in leaves)
         raise ValueError(
             f"`{who}(fn=...)`: fn must return a single array (its Jacobian's diagonal blocks are "
-            f"read off one output), got a {_describe(out_struct)}; return a stacked array or "
-            "wrap each output separately."
+            f"read off one output), got a {type(out_struct).__name__} with {len(leaves)} array "
+            f"leaves ({kinds}); return a stacked array or wrap each output separately."
         )
     s = tuple(out_struct.shape)
     for x in jax.tree_util.tree_leaves(y_struct):
