@@ -22,6 +22,7 @@ from .._types import GradPolicy, InAxes, Remainder
 
 Planned = int | Literal["auto"] | None
 BATCH_NAMES = ("batch_size", "grad_batch_size")
+AXES = (0, None)  # a pipeline's two arguments: the mapped rows, the fixed leaves (None elsewhere)
 
 
 class Options(eqx.Module):

@@ -22,7 +22,9 @@ from .._public import public
 from .._types import Budget, InAxes, Size
 from ._axes import move_axis
 from ._vmap_axes import resolve
-from .pipeline import Options, check_options, compose, fn_name, plan_of
+from .pipeline import Options, check_options, compose, fn_name, plan_call, plan_of
+
+_BWD_PLANNED = "chunk_size='auto', use_scan=True, chunk_size_bwd=None"  # for messages
 
 
 class ChunkMap(eqx.Module):
@@ -49,11 +51,11 @@ class ChunkMap(eqx.Module):
 
     def __call__(self, *args: Any) -> Any:
         with on_inputs_mesh(args):
-            return self._call(args)
+            return self._call(args, {})
 
-    def _call(self, args: tuple, plan: str | None = None) -> Any:
+    def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
         """The map's value, or with `plan` (`"memory_plan"`, `"grad_memory_plan"`) the plan
-        its Chunk follows for these arguments."""
+        its Chunk follows for these arguments (`kwargs`: none, as `plan_call` passes them)."""
         at, moved, zero = _layout(self.in_axes, args)
         if plan is None and all(a is None for a in at):  # no mapped array: nothing to chunk
             return _per_output(self.f(*args), self.out_axes, lambda o, ax: o)
@@ -66,18 +68,14 @@ class ChunkMap(eqx.Module):
     def memory_plan(self, *args: Any):
         """The [`chunkx.MemoryPlan`][] that `chunk_size="auto"` follows for these arguments
         (one device's with `shard_batch=True`); nothing is run, and the plan is cached."""
-        return self._memory("memory_plan", args)
+        return plan_call(self._call, self.opts, "memory_plan", args, {})
 
     def grad_memory_plan(self, *args: Any):
         """The [`chunkx.MemoryPlan`][] of the reverse pass of `chunk_size="auto"` with
-        `use_scan=True` (see [`chunkx.BatchVmap`][]'s `grad_memory_plan`)."""
-        return self._memory("grad_memory_plan", args)
-
-    def _memory(self, method: str, args: tuple):
-        """The plan `method` of the Chunk that one device runs, traced abstractly (refused
-        unless its size is planned: the backward one with use_scan=True)."""
-        self.opts.check_planned(method, "chunk_size='auto', use_scan=True, chunk_size_bwd=None")
-        return eqx.filter_eval_shape(lambda args: self._call(args, method), args)
+        `use_scan=True` (see [`chunkx.BatchVmap`][]'s `grad_memory_plan`); refused unless
+        that size is planned, as the message says."""
+        self.opts.check_planned("grad_memory_plan", _BWD_PLANNED)
+        return plan_call(self._call, self.opts, "grad_memory_plan", args, {})
 
     def _pipeline(self, inner, zero, n, args):
         """[Shard ∘] [Pad ∘] [Groups ∘] Chunk ∘ f, in quantax's per-device row layout (an
