@@ -9,7 +9,7 @@ import jax
 from jax.sharding import Mesh
 
 from .._checks import as_in_axes, check_in_axes, in_axes_tuple
-from .._combinators._rows import mapped_length, moveaxis
+from .._combinators._rows import map_mapped, mapped_length, moveaxis
 from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.chunk import Chunk
 from .._combinators.groups import Groups
@@ -20,7 +20,6 @@ from .._combinators.unrolled import Unrolled
 from .._plan.measure import padded_rows_per_device
 from .._public import public
 from .._types import Budget, InAxes, Size
-from ._axes import move_axis
 from ._vmap_axes import resolve
 from .pipeline import Options, check_options, compose, fn_name, plan_call, plan_of
 
@@ -139,6 +138,11 @@ class _Moved(eqx.Module):
         leaves = [x if a is None else moveaxis(x, 0, a) for x, a in zip(leaves, self.at)]
         out = self.fn(*jax.tree_util.tree_unflatten(treedef, leaves))
         return _per_output(out, self.out_axes, lambda o, ax: move_axis(o, ax, 0))
+
+
+def move_axis(tree: Any, src: int, dst: int) -> Any:
+    """`tree` with axis `src` of every array leaf moved to `dst` (other leaves as they are)."""
+    return map_mapped(lambda x: moveaxis(x, src, dst), (tree,), (0,))[0]
 
 
 def _per_output(out: Any, out_axes: Any, fn: Callable[[Any, int], Any]) -> Any:
