@@ -79,18 +79,26 @@ class BatchVmap(AbstractChunkedVmap):
         other leaves whole, as `eqx.if_array(k)` does; keywords pass whole. Nothing is moved
         here: the lengths are checked on the mapped leaves' structs with their axis in front."""
         who = self._who
-        axes = tuple(getattr(a, "axis", a) for a in in_axes_tuple(who, self.in_axes, len(args)))
+        axes, leaves, at, treedef, names = by_argument(who, self.in_axes, args, kwargs)
         if all(a is None for a in axes):
             raise ValueError(
                 f"`{who}(in_axes={self.in_axes!r})`: at least one argument must be mapped; "
                 "every in_axes entry is None."
             )
-        spec = (tuple(None if a is None else eqx.if_array(a) for a in axes), None)
-        what = "the arguments"
-        leaves, at, treedef, names = resolve(who, spec, (args, kwargs), what, self.in_axes)
         front = [x if a is None else _in_front(x, a) for x, a in zip(leaves, at)]
         mapped_length(jax.tree_util.tree_unflatten(treedef, front)[0], axes, who)
         return leaves, at, treedef, names
+
+
+def by_argument(who: str, in_axes: Any, args: tuple, kwargs: dict) -> tuple:
+    """`(axes, leaves, at, treedef, names)`: adv's and quantax's `in_axes` (one int, `None` or
+    `eqx.if_array(k)` per positional argument, as `in_axes_tuple` checks it), each entry as an
+    int or `None` (`axes`), read by the shared resolver (`resolve`'s four) with every entry `k`
+    as `eqx.if_array(k)`: the argument's array leaves mapped along `k`, its other leaves and
+    the keywords passed whole."""
+    axes = tuple(getattr(a, "axis", a) for a in in_axes_tuple(who, in_axes, len(args)))
+    spec = (tuple(None if a is None else eqx.if_array(a) for a in axes), None)
+    return axes, *resolve(who, spec, (args, kwargs), "the arguments", in_axes)
 
 
 def _in_front(x: Any, axis: int) -> jax.ShapeDtypeStruct:

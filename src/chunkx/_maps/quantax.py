@@ -8,7 +8,7 @@ import equinox as eqx
 import jax
 from jax.sharding import Mesh
 
-from .._checks import as_in_axes, check_in_axes, in_axes_tuple
+from .._checks import as_in_axes, check_in_axes
 from .._combinators._rows import map_mapped, mapped_length, moveaxis
 from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.chunk import Chunk
@@ -20,7 +20,7 @@ from .._combinators.unrolled import Unrolled
 from .._plan.measure import padded_rows_per_device
 from .._public import public
 from .._types import Budget, InAxes, Size
-from ._vmap_axes import resolve
+from .adv import by_argument
 from .pipeline import Options, check_options, compose, fn_name, plan_call, plan_of
 
 _BWD_PLANNED = "chunk_size='auto', use_scan=True, chunk_size_bwd=None"  # for messages
@@ -115,11 +115,9 @@ class ChunkMap(eqx.Module):
 
 def _layout(in_axes: InAxes, args: tuple, who: str = "chunk_map") -> tuple:
     """`(at, moved, zero)`: each leaf's mapped axis (non-negative; `None` where it passes
-    whole), read by the shared resolver with every entry `k` as `eqx.if_array(k)`; the
+    whole), read by `by_argument` (every entry `k` as `eqx.if_array(k)`); the
     arguments with those axes moved to the front; one axis (0 or None) per argument."""
-    axes = in_axes_tuple(who, in_axes, len(args))
-    spec = (jax.tree_util.tree_map(eqx.if_array, axes), None)  # non-array leaves pass whole
-    leaves, at, treedef, _ = resolve(who, spec, (args, {}), "the arguments", in_axes)
+    axes, leaves, at, treedef, _ = by_argument(who, in_axes, args, {})
     moved = [x if a is None else moveaxis(x, a, 0) for x, a in zip(leaves, at)]
     moved = jax.tree_util.tree_unflatten(treedef, moved)[0]
     return tuple(at), moved, tuple(None if a is None else 0 for a in axes)
