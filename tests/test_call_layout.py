@@ -13,7 +13,7 @@ import chunkx
 
 MAPS = pathlib.Path(chunkx.__file__).parent / "_maps"
 LAYOUT_FILES = ("adv.py", "sparse.py", "jac.py", "vectorize.py", "vmap.py", "_vmap_axes.py",
-                "_axes.py", "lax_map.py", "planning.py", "pipeline.py", "_bind.py")
+                "quantax.py", "lax_map.py", "planning.py", "pipeline.py", "_bind.py")
 
 x, w = jax.jit(lambda: (jnp.linspace(-1.0, 1.0, 40).reshape(10, 4), jnp.linspace(0.5, 2.0, 4)))()
 f = lambda x, w: jnp.tanh(x * w)  # noqa: E731

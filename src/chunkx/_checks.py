@@ -83,7 +83,7 @@ def check_mesh_1d(who: str, mesh: Mesh | None) -> None:
         )
 
 
-def as_in_axes(in_axes: InAxes) -> int | None | tuple[AxisSpec, ...]:
+def as_in_axes(in_axes: InAxes) -> int | None | tuple[AxisSpec | eqx.if_array, ...]:
     """Store `in_axes` hashable: a list becomes a tuple (so Modules holding it can be jitted)."""
     return tuple(in_axes) if isinstance(in_axes, list) else in_axes
 
@@ -107,8 +107,9 @@ def check_in_axes(who: str, in_axes: Any) -> None:
             )
 
 
-def in_axes_tuple(who: str, in_axes: InAxes, nargs: int) -> tuple[AxisSpec, ...]:
-    """One int/`None` entry per positional argument (ints may be any axis)."""
+def in_axes_tuple(who: str, in_axes: InAxes, nargs: int) -> tuple[AxisSpec | eqx.if_array, ...]:
+    """One int/`None` (or `eqx.if_array(k)`) entry per positional argument (ints may be any
+    axis)."""
     check_in_axes(who, in_axes)
     if not isinstance(in_axes, tuple | list):
         return (in_axes,) * nargs

@@ -37,7 +37,7 @@ from .._plan.search import MemoryPlan
 from .._types import RowMask, Tree
 from ._bind import check_argnums
 from ._vmap_axes import resolve
-from .pipeline import Options, check_options, compose, plan_call, plan_of
+from .pipeline import AXES, Options, check_options, compose, plan_call, plan_of
 
 
 class AccumulationType(enum.Enum):
@@ -275,9 +275,6 @@ def plan_leaves(who: str, accumulator: Any, per_example: bool, num_real: Any, co
     return Leaves(tuple(reducers), treedef, tuple(kinds), who)
 
 
-_AXES = (0, None)  # the pipeline's two arguments: the batch arguments' rows, the others
-
-
 class RowFn(eqx.Module):
     """The batched function a chunk evaluates on `(rows, fixed)`, the arguments
     `eqx.combine`s back into `fun`'s `(args, kwargs)`: `fun` on a microbatch
@@ -422,7 +419,7 @@ class Microbatched(eqx.Module):
         rows, fixed = eqx.partition(jax.tree_util.tree_unflatten(treedef, moved), mapped)
         # rows cut and permuted on one layout (each device's under Shard)
         pair = (rows if opts.shard else jax.tree_util.tree_map(replicated, rows), fixed)
-        n = mapped_length(pair, _AXES, who)
+        n = mapped_length(pair, AXES, who)
         if n == 0:
             raise ValueError(f"`{who}`: the batch is empty (0 rows); there is no microbatch.")
         axes = tuple(a for a in at if a is not None)
@@ -430,7 +427,7 @@ class Microbatched(eqx.Module):
         if mb == "auto" and not self.per_example:  # `fun` sees whole microbatches: the plan
             # of a Chunk of microbatches, its size the largest divisor of the rows within it
             fwd = dataclasses.replace(opts, grad_size=None)
-            whole = compose(RowFn(self.fun, axes, False, False), _AXES, leaves, fwd, who)
+            whole = compose(RowFn(self.fun, axes, False, False), AXES, leaves, fwd, who)
             whole = whole.memory_plan(*pair)
             whole = dataclasses.replace(whole, chunk_size=divisor_below(n, whole.chunk_size))
             if plan is not None:
@@ -447,7 +444,7 @@ class Microbatched(eqx.Module):
         g = opts.grad_size // d if isinstance(opts.grad_size, int) else opts.grad_size
         local = None if opts.size is None else mb if k is None else mb // d  # None: all rows
         inner = dataclasses.replace(opts, size=local, grad_size=g, shard=False)
-        core = compose(row_fn, (0,) * masked + _AXES, leaves, inner, who)
+        core = compose(row_fn, (0,) * masked + AXES, leaves, inner, who)
         # rows that are each their own output need not be grouped into optax's microbatches
         # (unless a user's vmap_fn, with an axis name, lets a row see its microbatch), nor
         # the rows of one "auto" chunk loop, which has no microbatches
@@ -455,10 +452,10 @@ class Microbatched(eqx.Module):
                    and all(t is AccumulationType.CONCAT for t in leaves.kinds))
         if k is not None and (masked or not rowwise):
             core = Interleave(core, leaves, k, r, masked)
-        core = Shard(core, opts.mesh, in_axes=_AXES) if opts.shard else core
+        core = Shard(core, opts.mesh, in_axes=AXES) if opts.shard else core
         if plan is not None:  # an "auto" size: the plan of the loop's Chunk
-            return plan_of(core, plan, pair, _AXES, opts)
-        out = (Pad(core, mb, in_axes=_AXES) if padded else core)(*pair)
+            return plan_of(core, plan, pair, AXES, opts)
+        out = (Pad(core, mb, in_axes=AXES) if padded else core)(*pair)
         if not self.per_example:  # MEAN over the microbatches, RUNNING_MEAN over those run
             return leaves.finalize(out, k, k if r is None else r)
         return leaves.finalize(out, n, n if r is None else jnp.sum(jnp.arange(n) % k < r))

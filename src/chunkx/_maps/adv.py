@@ -10,7 +10,7 @@ import equinox as eqx
 import jax
 from jax.sharding import Mesh
 
-from .._checks import check_in_axes, in_axes_tuple
+from .._checks import as_in_axes, check_in_axes, in_axes_tuple
 from .._combinators._rows import mapped_length
 from .._combinators._sharding import auto_twin, on_inputs_mesh, to_mesh
 from .._combinators.reduce import AbstractReducer, identity
@@ -19,14 +19,6 @@ from .._types import Budget, GradPolicy, InAxes, Size
 from ._vmap_axes import Spec, resolve
 from .pipeline import Options, check_options, reducer_for, run_one_input
 from .vmap import AbstractChunkedVmap
-
-
-def _adv_in_axes(in_axes: Any) -> InAxes:
-    """adv's `in_axes`, hashable; an entry `eqx.if_array(k)` is `k` (adv maps array leaves
-    only either way)."""
-    if isinstance(in_axes, tuple | list):
-        return tuple(a.axis if isinstance(a, eqx.if_array) else a for a in in_axes)
-    return in_axes
 
 
 class BatchVmap(AbstractChunkedVmap):
@@ -60,7 +52,7 @@ class BatchVmap(AbstractChunkedVmap):
     """
 
     f: Callable[..., Any]
-    in_axes: InAxes = eqx.field(static=True, converter=_adv_in_axes)
+    in_axes: InAxes = eqx.field(static=True, converter=as_in_axes)
     reducer: AbstractReducer
     post: Callable | None = eqx.field(static=True)
     opts: Options
@@ -81,23 +73,32 @@ class BatchVmap(AbstractChunkedVmap):
             return out if self.post is None else self.post(out)
 
     def _resolve(self, args: tuple, kwargs: dict) -> tuple:
-        """adv's `in_axes` (one int/`None` per argument): an entry `k` maps every array leaf
+        """adv's `in_axes` (one int, `None` or `eqx.if_array(k)` per argument): an entry `k`
+        (or `eqx.if_array(k)`) maps every array leaf
         of its argument along `k` (negative: from the end of that leaf's shape) and passes the
         other leaves whole, as `eqx.if_array(k)` does; keywords pass whole. Nothing is moved
         here: the lengths are checked on the mapped leaves' structs with their axis in front."""
         who = self._who
-        axes = in_axes_tuple(who, self.in_axes, len(args))
+        axes, leaves, at, treedef, names = by_argument(who, self.in_axes, args, kwargs)
         if all(a is None for a in axes):
             raise ValueError(
                 f"`{who}(in_axes={self.in_axes!r})`: at least one argument must be mapped; "
                 "every in_axes entry is None."
             )
-        spec = (tuple(None if a is None else eqx.if_array(a) for a in axes), None)
-        what = "the arguments"
-        leaves, at, treedef, names = resolve(who, spec, (args, kwargs), what, self.in_axes)
         front = [x if a is None else _in_front(x, a) for x, a in zip(leaves, at)]
         mapped_length(jax.tree_util.tree_unflatten(treedef, front)[0], axes, who)
         return leaves, at, treedef, names
+
+
+def by_argument(who: str, in_axes: Any, args: tuple, kwargs: dict) -> tuple:
+    """`(axes, leaves, at, treedef, names)`: adv's and quantax's `in_axes` (one int, `None` or
+    `eqx.if_array(k)` per positional argument, as `in_axes_tuple` checks it), each entry as an
+    int or `None` (`axes`), read by the shared resolver (`resolve`'s four) with every entry `k`
+    as `eqx.if_array(k)`: the argument's array leaves mapped along `k`, its other leaves and
+    the keywords passed whole."""
+    axes = tuple(getattr(a, "axis", a) for a in in_axes_tuple(who, in_axes, len(args)))
+    spec = (tuple(None if a is None else eqx.if_array(a) for a in axes), None)
+    return axes, *resolve(who, spec, (args, kwargs), "the arguments", in_axes)
 
 
 def _in_front(x: Any, axis: int) -> jax.ShapeDtypeStruct:

@@ -78,7 +78,18 @@ def _starts(tree: Any) -> list[int]:
     return np.cumsum([0, *map(np.size, jax.tree_util.tree_leaves(tree))]).tolist()
 
 
-class BatchJacfwd(eqx.Module):
+class _Jacobian(eqx.Module):
+    """What [`chunkx.BatchJacfwd`][] and [`chunkx.BatchJacrev`][] hold alike: `fun`, JAX's
+    `argnums`, `has_aux` and `holomorphic`, and the chunk size."""
+
+    fun: Callable[..., Any]
+    argnums: Argnums = eqx.field(static=True)
+    has_aux: bool = eqx.field(static=True)
+    holomorphic: bool = eqx.field(static=True)
+    batch_size: int | None = eqx.field(static=True, converter=as_size)
+
+
+class BatchJacfwd(_Jacobian):
     """The callable returned by [`chunkx.batch_jacfwd`][]; an equinox Module (a pytree).
 
     !!! Example
@@ -93,11 +104,6 @@ class BatchJacfwd(eqx.Module):
         ```
     """
 
-    fun: Callable[..., Any]
-    argnums: Argnums = eqx.field(static=True)
-    has_aux: bool = eqx.field(static=True)
-    holomorphic: bool = eqx.field(static=True)
-    batch_size: int | None = eqx.field(static=True, converter=as_size)
     linearize: bool = eqx.field(static=True, default=True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -144,7 +150,7 @@ def _basis_vector(i: Any, tree: Any) -> Any:
     return unravel((jnp.arange(flat.size) == i).astype(flat.dtype))
 
 
-class BatchJacrev(eqx.Module):
+class BatchJacrev(_Jacobian):
     """The callable returned by [`chunkx.batch_jacrev`][]; an equinox Module (a pytree).
 
     !!! Example
@@ -160,12 +166,7 @@ class BatchJacrev(eqx.Module):
         ```
     """
 
-    fun: Callable[..., Any]
-    argnums: Argnums = eqx.field(static=True)
-    has_aux: bool = eqx.field(static=True)
-    holomorphic: bool = eqx.field(static=True)
     allow_int: bool = eqx.field(static=True)
-    batch_size: int | None = eqx.field(static=True, converter=as_size)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         f, dyn, nums = _partial(self.fun, self.argnums, args, kwargs)
@@ -301,4 +302,4 @@ def batch_jacrev(
     argnums = check_argnums("batch_jacrev", "argnums", argnums)
     jax.jacrev(fun, argnums, has_aux, holomorphic, allow_int)  # JAX's check of fun
     batch_size = resolve_batch_size("batch_jacrev", batch_size, kwargs, auto=False)
-    return BatchJacrev(fun, argnums, has_aux, holomorphic, allow_int, batch_size)
+    return BatchJacrev(fun, argnums, has_aux, holomorphic, batch_size, allow_int)

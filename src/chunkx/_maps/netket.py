@@ -31,15 +31,6 @@ def _argnums(who: str, name: str, value: Argnums, nargs: int | None) -> tuple[in
     return argnums_tuple(check_argnums(who, name, value, nargs, negative=False))
 
 
-def _chunk_in_axes(who: str, in_axes: Any) -> tuple[int | None, ...] | int | None:
-    """netket's rule: every `in_axes` entry is 0 (chunked) or None (passed whole)."""
-    for a in in_axes if isinstance(in_axes, tuple | list) else (in_axes,):
-        if a is not None and (isinstance(a, bool) or a != 0):
-            raise NotImplementedError(f"`{who}(in_axes={in_axes!r})`: every in_axes entry must be "
-                                      f"0 or None (netket's rule), got {a!r}.")
-    return as_in_axes(in_axes)
-
-
 def _sharded(axis_0_is_sharded: bool | None) -> bool:
     """netket 3.23 shards by default (`netket_sharding`); with one device that is a no-op."""
     return jax.device_count() > 1 if axis_0_is_sharded is None else axis_0_is_sharded
@@ -49,8 +40,13 @@ def _sharded(axis_0_is_sharded: bool | None) -> bool:
 
 
 def _apply(who, lift, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums):
-    """The map `apply_chunked` (`lift=None`) or `vmap_chunked` (`lift=Vmap`) builds."""
-    in_axes = _chunk_in_axes(who, in_axes)
+    """The map `apply_chunked` (`lift=None`) or `vmap_chunked` (`lift=Vmap`) builds; netket's
+    rule: every `in_axes` entry is 0 (chunked) or None (passed whole)."""
+    for a in in_axes if isinstance(in_axes, tuple | list) else (in_axes,):
+        if a is not None and (isinstance(a, bool) or a != 0):
+            raise NotImplementedError(f"`{who}(in_axes={in_axes!r})`: every in_axes entry must be "
+                                      f"0 or None (netket's rule), got {a!r}.")
+    in_axes = as_in_axes(in_axes)
     chunk_size = check_positive(who, "chunk_size", chunk_size)
     if pvary_argnums is not None:
         _argnums(who, "pvary_argnums", pvary_argnums, None)

@@ -22,6 +22,7 @@ from .._types import GradPolicy, InAxes, Remainder
 
 Planned = int | Literal["auto"] | None
 BATCH_NAMES = ("batch_size", "grad_batch_size")
+AXES = (0, None)  # a pipeline's two arguments: the mapped rows, the fixed leaves (None elsewhere)
 
 
 class Options(eqx.Module):
@@ -44,12 +45,6 @@ class Options(eqx.Module):
     names: tuple[str, str, str] = eqx.field(
         static=True, kw_only=True, default=(*BATCH_NAMES, "memory_budget")
     )
-
-    def owner(self, what: str) -> tuple[str, str, str, str]:
-        """The Chunk's `owner`: the map, its "auto" size argument (the forward one, else the
-        backward one) and budget argument, and `what` it maps."""
-        size, grad_size, budget = self.names
-        return (self.who, size if self.size == "auto" else grad_size, budget, what)
 
     def check_planned(self, method: str, how: str | None = None) -> None:
         """Raise unless the size `method` (`"memory_plan"`, `"grad_memory_plan"`) reports is
@@ -162,15 +157,18 @@ def compose(inner: Callable, axes: InAxes, reducer: AbstractReducer, opts: Optio
     Chunk's and Shard's `in_axes`).
 
     An "auto" size is the Chunk's to plan (`opts.memory_budget`); the Chunk's messages name
-    `opts.owner(what)`, the public map."""
+    its `owner`: the public map, its "auto" size argument (the forward one, else the backward
+    one) and budget argument, and `what` it maps."""
     if opts.size is None:
         piece = Reduce(inner, reducer)
     else:
+        size, grad_size, budget = opts.names
+        owner = (opts.who, size if opts.size == "auto" else grad_size, budget, what)
         piece = Chunk(
             inner, opts.size, reducer=reducer, in_axes=axes, checkpoint=opts.checkpoint,
             progress=opts.progress, grad=opts.grad, grad_size=opts.grad_size,
             memory_budget=opts.memory_budget if "auto" in (opts.size, opts.grad_size) else None,
-            owner=opts.owner(what), remainder=opts.remainder,
+            owner=owner, remainder=opts.remainder,
         )
     if opts.shard:
         piece = Shard(piece, opts.mesh, in_axes=axes)

@@ -8,8 +8,8 @@ import equinox as eqx
 import jax
 from jax.sharding import Mesh
 
-from .._checks import as_in_axes, check_in_axes, in_axes_tuple
-from .._combinators._rows import mapped_length, moveaxis
+from .._checks import as_in_axes, check_in_axes
+from .._combinators._rows import map_mapped, mapped_length, moveaxis
 from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.chunk import Chunk
 from .._combinators.groups import Groups
@@ -20,9 +20,10 @@ from .._combinators.unrolled import Unrolled
 from .._plan.measure import padded_rows_per_device
 from .._public import public
 from .._types import Budget, InAxes, Size
-from ._axes import move_axis
-from ._vmap_axes import resolve
-from .pipeline import Options, check_options, compose, fn_name, plan_of
+from .adv import by_argument
+from .pipeline import Options, check_options, compose, fn_name, plan_call, plan_of
+
+_BWD_PLANNED = "chunk_size='auto', use_scan=True, chunk_size_bwd=None"  # for messages
 
 
 class ChunkMap(eqx.Module):
@@ -49,11 +50,11 @@ class ChunkMap(eqx.Module):
 
     def __call__(self, *args: Any) -> Any:
         with on_inputs_mesh(args):
-            return self._call(args)
+            return self._call(args, {})
 
-    def _call(self, args: tuple, plan: str | None = None) -> Any:
+    def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
         """The map's value, or with `plan` (`"memory_plan"`, `"grad_memory_plan"`) the plan
-        its Chunk follows for these arguments."""
+        its Chunk follows for these arguments (`kwargs`: none, as `plan_call` passes them)."""
         at, moved, zero = _layout(self.in_axes, args)
         if plan is None and all(a is None for a in at):  # no mapped array: nothing to chunk
             return _per_output(self.f(*args), self.out_axes, lambda o, ax: o)
@@ -66,18 +67,14 @@ class ChunkMap(eqx.Module):
     def memory_plan(self, *args: Any):
         """The [`chunkx.MemoryPlan`][] that `chunk_size="auto"` follows for these arguments
         (one device's with `shard_batch=True`); nothing is run, and the plan is cached."""
-        return self._memory("memory_plan", args)
+        return plan_call(self._call, self.opts, "memory_plan", args, {})
 
     def grad_memory_plan(self, *args: Any):
         """The [`chunkx.MemoryPlan`][] of the reverse pass of `chunk_size="auto"` with
-        `use_scan=True` (see [`chunkx.BatchVmap`][]'s `grad_memory_plan`)."""
-        return self._memory("grad_memory_plan", args)
-
-    def _memory(self, method: str, args: tuple):
-        """The plan `method` of the Chunk that one device runs, traced abstractly (refused
-        unless its size is planned: the backward one with use_scan=True)."""
-        self.opts.check_planned(method, "chunk_size='auto', use_scan=True, chunk_size_bwd=None")
-        return eqx.filter_eval_shape(lambda args: self._call(args, method), args)
+        `use_scan=True` (see [`chunkx.BatchVmap`][]'s `grad_memory_plan`); refused unless
+        that size is planned, as the message says."""
+        self.opts.check_planned("grad_memory_plan", _BWD_PLANNED)
+        return plan_call(self._call, self.opts, "grad_memory_plan", args, {})
 
     def _pipeline(self, inner, zero, n, args):
         """[Shard ∘] [Pad ∘] [Groups ∘] Chunk ∘ f, in quantax's per-device row layout (an
@@ -118,11 +115,9 @@ class ChunkMap(eqx.Module):
 
 def _layout(in_axes: InAxes, args: tuple, who: str = "chunk_map") -> tuple:
     """`(at, moved, zero)`: each leaf's mapped axis (non-negative; `None` where it passes
-    whole), read by the shared resolver with every entry `k` as `eqx.if_array(k)`; the
+    whole), read by `by_argument` (every entry `k` as `eqx.if_array(k)`); the
     arguments with those axes moved to the front; one axis (0 or None) per argument."""
-    axes = in_axes_tuple(who, in_axes, len(args))
-    spec = (jax.tree_util.tree_map(eqx.if_array, axes), None)  # non-array leaves pass whole
-    leaves, at, treedef, _ = resolve(who, spec, (args, {}), "the arguments", in_axes)
+    axes, leaves, at, treedef, _ = by_argument(who, in_axes, args, {})
     moved = [x if a is None else moveaxis(x, a, 0) for x, a in zip(leaves, at)]
     moved = jax.tree_util.tree_unflatten(treedef, moved)[0]
     return tuple(at), moved, tuple(None if a is None else 0 for a in axes)
@@ -141,6 +136,11 @@ class _Moved(eqx.Module):
         leaves = [x if a is None else moveaxis(x, 0, a) for x, a in zip(leaves, self.at)]
         out = self.fn(*jax.tree_util.tree_unflatten(treedef, leaves))
         return _per_output(out, self.out_axes, lambda o, ax: move_axis(o, ax, 0))
+
+
+def move_axis(tree: Any, src: int, dst: int) -> Any:
+    """`tree` with axis `src` of every array leaf moved to `dst` (other leaves as they are)."""
+    return map_mapped(lambda x: moveaxis(x, src, dst), (tree,), (0,))[0]
 
 
 def _per_output(out: Any, out_axes: Any, fn: Callable[[Any, int], Any]) -> Any:

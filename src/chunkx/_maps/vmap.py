@@ -24,9 +24,7 @@ from .._plan.search import MemoryPlan
 from .._public import public
 from .._types import Budget, GradPolicy
 from ._vmap_axes import Spec, by_name, flat_axes, out_axis, resolve
-from .pipeline import Options, check_options, compose, fn_name, plan_call, plan_of
-
-_AXES = (0, None)  # the pipeline's two arguments: mapped rows, fixed leaves (None elsewhere)
+from .pipeline import AXES, Options, check_options, compose, fn_name, plan_call, plan_of
 
 
 class _Body(eqx.Module):
@@ -60,7 +58,8 @@ class AbstractChunkedVmap(eqx.Module):
 
     @abc.abstractmethod
     def _resolve(self, args: tuple, kwargs: dict) -> tuple:
-        """`(leaves, axes, treedef, names)` of `(args, kwargs)`, as `_vmap_axes.resolve`."""
+        """`(leaves, axes, treedef, names)` of `(args, kwargs)`, as `_vmap_axes.resolve`, the
+        mapped axes' sizes checked (once, in the map's own words)."""
 
     batch_size = property(operator.attrgetter("opts.size"))
     grad_batch_size = property(operator.attrgetter("opts.grad_size"))
@@ -97,25 +96,8 @@ class AbstractChunkedVmap(eqx.Module):
         """The map's value; called eagerly, as one compiled program (not op by op: axis moves,
         the chunk loop and the outputs' moves compile together; repeated calls reuse it)."""
         if is_eager((self, args, kwargs)):
-            self._checked(args, kwargs)  # argument errors raised here, not from inside a jit
+            self._resolve(args, kwargs)  # argument errors raised here, not from inside a jit
         return compiled_if_eager(AbstractChunkedVmap._call, self, args, kwargs)
-
-    def _checked(self, args: tuple, kwargs: dict) -> tuple:
-        """`_resolve`'s `(leaves, axes, treedef, names)`, the mapped axes' sizes checked."""
-        leaves, axes, treedef, names = self._resolve(args, kwargs)
-        mapped = [(x, a, nm) for x, a, nm in zip(leaves, axes, names) if a is not None]
-        sizes = {}
-        for x, a, nm in mapped:
-            sizes.setdefault(int(jnp.shape(x)[a]), nm)
-        if self.axis_size is not None and mapped:
-            sizes.setdefault(self.axis_size, "axis_size")
-        if len(sizes) > 1:
-            seen = ", ".join(f"{nm} has {k}" for k, nm in sizes.items())
-            raise ValueError(
-                f"`{self._who}`: the mapped axes must all have the same size (and equal "
-                f"axis_size where given), got: {seen}."
-            )
-        return leaves, axes, treedef, names
 
     def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
         """The map's value, or with `plan` (`"memory_plan"`, `"grad_memory_plan"`) the plan
@@ -123,7 +105,7 @@ class AbstractChunkedVmap(eqx.Module):
         output, or those `_sorted` tells), which go where out_axes says; the others come from
         one row."""
         who = self._who
-        leaves, axes, treedef, names = self._checked(args, kwargs)
+        leaves, axes, treedef, names = self._resolve(args, kwargs)
         if all(a is None for a in axes):
             if plan is not None:
                 raise ValueError(f"`{who}.{plan}`: no argument is mapped; nothing to plan.")
@@ -135,11 +117,11 @@ class AbstractChunkedVmap(eqx.Module):
         if not every:  # one row traced tells which outputs are mapped
             body, out_axes, kept = self._sorted(body, rows, fixed)
         what = f"{who}({fn_name(self.fun)})"
-        pipeline = compose(Vmap(body, _AXES), _AXES, self.reducer, self.opts, what)
+        pipeline = compose(Vmap(body, AXES), AXES, self.reducer, self.opts, what)
         if plan is not None:  # the plan of the pipeline's Chunk on the rows one device sees
-            return plan_of(pipeline, plan, (rows, fixed), _AXES, self.opts)
+            return plan_of(pipeline, plan, (rows, fixed), AXES, self.opts)
         if isinstance(self.reducer, Monoid):  # checked in the name the user called
-            self.reducer.check_rows(eqx.filter_eval_shape(Vmap(body, _AXES), rows, fixed), who)
+            self.reducer.check_rows(eqx.filter_eval_shape(Vmap(body, AXES), rows, fixed), who)
         out = pipeline(rows, fixed)
         if every:  # each output's axis from the one int (nothing is kept aside)
             spec = self.out_axes.tree
@@ -179,7 +161,7 @@ class AbstractChunkedVmap(eqx.Module):
             kept = [x if a is None else None for x, a in zip(leaves, axes)]
             return jax.tree_util.tree_unflatten(treedef, kept), (treedef, axes)
 
-        probe = eqx.filter_vmap(sort, in_axes=_AXES, out_axes=None)
+        probe = eqx.filter_vmap(sort, in_axes=AXES, out_axes=None)
         try:  # traced, as _call always is
             kept, (treedef, axes) = probe(jax.tree_util.tree_map(lambda x: x[:1], rows), fixed)
         except ValueError as e:
@@ -237,7 +219,21 @@ class ChunkedVmap(AbstractChunkedVmap):
         if type(spec) is tuple:
             check_entries(who, spec, len(args))
         spec = (by_name(who, self.fun, spec, len(args)), None if self.filtered else 0)
-        return resolve(who, spec, (args, kwargs), "the positional arguments", self.in_axes)
+        what = "the positional arguments"
+        leaves, axes, treedef, names = resolve(who, spec, (args, kwargs), what, self.in_axes)
+        mapped = [(x, a, nm) for x, a, nm in zip(leaves, axes, names) if a is not None]
+        sizes = {}
+        for x, a, nm in mapped:
+            sizes.setdefault(int(jnp.shape(x)[a]), nm)
+        if self.axis_size is not None and mapped:
+            sizes.setdefault(self.axis_size, "axis_size")
+        if len(sizes) > 1:
+            seen = ", ".join(f"{nm} has {k}" for k, nm in sizes.items())
+            raise ValueError(
+                f"`{who}`: the mapped axes must all have the same size (and equal "
+                f"axis_size where given), got: {seen}."
+            )
+        return leaves, axes, treedef, names
 
 
 def _build(
