@@ -3,6 +3,7 @@
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .._types import AxisSpec
 from ._sharding import sharding_of
@@ -91,7 +92,9 @@ def struct_of(tree):
 def fresh_rows(size: int, start, index):
     """The rows of chunk `index` (of `size` rows, starting at row `start`) that no earlier
     chunk evaluated: all of them, unless a shifted last chunk starts before `index * size`."""
-    return jax.lax.iota(jnp.int32, size) + start >= index * size
+    start, index = (jax.lax.convert_element_type(v, jnp.int32) for v in (start, index))
+    iota = jax.lax.iota(jnp.int32, size)  # lax, not jnp: no jnp wrapper to trace
+    return jax.lax.ge(jax.lax.add(iota, start), jax.lax.mul(index, np.int32(size)))
 
 
 def moveaxis(x, src: int, dst: int):

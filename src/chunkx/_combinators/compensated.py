@@ -23,6 +23,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from .._types import Tree
 
@@ -73,10 +74,11 @@ class Running(eqx.Module):
             return Running(self.total + x, None, self.dtype)
         # the error carried so far joins the next partial (as in Kahan's); the two-sum of an
         # infinite or NaN total is NaN, and such a total has no rounding error to carry
-        y = x + jnp.where(jnp.isnan(self.comp), 0, self.comp)
-        t = self.total + y
-        z = t - self.total
-        err = (self.total - (t - z)) + (y - z)  # exactly total + y - t (two-sum)
+        c, s = self.comp, self.total  # lax, not jnp: no jnp wrapper to trace in a loop body
+        y = lax.add(x, lax.select(lax.ne(c, c), lax.full_like(c, 0), c))  # a NaN error: none
+        t = lax.add(s, y)
+        z = lax.sub(t, s)
+        err = lax.add(lax.sub(s, lax.sub(t, z)), lax.sub(y, z))  # exactly s + y - t (two-sum)
         return Running(t, err, self.dtype)
 
 

@@ -6,6 +6,7 @@ from typing import Any
 import jax
 import jax.extend.core
 import jax.numpy as jnp
+import numpy as np
 
 from .._progress import scan, ticker
 from .._types import RowMask
@@ -65,7 +66,7 @@ def chunk_loop(
         acc, i = carry
         part, start = at(source, i)
         acc, stacked = reducer.accumulate(acc, part, start, i)
-        return (acc, i + 1), stacked
+        return (acc, jax.lax.add(i, np.int32(1))), stacked
 
     init = (acc, jnp.zeros((), jnp.int32))
     progress = tick is not None
@@ -87,9 +88,9 @@ def _at(piece, n, s, shift, remat):
     """
 
     def at(source, i):
-        start = i * s
+        start = jax.lax.mul(i, np.int32(s))  # lax: no jnp wrapper to trace
         if shift:
-            start = jnp.minimum(start, n - s)
+            start = jax.lax.min(start, np.int32(n - s))
         mapped, valid = rows(source, start, s)
         if shift:  # rows before i * s belong to the previous chunk: mask them out
             fresh = fresh_rows(s, start, i)
