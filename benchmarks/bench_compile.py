@@ -18,7 +18,8 @@ Cases (float32):
   straight-line code; how much depends on the steps);
 - n=1000 rows, chunk size 96 (leaves 40 rows), a 2-layer row function `per(x, p)`:
   per-example gradients with `batch_vmap`; `chunkx.vmap`, `chunk_map`, `vmap_chunked` and
-  `micro_vmap` of the row function; `batch_vmap` with `Sum`; `value_and_grad` of a chunked
+  `micro_vmap` of the row function; `batch_vmap` with `Sum` (compensated, the default, and
+  plain); `value_and_grad` of a chunked
   sum; `batch_jacrev` of the rows' outputs w.r.t. the weights (chunks of output rows).
 
 Run: `python benchmarks/bench_compile.py [--reps 3]`; writes benchmarks/results/compile.json.
@@ -145,6 +146,11 @@ def cases():
             (hand(GRAD), (X, P))),
         "vmap + Sum, n=1000, size 96": (
             (sum_loss(B), (X, P)), (hand(per, reduce_sum=True), (X, P))),
+        "vmap + Sum(compensated=False), n=1000, size 96": (
+            (lambda x, p: chunkx.batch_vmap(per, (0, None), batch_size=B,
+                                            reducer=chunkx.Sum(compensated=False))(x, p),
+             (X, P)),
+            (hand(per, reduce_sum=True), (X, P))),
         "value_and_grad of a chunked sum, n=1000, size 96": (
             (jax.value_and_grad(lambda p, x: sum_loss(B)(x, p)), (P, X)),
             (jax.value_and_grad(lambda p, x: hand(per, reduce_sum=True)(x, p)), (P, X))),
