@@ -1,5 +1,6 @@
 """chunk_map against its docstring loop and jax.vmap (the quantax conformance is elsewhere)."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -88,3 +89,14 @@ def test_chunk_map_auto_chunks_within_budget():
     assert_tree_close(jax.jit(explicit)(x), want)
     with pytest.raises(ValueError, match=r"`chunk_map\(chunk_size='auto'\)`: memory_budget"):
         chunkx.chunk_map(f, chunk_size="auto")(x)
+
+
+def test_chunk_map_takes_if_array_entries_as_batch_vmap_does():
+    x, w = jnp.arange(10.0), jnp.float32(2.0)
+    row = lambda x, w: jnp.sin(x * w)  # noqa: E731
+    f = chunkx.chunk_map(row, in_axes=(eqx.if_array(0), None), chunk_size=3)
+    want = jax.vmap(row, (0, None))(x, w)
+    np.testing.assert_array_equal(f(x, w), want)
+    g = chunkx.batch_vmap(row, in_axes=(eqx.if_array(0), None), batch_size=3)
+    np.testing.assert_array_equal(g(x, w), want)
+

@@ -759,3 +759,9 @@ def test_a_vmap_fn_collective_refuses_options_that_split_its_microbatch():
                              vmap_fn=vmap_fn)(x, w)  # the forward's size: whole microbatches
     np.testing.assert_allclose(same, om.micro_vmap(g, (0, None), microbatch_size=4,
                                                    vmap_fn=vmap_fn)(x, w), rtol=1e-6)
+
+
+def test_micro_vmap_refuses_a_backward_size_without_a_forward_one():
+    with pytest.raises(ValueError, match=r"`micro_vmap\(grad_microbatch_size=2\)`: a backward "
+                       r"chunk size needs a forward one; got microbatch_size=None"):
+        chunkx.micro_vmap(jnp.sin, grad_microbatch_size=2)
