@@ -1,4 +1,5 @@
-"""`chunkx.map`: `jax.lax.map(f, xs, batch_size=...)` as a pipeline, `Chunk(Vmap(f), size)`."""
+"""`chunkx.map`: `jax.lax.map(f, xs, batch_size=...)` as a pipeline, `Chunk(Vmap(f), size)`
+(`run_one_input`)."""
 
 import operator
 from collections.abc import Callable
@@ -7,13 +8,11 @@ from typing import Any
 import equinox as eqx
 import jax
 
-from .._combinators._rows import mapped_length
-from .._combinators.reduce import Concat
-from .._combinators.vmap import Vmap
+from .._combinators.reduce import identity
 from .._public import public
 from .._types import Budget, Size
 from ._bind import is_index
-from .pipeline import Strip, check_options, compose
+from .pipeline import check_options, run_one_input
 
 WHO = "chunkx.map"
 
@@ -92,7 +91,6 @@ def map(
             f"`{WHO}(xs=...)`: xs must hold at least one array (the mapped one), got "
             f"{type(xs).__name__} with none."
         )
-    n = mapped_length((xs,), (0,), WHO)  # one leading length, in this function's name
     opts = check_options(WHO, size, memory_budget=memory_budget)  # "auto": both passes planned
-    rows = Strip(f) if batch_size is None and n else Vmap(f)  # None: `f` itself, unvmapped
-    return compose(rows, (0,), Concat(), opts, WHO)(xs)
+    strip = batch_size is None  # `f` itself on each row, unvmapped
+    return run_one_input(f, xs, opts, None, identity, strip_dim0=strip, vmap=not strip)

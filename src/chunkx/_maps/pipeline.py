@@ -213,12 +213,13 @@ def _first_row(rows: Any) -> Any:
 def run_one_input(
     fun: Callable, x: Any, opts: Options, reduction: Any, chunk_reduction: Callable, **how: Any
 ) -> Any:
-    """The tail shared by `batch_map` and `sparse_pullback`: one chunked input pytree `x`,
+    """The tail shared by `batch_map`, `sparse_pullback` and `chunkx.map`: one chunked input pytree `x`,
     whose leading lengths are checked here, in the map's name.
 
     `how`: `strip_dim0` calls `fun` per row; with a `reduction` those rows are folded (seeded
-    from row 0, so 0 rows of the input named `arg` is an error); `reducer` as in
-    `reducer_for`. An "auto" size is planned by the pipeline's Chunk.
+    from row 0, so 0 rows of the input named `arg` is an error); `vmap` vectorises `fun` over
+    a chunk's rows; `reducer` as in `reducer_for`. An "auto" size is planned by the pipeline's
+    Chunk.
     """
     who, what = opts.who, f"{opts.who}({fn_name(fun)})"
     n = mapped_length((x,), (0,), who)
@@ -231,6 +232,8 @@ def run_one_input(
                     "reduction has no identity element to return."
                 )
             chunk_reduction = _first_row
+    elif how.get("vmap"):
+        fun = Vmap(fun)
     reducer, post = reducer_for(who, reduction, chunk_reduction, how.get("reducer"), opts.grad)
     pipeline = compose(fun, (0,), reducer, opts, what)
     with on_inputs_mesh(x):
