@@ -213,8 +213,8 @@ def _first_row(rows: Any) -> Any:
 def run_one_input(
     fun: Callable, x: Any, opts: Options, reduction: Any, chunk_reduction: Callable, **how: Any
 ) -> Any:
-    """The tail shared by `batch_map`, `sparse_pullback` and `chunkx.map`: one chunked input pytree `x`,
-    whose leading lengths are checked here, in the map's name.
+    """The tail shared by `batch_map`, `sparse_pullback` and `chunkx.map`: one chunked input
+    pytree `x`, whose leading lengths are checked here, in the map's name.
 
     `how`: `strip_dim0` calls `fun` per row; with a `reduction` those rows are folded (seeded
     from row 0, so 0 rows of the input named `arg` is an error); `vmap` vectorises `fun` over
