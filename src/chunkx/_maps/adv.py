@@ -276,9 +276,8 @@ def batch_map(
         assert jnp.allclose(total, fun(x).sum())
         ```
     """
-    who = "batch_map"
     opts = check_options(
-        who, batch_size, kwargs=kwargs, memory_budget=memory_budget, grad=grad,
+        "batch_map", batch_size, kwargs=kwargs, memory_budget=memory_budget, grad=grad,
         grad_size=grad_batch_size, shard=shard, mesh=mesh, checkpoint=checkpoint,
         progress=progress, strip_dim0=strip_dim0,
     )

@@ -233,6 +233,5 @@ def sparse_pullback_map(
         assert jnp.allclose(jax.grad(loss(sp))(y), jax.grad(loss(fn))(y))
         ```
     """
-    who = "sparse_pullback_map"
-    check_contract(who, y, jax.eval_shape(fn, y))
+    check_contract("sparse_pullback_map", y, jax.eval_shape(fn, y))
     return Pullback(eqx.filter_closure_convert(fn, y), higher_order)
