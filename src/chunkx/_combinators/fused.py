@@ -16,7 +16,6 @@ Arrays that `fn` closes over (or holds) are lifted to explicit inputs with
 `eqx.filter_closure_convert`, once per chunk shape, so their derivatives are exact too.
 """
 
-import types
 from typing import Any
 
 import equinox as eqx
@@ -84,24 +83,9 @@ def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
     return ("recompute" if chunk.checkpoint else "store"), None
 
 
-def _hides_no_array(fn: Any) -> bool:
-    """Whether every array `fn` reaches is one of its pytree leaves: its other leaves are
-    plain functions with nothing closed over and no array defaults."""
-    def plain(x):
-        hidden = (x.__closure__, x.__defaults__, x.__kwdefaults__)
-        return hidden[0] is None and not any(map(eqx.is_array, jax.tree_util.tree_leaves(hidden)))
-
-    return all(eqx.is_array(x) or isinstance(x, types.FunctionType) and plain(x)
-               for x in jax.tree_util.tree_leaves(fn))
-
-
 def _convert(chunk, example: tuple, k: int):
     """`chunk.fn` closure-converted at `example` (`k` rows); a function that takes the row
-    mask itself (its reducer's `fn_masks()`) gets it as an explicit first argument. A `fn`
-    that hides no array (`_hides_no_array`) is its own conversion: its array leaves are lifted
-    with the call's, and it is not traced an extra time."""
-    if _hides_no_array(chunk.fn):
-        return chunk.fn
+    mask itself (its reducer's `fn_masks()`) gets it as an explicit first argument."""
     if not chunk.reducer.fn_masks():
         return eqx.filter_closure_convert(chunk.fn, *example)
     conv = eqx.filter_closure_convert(
