@@ -321,3 +321,27 @@ def test_non_finite_sums_as_jnp_sum(rows, size):
     grad = jax.jit(jax.grad(lambda w: chunk(x, w)))(jnp.float32(1.0))
     want_grad = jax.grad(lambda w: jnp.sum(w * x))(jnp.float32(1.0))
     np.testing.assert_array_equal(np.asarray(grad), np.asarray(want_grad))
+
+
+@pytest.mark.parametrize(("dtype", "size", "carries"), [
+    (jnp.float32, 7, 1), (jnp.float32, 100, 1), (jnp.complex64, 100, 1), (jnp.complex64, 7, 2),
+])
+def test_compensation_costs_one_carry(dtype, size, carries):
+    """XLA temp memory (exact) of a compensated sum of per-example gradients (a 128x64 carry,
+    1000 rows) against the plain running sum: one carry of the gradient's size (a complex
+    leaf at 7 rows a chunk: XLA keeps a second while the shifted chunk is added)."""
+    w = jnp.linspace(-1.0, 1.0, 128 * 64).reshape(128, 64).astype(dtype) / 16
+    x = jnp.linspace(-1.0, 1.0, 1000 * 128).reshape(1000, 128).astype(dtype)
+    grad = jax.grad(lambda w, x: jnp.sum(jnp.abs(jnp.tanh(x @ w)) ** 2))
+
+    def temp(compensated):
+        g = chunkx.batch_vmap(grad, (None, 0), batch_size=size,
+                              reducer=chunkx.Sum(compensated=compensated))
+        return jax.jit(g).lower(w, x).compile().memory_analysis().temp_size_in_bytes
+
+    carry = w.size * w.dtype.itemsize
+    extra = temp(True) - temp(False)
+    assert 0 <= extra <= carries * carry * 1.01, (extra, carry)
+    out = chunkx.batch_vmap(grad, (None, 0), batch_size=size, reducer=chunkx.Sum())(w, x)
+    ref = jnp.sum(jax.vmap(grad, (None, 0))(w, x), axis=0)
+    assert jnp.allclose(out, ref, rtol=1e-5, atol=1e-5)

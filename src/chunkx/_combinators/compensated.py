@@ -9,8 +9,12 @@ away against the total (the total is that addition rounded), so the total is the
 infinite or NaN total carries no error, so a sum reaches `inf` or NaN where `jnp.sum` does.
 The error of the running sum is then a few roundings of the total plus a term of second order
 in the unit roundoff, whatever the number of chunks; within a chunk the rows are summed by
-`jnp.sum` as before. Folding the error into the next partial (rather than adding it to a
-separate sum) lets XLA update both carries in place: one extra carry per leaf.
+`jnp.sum` as before. A real leaf's total and compensation travel as one complex array (the
+total its real part, the compensation its imaginary part; both exact): the loop updates both
+in one kernel, in place, and the compensation costs one carry of the leaf's size (a complex
+leaf: one packed array for its real parts and one for its imaginary parts). Folding the
+error into the next partial (rather than adding it to a separate sum) keeps the update a
+function of the old carry and the partial alone.
 
 Floating leaves narrower than float32 (bfloat16, float16) are accumulated in float32 and
 rounded to their own dtype once, at the end: `jnp.sum` of such a leaf accumulates in float32
@@ -59,36 +63,49 @@ def narrow(tree: Tree) -> Tree:
     )
 
 
-class Running(eqx.Module):
-    """One leaf's running sum: `total` and (floating leaves) its compensation `comp`."""
+def _packed_add(packed: jax.Array, x: jax.Array) -> jax.Array:
+    """A running sum packed as `total + 1j * compensation` with the real `x` added."""
+    s, c = lax.real(packed), lax.imag(packed)  # lax, not jnp: no jnp wrapper to trace
+    # the error carried so far joins the next partial (as in Kahan's); the two-sum of an
+    # infinite or NaN total is NaN, and such a total has no rounding error to carry
+    y = lax.add(x.astype(s.dtype), lax.select(lax.ne(c, c), lax.full_like(c, 0), c))
+    t = lax.add(s, y)
+    z = lax.sub(t, s)
+    err = lax.add(lax.sub(s, lax.sub(t, z)), lax.sub(y, z))  # exactly s + y - t (two-sum)
+    return lax.complex(t, err)
 
-    total: jax.Array
-    comp: jax.Array | None
+
+class Running(eqx.Module):
+    """One leaf's running sum: an integer leaf's exact sum, or a floating leaf's total and
+    compensation packed in a complex array (two arrays for a complex leaf: the real parts'
+    and the imaginary parts'), in `sums`."""
+
+    sums: tuple[jax.Array, ...]
     dtype: Any = eqx.field(static=True)
 
     def add(self, part: Any) -> "Running":
-        """The running sum with `part` (an array or a `Wide` partial) added (its rounding
-        error kept in `comp`)."""
-        x = jnp.asarray(part.value if _is_wide(part) else part).astype(self.total.dtype)
-        if self.comp is None:
-            return Running(self.total + x, None, self.dtype)
-        # the error carried so far joins the next partial (as in Kahan's); the two-sum of an
-        # infinite or NaN total is NaN, and such a total has no rounding error to carry
-        c, s = self.comp, self.total  # lax, not jnp: no jnp wrapper to trace in a loop body
-        y = lax.add(x, lax.select(lax.ne(c, c), lax.full_like(c, 0), c))  # a NaN error: none
-        t = lax.add(s, y)
-        z = lax.sub(t, s)
-        err = lax.add(lax.sub(s, lax.sub(t, z)), lax.sub(y, z))  # exactly s + y - t (two-sum)
-        return Running(t, err, self.dtype)
+        """The running sum with `part` (an array or a `Wide` partial) added."""
+        x = jnp.asarray(part.value if _is_wide(part) else part)
+        if not jnp.issubdtype(self.dtype, jnp.inexact):
+            return Running((lax.add(self.sums[0], x.astype(self.sums[0].dtype)),), self.dtype)
+        xs = (lax.real(x), lax.imag(x)) if jnp.iscomplexobj(x) else (x,)
+        return Running(tuple(map(_packed_add, self.sums, xs)), self.dtype)
+
+    def value(self) -> jax.Array:
+        if not jnp.issubdtype(self.dtype, jnp.inexact):
+            return self.sums[0].astype(self.dtype)
+        totals = [lax.real(p) for p in self.sums]
+        return (lax.complex(*totals) if len(totals) == 2 else totals[0]).astype(self.dtype)
 
 
 def _start(struct: Any) -> Running:
     dtype = jnp.dtype(struct.dtype)  # a Wide partial: the dtype of its rows
     shape = struct.value.shape if _is_wide(struct) else struct.shape
     acc = carry_dtype(dtype)
-    zeros = jnp.zeros(shape, acc)
-    comp = jnp.zeros(shape, acc) if jnp.issubdtype(dtype, jnp.inexact) else None
-    return Running(zeros, comp, dtype)
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        return Running((jnp.zeros(shape, acc),), dtype)
+    packed = jnp.zeros(shape, jnp.result_type(acc, jnp.complex64))  # the complex of its width
+    return Running((packed,) * (2 if jnp.issubdtype(dtype, jnp.complexfloating) else 1), dtype)
 
 
 def start(struct: Tree) -> Tree:
@@ -105,6 +122,4 @@ def value(acc: Tree) -> Tree:
     """The sums of `acc`, in the dtypes of the partial results: each leaf's `total`. The
     compensation left is the exact rounding error of the last addition, so adding it would
     round back to `total`."""
-    return jax.tree_util.tree_map(
-        lambda r: r.total.astype(r.dtype), acc, is_leaf=lambda x: isinstance(x, Running)
-    )
+    return jax.tree_util.tree_map(Running.value, acc, is_leaf=lambda x: isinstance(x, Running))
