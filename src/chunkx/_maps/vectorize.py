@@ -1,5 +1,6 @@
 """`batch_vectorize`: `jax.numpy.vectorize` whose loop dimensions are chunked `batch_vmap`s."""
 
+import functools
 import re
 import warnings
 from collections.abc import Callable, Collection
@@ -87,39 +88,43 @@ class BatchVectorize(eqx.Module):
         # one element of each vectorized argument (a scalar for None), at its position in args
         elements = iter(0.0 if a is None else _element(a, max(a.ndim - len(c), 0))
                         for a, c in zip(dyn, in_core + [()] * len(dyn)))
-        shown = [None if i in self.excluded else next(elements) for i in range(len(args))]
+        shown = tuple(None if i in self.excluded else next(elements) for i in range(len(args)))
         if out_core is not None:
-            self._check(shown)
+            _jnp_checks(self.excluded, signature, shown)
         fn, dyn = _split_excluded(fn, nones, dyn, {})  # None: passed through, as excluded
         in_core = [c for i, c in enumerate(in_core) if i not in nones]
         loop_shapes = [a.shape[: a.ndim - len(core)] for a, core in zip(dyn, in_core)]
         out = _vectorize(fn, dyn, loop_shapes, self.batch_size, signature)
         if out_core is not None:  # what one element returned, as jnp.vectorize shows it
             loop = max(map(len, loop_shapes), default=0)
-            self._check(shown, jax.tree_util.tree_map(lambda o: _element(o, loop), out))
+            leaves, treedef = jax.tree_util.tree_flatten(out)
+            _jnp_checks(self.excluded, signature, shown,
+                        (treedef, tuple(_element(o, loop) for o in leaves)))
         return out
 
-    def _check(self, shown: list, out: Any = None) -> None:
-        """`jax.numpy.vectorize`'s checks, with its messages (named `batch_vectorize`), of one
-        element of the inputs (`shown`: placeholders at the excluded positions) and, given one
-        element's outputs `out` (structs), of those against the signature. A stand-in that
-        returns `out` (or, without it, stops where `pyfunc` would run) takes `pyfunc`'s place,
-        which is not traced again."""
 
-        def stand_in(*_: Any) -> Any:
-            if out is None:
-                raise _Checked
-            return out
+@functools.lru_cache(maxsize=1024)
+def _jnp_checks(excluded: frozenset, signature: str, shown: tuple, out: tuple | None = None):
+    """`jax.numpy.vectorize`'s checks, with its messages (named `batch_vectorize`), of one
+    element of the inputs (`shown`: placeholders at the excluded positions) and, given one
+    element's outputs (`out`: their treedef and structs), of those against the signature. A
+    stand-in that returns them (or, without them, stops where `pyfunc` would run) takes
+    `pyfunc`'s place, which is not traced again; a check that passed is not repeated."""
 
-        def check(*elements: Any) -> None:  # its result (`out`) is not returned
-            jnp.vectorize(stand_in, excluded=self.excluded, signature=self.signature)(*elements)
+    def stand_in(*_: Any) -> Any:
+        if out is None:
+            raise _Checked
+        return jax.tree_util.tree_unflatten(*out)
 
-        try:
-            jax.eval_shape(check, *shown)
-        except _Checked:
-            pass
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"`{_WHO}`: {e}") from None
+    def check(*elements: Any) -> None:  # its result (the structs) is not returned
+        jnp.vectorize(stand_in, excluded=excluded, signature=signature)(*elements)
+
+    try:
+        jax.eval_shape(check, *shown)
+    except _Checked:
+        pass
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"`{_WHO}`: {e}") from None
 
 
 def _vectorize(fn, args, loop_shapes, batch_size, signature):
