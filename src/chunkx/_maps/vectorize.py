@@ -91,9 +91,8 @@ class BatchVectorize(eqx.Module):
         shown = tuple(None if i in self.excluded else next(elements) for i in range(len(args)))
         if out_core is not None:
             _jnp_checks(self.excluded, signature, shown)
+        loop_shapes = [a.shape[: a.ndim - len(c)] for a, c in zip(dyn, in_core) if a is not None]
         fn, dyn = _split_excluded(fn, nones, dyn, {})  # None: passed through, as excluded
-        in_core = [c for i, c in enumerate(in_core) if i not in nones]
-        loop_shapes = [a.shape[: a.ndim - len(core)] for a, core in zip(dyn, in_core)]
         out = _vectorize(fn, dyn, loop_shapes, self.batch_size, signature)
         if out_core is not None:  # what one element returned, as jnp.vectorize shows it
             loop = max(map(len, loop_shapes), default=0)
