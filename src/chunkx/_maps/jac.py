@@ -32,14 +32,14 @@ def _partial(fun, argnums, args, kwargs):
 
 
 def _like(x: Any, ref: jax.ShapeDtypeStruct) -> Any:
-    """Reshape and cast one Jacobian block like JAX's (`x is None`: a float0 tangent), dropping
-    an imaginary part for real targets, weakly typed where JAX's is. An `aux` leaf that is not
-    a JAX array (a Python scalar, a NumPy array) is returned as it is, as JAX returns it."""
+    """Reshape and cast one Jacobian block like JAX's (`x is None`: a float0 tangent), weakly
+    typed where JAX's is. An `aux` leaf that is not a JAX array (a Python scalar, a NumPy array)
+    is returned as it is, as JAX returns it. (JAX's dtype checks, which run first, leave no
+    complex block for a real target: a block has its output's (forward) or input's (reverse)
+    dtype.)"""
     if x is not None and not isinstance(x, jax.Array):
         return x
     x = jnp.zeros(ref.shape, ref.dtype) if x is None else jnp.reshape(x, ref.shape)
-    if jnp.iscomplexobj(x) and not jnp.issubdtype(ref.dtype, jnp.complexfloating):
-        x = jnp.real(x)
     x = jax.lax.convert_element_type(x, ref.dtype)
     # a weak type (a Python scalar type's dtype): written into a weakly typed array of it
     kind = {"i": int, "f": float, "c": complex}.get(x.dtype.kind)

@@ -1,5 +1,6 @@
 """`batch_vectorize`: `jax.numpy.vectorize` whose loop dimensions are chunked `batch_vmap`s."""
 
+import functools
 import re
 import warnings
 from collections.abc import Callable, Collection
@@ -32,46 +33,13 @@ def parse_signature(signature: str) -> list[list[CoreDims]]:
     return [[tuple(re.findall(r"\w+", op)) for op in re.findall(_OPERAND, t)] for t in sides]
 
 
-def _record_sizes(sizes: dict, shape: tuple, core: CoreDims, context: str, is_input: bool):
-    """Check one operand's core dimensions against (and add them to) `sizes`."""
-    if is_input and len(shape) < len(core):
-        raise ValueError(
-            f"`{_WHO}`: input with shape {shape!r} does not have enough dimensions for all "
-            f"core dimensions {core!r} {context}"
-        )
-    if not is_input and len(shape) != len(core):
-        raise ValueError(
-            f"`{_WHO}`: output shape {shape!r} does not match core dimensions {core!r} {context}"
-        )
-    for name, size in zip(core, shape[len(shape) - len(core) :]):
-        if sizes.setdefault(name, size) != size:
-            raise ValueError(
-                f"`{_WHO}`: inconsistent size for core dimension {name!r}: {size!r} vs "
-                f"{sizes[name]!r} {context}"
-            )
+class _Checked(Exception):
+    """Raised in `pyfunc`'s place once `jax.numpy.vectorize` has checked the inputs."""
 
 
-def _check_outputs(out: Any, sizes: dict, out_core: list, context: str, loop: int) -> None:
-    """Check the outputs of the mapped call (`loop` loop dimensions in front of each) against
-    the signature's output core dimensions, as `jax.numpy.vectorize` checks each element's."""
-    many = isinstance(out, tuple)
-    if len(out_core) > 1 and not many:
-        # what one element returned, as jnp.vectorize shows it (not the mapped values)
-        one = jax.tree_util.tree_map(
-            lambda o: jax.ShapeDtypeStruct(jnp.shape(o)[loop:], jnp.result_type(o)), out
-        )
-        raise TypeError(
-            f"`{_WHO}`: output must be a tuple when multiple outputs are expected, "
-            f"got: {one!r}\n{context}"
-        )
-    outs = out if many else (out,)
-    if len(outs) != len(out_core):
-        raise TypeError(
-            f"`{_WHO}`: wrong number of output arguments: expected {len(out_core)!r}, "
-            f"got {len(outs)!r} {context}"
-        )
-    for o, core in zip(outs, out_core):
-        _record_sizes(sizes, jnp.shape(o)[loop:], core, context, is_input=False)
+def _element(x: Any, start: int) -> jax.ShapeDtypeStruct:
+    """One element of `x`, as a struct: its dimensions from `start` on, in its dtype."""
+    return jax.ShapeDtypeStruct(jnp.shape(x)[start:], jnp.result_type(x))
 
 
 def _split_excluded(fn, excluded, args, kwargs):
@@ -100,10 +68,9 @@ class BatchVectorize(eqx.Module):
     excluded: frozenset = eqx.field(static=True)
     signature: str | None = eqx.field(static=True)
     batch_size: int | None = eqx.field(static=True, converter=as_size)
-    context: str = eqx.field(static=True)  # jnp.vectorize's suffix of shape errors
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        signature, context = self.signature, self.context
+        signature = self.signature
         loose = sorted(set(kwargs) - self.excluded)
         if loose:
             raise TypeError(
@@ -112,27 +79,51 @@ class BatchVectorize(eqx.Module):
                 "arguments are not supported (jnp.vectorize silently drops them); add their "
                 "names to excluded to pass them through unchanged."
             )
-        fn, args = _split_excluded(self.pyfunc, self.excluded, args, kwargs)
-        in_core, out_core = parse_signature(signature) if signature else ([()] * len(args), None)
-        nones = {i for i, a in enumerate(args) if a is None}
+        fn, dyn = _split_excluded(self.pyfunc, self.excluded, args, kwargs)
+        in_core, out_core = parse_signature(signature) if signature else ([()] * len(dyn), None)
+        nones = {i for i, a in enumerate(dyn) if a is None}
         if any(i < len(in_core) and in_core[i] != () for i in nones):
             raise ValueError(f"`{_WHO}`: Cannot pass None at locations {nones} with {signature=}")
-        fn, args = _split_excluded(fn, nones, args, {})  # None: passed through, as excluded
-        in_core = [c for i, c in enumerate(in_core) if i not in nones]
-        args = [jnp.asarray(a) for a in args]
-        if len(args) != len(in_core):
-            raise TypeError(
-                f"`{_WHO}`: wrong number of positional arguments: expected {len(in_core)!r}, "
-                f"got {len(args)!r} {context}"
-            )
-        sizes: dict[str, int] = {}
-        for a, core in zip(args, in_core):
-            _record_sizes(sizes, a.shape, core, context, is_input=True)
-        loop_shapes = [a.shape[: a.ndim - len(core)] for a, core in zip(args, in_core)]
-        out = _vectorize(fn, args, loop_shapes, self.batch_size, signature)
+        dyn = [a if a is None else jnp.asarray(a) for a in dyn]
+        # one element of each vectorized argument (a scalar for None), at its position in args
+        elements = iter(0.0 if a is None else _element(a, max(a.ndim - len(c), 0))
+                        for a, c in zip(dyn, in_core + [()] * len(dyn)))
+        shown = tuple(None if i in self.excluded else next(elements) for i in range(len(args)))
         if out_core is not None:
-            _check_outputs(out, sizes, out_core, context, max(map(len, loop_shapes), default=0))
+            _jnp_checks(self.excluded, signature, shown)
+        loop_shapes = [a.shape[: a.ndim - len(c)] for a, c in zip(dyn, in_core) if a is not None]
+        fn, dyn = _split_excluded(fn, nones, dyn, {})  # None: passed through, as excluded
+        out = _vectorize(fn, dyn, loop_shapes, self.batch_size, signature)
+        if out_core is not None:  # what one element returned, as jnp.vectorize shows it
+            loop = max(map(len, loop_shapes), default=0)
+            leaves, treedef = jax.tree_util.tree_flatten(out)
+            _jnp_checks(self.excluded, signature, shown,
+                        (treedef, tuple(_element(o, loop) for o in leaves)))
         return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _jnp_checks(excluded: frozenset, signature: str, shown: tuple, out: tuple | None = None):
+    """`jax.numpy.vectorize`'s checks, with its messages (named `batch_vectorize`), of one
+    element of the inputs (`shown`: placeholders at the excluded positions) and, given one
+    element's outputs (`out`: their treedef and structs), of those against the signature. A
+    stand-in that returns them (or, without them, stops where `pyfunc` would run) takes
+    `pyfunc`'s place, which is not traced again; a check that passed is not repeated."""
+
+    def stand_in(*_: Any) -> Any:
+        if out is None:
+            raise _Checked
+        return jax.tree_util.tree_unflatten(*out)
+
+    def check(*elements: Any) -> None:  # its result (the structs) is not returned
+        jnp.vectorize(stand_in, excluded=excluded, signature=signature)(*elements)
+
+    try:
+        jax.eval_shape(check, *shown)
+    except _Checked:
+        pass
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"`{_WHO}`: {e}") from None
 
 
 def _vectorize(fn, args, loop_shapes, batch_size, signature):
@@ -233,5 +224,4 @@ def batch_vectorize(
         raise type(e)(f"`{_WHO}(excluded=...)`: {e}") from None
     if signature is not None:
         parse_signature(signature)
-    context = f"on vectorized function with excluded={excluded!r} and signature={signature!r}"
-    return BatchVectorize(pyfunc, frozenset(excluded), signature, batch_size, context)
+    return BatchVectorize(pyfunc, frozenset(excluded), signature, batch_size)
