@@ -144,11 +144,10 @@ def move_axis(tree: Any, src: int, dst: int) -> Any:
 
 def _per_output(out: Any, out_axes: Any, fn: Callable[[Any, int], Any]) -> Any:
     """`fn(output, axis)` per output: a tuple output zips with a tuple `out_axes`, which
-    must have one entry per output."""
-    if isinstance(out_axes, int):
-        return fn(out, out_axes)
-    if type(out) is not tuple:
-        return fn(out, out_axes[0])
+    must have one entry per output; an int `out_axes` (or a tuple's first entry, where `f`
+    returns no tuple) is the axis of the whole output."""
+    if isinstance(out_axes, int) or type(out) is not tuple:
+        return fn(out, out_axes if isinstance(out_axes, int) else out_axes[0])
     if len(out_axes) != len(out):
         raise ValueError(
             f"`chunk_map(out_axes={out_axes!r})`: f returned a tuple of "
