@@ -12,7 +12,7 @@ import numpy as np
 from jaxtyping import PyTree
 
 from .._checks import as_in_axes, check_positive
-from .._combinators._rows import mapped_length, struct_of
+from .._combinators._rows import mapped_length
 from .._combinators.reduce import Concat, Sum, zero_masked
 from .._combinators.vmap import Vmap
 from .._public import public
@@ -313,8 +313,9 @@ def _with_float0(primal, grad):
 
 def _check_rows(primals, chunk_argnums, *ct) -> int:
     """The common leading length of the chunked primals and the cotangents `ct` where given
-    (of every leaf, an array or not: `struct_of`)."""
-    trees = struct_of(tuple(primals[i] for i in chunk_argnums) + ct)
+    (a leaf that is no array is refused as 0-d)."""
+    trees = tuple(primals[i] for i in chunk_argnums) + ct
+    trees = jax.tree_util.tree_map(lambda x: x if eqx.is_array(x) else np.asarray(x), trees)
     names = tuple(f"primals[{i}]" for i in chunk_argnums) + ("cotangents",)
     who = f"{_VJP}(chunk_argnums={chunk_argnums})"
     return mapped_length(trees, (0,) * len(trees), who, names)
