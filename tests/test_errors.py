@@ -52,6 +52,13 @@ def test_mapped_lengths_must_agree():
         chunkx.chunk_map(jnp.add, chunk_size=3)(x10, jnp.arange(12.0))
 
 
+def test_chunk_map_needs_a_mapped_array():
+    """As quantax (which fails on it) and `jit_chunk_vmap`: a mapped argument holds an array."""
+    with pytest.raises(ValueError, match=r"^`chunk_map`: no mapped array to chunk: in_axes maps "
+                       r"argument\(s\) \[0\], which hold no array leaves"):
+        chunkx.chunk_map(lambda x: x, chunk_size=2)(3.0)
+
+
 def test_out_axes_validated():
     f = lambda x: (x, x, x)  # noqa: E731
     with pytest.raises(ValueError, match=r"`chunk_map\(out_axes=\(0, 0\)\)`: f returned a tuple of 3 outputs but out_axes has 2 entries"):

@@ -384,10 +384,10 @@ def test_argnums_validated():
 
 
 def test_rows_validated():
-    with pytest.raises(ValueError, match=r"`vjp_chunked\(chunk_argnums=\(1, 2\)\)`: the chunked primals and the cotangents must share one leading length, got shapes primals\[1\] \(22, 6\), primals\[2\] \(5,\)\."):
+    with pytest.raises(ValueError, match=r"`vjp_chunked\(chunk_argnums=\(1, 2\)\)`: mapped arguments must share the length of their leading axis, got primals\[1\] shape \(22, 6\), primals\[2\] shape \(5,\)\."):
         chunkx.vjp_chunked(lambda p, s, w: F(p, s), P_REAL, S, jnp.ones(5), chunk_argnums=(1, 2))
     pb = chunkx.vjp_chunked(F, P_REAL, S, chunk_argnums=1, chunk_size=4)
-    with pytest.raises(ValueError, match=r"`vjp_chunked\(chunk_argnums=\(1,\)\)`: the chunked primals and the cotangents must share one leading length, got shapes primals\[1\] \(22, 6\), cotangents \(21,\)\."):
+    with pytest.raises(ValueError, match=r"`vjp_chunked\(chunk_argnums=\(1,\)\)`: mapped arguments must share the length of their leading axis, got primals\[1\] shape \(22, 6\), cotangents shape \(21,\)\."):
         pb(jnp.ones(21))
 
 

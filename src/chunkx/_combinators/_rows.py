@@ -9,15 +9,19 @@ from .._types import AxisSpec
 from ._sharding import sharding_of
 
 
-def _where(i: int, path: tuple) -> str:
-    return f"argument {i}" + (f" leaf {jax.tree_util.keystr(path)}" if path else "")
+def _where(i: int, path: tuple, names: tuple[str, ...] | None = None) -> str:
+    where = f"argument {i}" if names is None else names[i]
+    return where + (f" leaf {jax.tree_util.keystr(path)}" if path else "")
 
 
-def mapped_length(args: tuple, axes: tuple[AxisSpec, ...], who: str) -> int:
+def mapped_length(
+    args: tuple, axes: tuple[AxisSpec, ...], who: str, names: tuple[str, ...] | None = None
+) -> int:
     """The common leading length of every array leaf of the mapped arguments.
 
     `who` names the caller in messages: a public map passes its own name (and validates
-    before it builds its pipeline), so errors name what the user called.
+    before it builds its pipeline), so errors name what the user called. `names` (one per
+    argument) name the arguments there in place of their positions.
     """
     lengths: dict[int, str] = {}
     for i, (arg, a) in enumerate(zip(args, axes)):
@@ -28,12 +32,12 @@ def mapped_length(args: tuple, axes: tuple[AxisSpec, ...], who: str) -> int:
                 continue
             if jnp.ndim(leaf) == 0:
                 raise ValueError(
-                    f"`{who}`: {_where(i, path)} is mapped (in_axes 0) but has a 0-d leaf; "
+                    f"`{who}`: {_where(i, path, names)} is mapped (in_axes 0) but has a 0-d leaf; "
                     "mapped leaves need a leading axis."
                 )
-            lengths.setdefault(int(leaf.shape[0]), f"{_where(i, path)} shape {leaf.shape}")
+            lengths.setdefault(int(leaf.shape[0]), f"{_where(i, path, names)} shape {leaf.shape}")
     if not lengths:
-        mapped = [i for i, a in enumerate(axes) if a is not None]
+        mapped = [i if names is None else names[i] for i, a in enumerate(axes) if a is not None]
         raise ValueError(
             f"`{who}`: no mapped array to chunk: in_axes maps argument(s) {mapped}, which "
             "hold no array leaves; a mapped argument needs at least one array."

@@ -12,6 +12,7 @@ import numpy as np
 from jaxtyping import PyTree
 
 from .._checks import as_in_axes, check_positive
+from .._combinators._rows import mapped_length
 from .._combinators.reduce import Concat, Sum, zero_masked
 from .._combinators.vmap import Vmap
 from .._public import public
@@ -310,20 +311,14 @@ def _with_float0(primal, grad):
     )
 
 
-def _check_rows(primals, chunk_argnums, ct) -> int:
-    """The common leading length of the chunked primals and the cotangents."""
-    lengths = {}
-    for name, tree in [(f"primals[{i}]", primals[i]) for i in chunk_argnums] + [("cotangents", ct)]:
-        for leaf in jax.tree_util.tree_leaves(tree):
-            shape = jnp.shape(leaf)
-            lengths.setdefault(shape[0] if shape else None, (name, shape))
-    if len(lengths) != 1 or None in lengths:
-        seen = ", ".join(f"{name} {shape}" for name, shape in lengths.values())
-        raise ValueError(
-            f"`vjp_chunked(chunk_argnums={chunk_argnums})`: the chunked primals and the "
-            f"cotangents must share one leading length, got shapes {seen}."
-        )
-    return next(iter(lengths))
+def _check_rows(primals, chunk_argnums, *ct) -> int:
+    """The common leading length of the chunked primals and the cotangents `ct` where given
+    (a leaf that is no array is refused as 0-d)."""
+    trees = tuple(primals[i] for i in chunk_argnums) + ct
+    trees = jax.tree_util.tree_map(lambda x: x if eqx.is_array(x) else np.asarray(x), trees)
+    names = tuple(f"primals[{i}]" for i in chunk_argnums) + ("cotangents",)
+    who = f"{_VJP}(chunk_argnums={chunk_argnums})"
+    return mapped_length(trees, (0,) * len(trees), who, names)
 
 
 @public
@@ -406,12 +401,11 @@ def vjp_chunked(
         (g_w,) = pullback(jnp.ones(10))   # == jax.vjp(f, w, x)[1](jnp.ones(10))[0]
         ```
     """
-    who = _VJP
-    chunk_size = check_positive(who, "chunk_size", chunk_size)
-    chunk_size_bwd = check_positive(who, "chunk_size_bwd", chunk_size_bwd)
-    chunk_argnums = _argnums(who, "chunk_argnums", chunk_argnums, len(primals))
-    nondiff_argnums = _argnums(who, "nondiff_argnums", nondiff_argnums, len(primals))
-    n = _check_rows(primals, chunk_argnums, None) if chunk_argnums else None
+    chunk_size = check_positive(_VJP, "chunk_size", chunk_size)
+    chunk_size_bwd = check_positive(_VJP, "chunk_size_bwd", chunk_size_bwd)
+    chunk_argnums = _argnums(_VJP, "chunk_argnums", chunk_argnums, len(primals))
+    nondiff_argnums = _argnums(_VJP, "nondiff_argnums", nondiff_argnums, len(primals))
+    n = _check_rows(primals, chunk_argnums) if chunk_argnums else None
     shard = n is not None and _sharded(axis_0_is_sharded)
     # netket: no chunked primals, or (unsharded) a chunk as large as the batch: no chunking
     if n is None or (not shard and chunk_size is not None and chunk_size >= n):
@@ -421,9 +415,9 @@ def vjp_chunked(
     # rows and sums from one pass: rows are scattered into n-row zeros and summed
     sums = any(i not in chunk_argnums + nondiff_argnums for i in range(len(primals)))
     arrays, fun = eqx.partition(fun, eqx.is_array)
-    forward = Options(who, chunk_size, shard=shard) if split else None
+    forward = Options(_VJP, chunk_size, shard=shard) if split else None
     # netket: no chunk size, no chunking and no sharding
-    opts = Options(who, bwd, shard=shard and bwd is not None)
+    opts = Options(_VJP, bwd, shard=shard and bwd is not None)
     return ChunkedVjp(arrays, fun, tuple(primals), chunk_argnums, nondiff_argnums, conjugate,
                       has_aux, return_forward, n if sums and bwd is not None else None, opts,
                       forward)

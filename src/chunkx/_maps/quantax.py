@@ -55,10 +55,7 @@ class ChunkMap(eqx.Module):
     def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
         """The map's value, or with `plan` (`"memory_plan"`, `"grad_memory_plan"`) the plan
         its Chunk follows for these arguments (`kwargs`: none, as `plan_call` passes them)."""
-        at, moved, zero = _layout(self.in_axes, args)
-        if plan is None and all(a is None for a in at):  # no mapped array: nothing to chunk
-            return _per_output(self.f(*args), self.out_axes, lambda o, ax: o)
-        n = mapped_length(moved, zero, "chunk_map")
+        at, moved, zero, n = _layout(self.in_axes, args)
         pipeline = self._pipeline(_Moved(self.f, at, self.out_axes), zero, n, args)
         if plan is not None:
             return plan_of(pipeline, plan, moved, zero, self.opts)
@@ -114,13 +111,15 @@ class ChunkMap(eqx.Module):
 
 
 def _layout(in_axes: InAxes, args: tuple, who: str = "chunk_map") -> tuple:
-    """`(at, moved, zero)`: each leaf's mapped axis (non-negative; `None` where it passes
+    """`(at, moved, zero, n)`: each leaf's mapped axis (non-negative; `None` where it passes
     whole), read by `by_argument` (every entry `k` as `eqx.if_array(k)`); the
-    arguments with those axes moved to the front; one axis (0 or None) per argument."""
+    arguments with those axes moved to the front; one axis (0 or None) per argument; the
+    mapped arrays' common length (`mapped_length`: an error where there is none)."""
     axes, leaves, at, treedef, _ = by_argument(who, in_axes, args, {})
     moved = [x if a is None else moveaxis(x, a, 0) for x, a in zip(leaves, at)]
     moved = jax.tree_util.tree_unflatten(treedef, moved)[0]
-    return tuple(at), moved, tuple(None if a is None else 0 for a in axes)
+    zero = tuple(None if a is None else 0 for a in axes)
+    return tuple(at), moved, zero, mapped_length(moved, zero, who)
 
 
 class _Moved(eqx.Module):
@@ -145,11 +144,10 @@ def move_axis(tree: Any, src: int, dst: int) -> Any:
 
 def _per_output(out: Any, out_axes: Any, fn: Callable[[Any, int], Any]) -> Any:
     """`fn(output, axis)` per output: a tuple output zips with a tuple `out_axes`, which
-    must have one entry per output."""
-    if isinstance(out_axes, int):
-        return fn(out, out_axes)
-    if type(out) is not tuple:
-        return fn(out, out_axes[0])
+    must have one entry per output; an int `out_axes` (or a tuple's first entry, where `f`
+    returns no tuple) is the axis of the whole output."""
+    if isinstance(out_axes, int) or type(out) is not tuple:
+        return fn(out, out_axes if isinstance(out_axes, int) else out_axes[0])
     if len(out_axes) != len(out):
         raise ValueError(
             f"`chunk_map(out_axes={out_axes!r})`: f returned a tuple of "
@@ -299,6 +297,5 @@ class Checked(eqx.Module):
     who: str = eqx.field(static=True)
 
     def __call__(self, *args: Any) -> Any:
-        _, moved, zero = _layout(self.in_axes, args, self.who)
-        mapped_length(moved, zero, self.who)
+        _layout(self.in_axes, args, self.who)
         return self.fn(*args)
