@@ -332,3 +332,27 @@ def test_vectorize_matches_plain_loop():
     a, b = jnp.broadcast_arrays(a, b)
     loop = np.array([jnp.power(a[idx], b[idx]) for idx in np.ndindex(a.shape)]).reshape(a.shape)
     np.testing.assert_allclose(out, loop)
+
+
+class _Box:
+    """A pytree node whose node data (a dict) does not hash."""
+
+    def __init__(self, value, meta):
+        self.value, self.meta = value, meta
+
+
+jax.tree_util.register_pytree_node(
+    _Box, lambda b: ((b.value,), b.meta), lambda meta, children: _Box(children[0], meta)
+)
+
+
+def test_vectorize_output_with_unhashable_node_data():
+    """The signature checks of such an output run at every call (they cannot be cached)."""
+    f = lambda x: _Box(jnp.sum(x ** 2), {"tags": ["norm"]})  # noqa: E731
+    x = jnp.arange(15.0).reshape(5, 3)
+    for _ in range(2):
+        out = batch_vectorize(f, signature="(n)->()", batch_size=2)(x)
+        ref = jnp.vectorize(f, signature="(n)->()")(x)
+        assert out.meta == ref.meta and jnp.allclose(out.value, ref.value)
+    with pytest.raises(ValueError, match="batch_vectorize"):
+        batch_vectorize(f, signature="(n)->(n)", batch_size=2)(x)

@@ -102,8 +102,18 @@ class BatchVectorize(eqx.Module):
         return out
 
 
+def _jnp_checks(*key: Any) -> None:
+    """`_jnp_check(*key)`, once per key that hashes (an output with unhashable pytree node
+    data is checked at every call)."""
+    try:
+        hash(key)
+    except TypeError:
+        return _jnp_check.__wrapped__(*key)
+    return _jnp_check(*key)
+
+
 @functools.lru_cache(maxsize=1024)
-def _jnp_checks(excluded: frozenset, signature: str, shown: tuple, out: tuple | None = None):
+def _jnp_check(excluded: frozenset, signature: str, shown: tuple, out: tuple | None = None):
     """`jax.numpy.vectorize`'s checks, with its messages (named `batch_vectorize`), of one
     element of the inputs (`shown`: placeholders at the excluded positions) and, given one
     element's outputs (`out`: their treedef and structs), of those against the signature. A
