@@ -38,6 +38,7 @@ from .._types import RowMask, Tree
 from ._bind import check_argnums
 from ._vmap_axes import resolve
 from .pipeline import AXES, Options, check_options, compose, plan_call, plan_of
+from .vmap import _Body
 
 
 class AccumulationType(enum.Enum):
@@ -276,14 +277,14 @@ def plan_leaves(who: str, accumulator: Any, per_example: bool, num_real: Any, co
 
 
 class RowFn(eqx.Module):
-    """The batched function a chunk evaluates on `(rows, fixed)`, the arguments
-    `eqx.combine`s back into `fun`'s `(args, kwargs)`: `fun` on a microbatch
-    (`per_example=False`; the rows' batch axes moved back to `axes`) or `vmap_fn(fun)` on its
-    rows. With `masked`, a first argument flags the rows to run: a chunk without any is
-    skipped (`lax.cond`) and unflagged rows give zeros."""
+    """The batched function a chunk evaluates on `(rows, fixed)`, the lists of leaves that
+    `body` (`fun` on its `(args, kwargs)`) joins: `body` on a microbatch (`per_example=False`;
+    the rows' batch axes moved back to `at`) or `vmap_fn(body)` on its rows. With `masked`, a
+    first argument flags the rows to run: a chunk without any is skipped (`lax.cond`) and
+    unflagged rows give zeros."""
 
-    fun: Callable[..., Any]
-    axes: tuple[int, ...] = eqx.field(static=True)
+    body: _Body
+    at: tuple[int | None, ...] = eqx.field(static=True)
     per_example: bool = eqx.field(static=True)
     masked: bool = eqx.field(static=True)
     vmap_fn: Callable[..., Any] = jax.vmap
@@ -291,16 +292,11 @@ class RowFn(eqx.Module):
     def __call__(self, *xs: Any) -> Any:
         rows, fixed = xs[self.masked :]
 
-        def call(rows):
-            args, kwargs = eqx.combine(rows, fixed)
-            return self.fun(*args, **kwargs)
-
         def compute(rows):
             if self.per_example:
-                return self.vmap_fn(call, (0,), 0)(rows)
-            leaves, treedef = jax.tree_util.tree_flatten(rows)
-            moved = [moveaxis(x, 0, a) for x, a in zip(leaves, self.axes)]
-            return call(jax.tree_util.tree_unflatten(treedef, moved))
+                return self.vmap_fn(lambda r: self.body(r, fixed), (0,), 0)(rows)
+            moved = [None if a is None else moveaxis(x, 0, a) for x, a in zip(rows, self.at)]
+            return self.body(moved, fixed)
 
         if not self.masked:
             return compute(rows)
@@ -394,19 +390,17 @@ class Microbatched(eqx.Module):
     def _resolve(self, args: tuple, kwargs: dict) -> tuple:
         """`resolve` of `(args, kwargs)`: each batch argument's array leaves along its axis (the
         other leaves, and the other arguments, passed whole)."""
-        who, nums = self.opts.who, self.argnums
+        who, nums, names = self.opts.who, self.argnums, self.argnames
         if nums is None:  # every positional argument at in_axes
             nums = range(len(args))
         else:
             check_argnums(who, "batch_argnums" if self.per_example else "argnums", nums, len(args))
-        axes = in_axes_tuple(who, self.in_axes, len(nums) + len(self.argnames or ()))
-        at = {i % len(args): a for i, a in zip(nums, axes)}
-        if self.argnames is None:  # keywords map along axis 0
-            at.update((k, 0) for k in kwargs)
-        else:
-            at.update(zip(self.argnames, axes[len(nums):]))
-        at = {key: eqx.if_array(a) for key, a in at.items() if a is not None}
+        axes = in_axes_tuple(who, self.in_axes, len(nums) + len(names or ()))
+        if names is None:  # keywords map along axis 0
+            names, axes = tuple(kwargs), axes + (0,) * len(kwargs)
+        at = dict(zip([*(i % len(args) for i in nums), *names], axes))
         spec = tuple(at.get(i) for i in range(len(args))), {k: at.get(k) for k in kwargs}
+        spec = jax.tree_util.tree_map(eqx.if_array, spec)  # an entry `k` maps array leaves only
         return resolve(who, spec, (args, kwargs), "the arguments")
 
     def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
@@ -414,20 +408,19 @@ class Microbatched(eqx.Module):
         `"grad_memory_plan"`), the plan its "auto" size follows."""
         opts, who, leaves = self.opts, self.opts.who, self.leaves
         flat, at, treedef, _ = self._resolve(args, kwargs)
-        moved = [x if a is None else moveaxis(x, a, 0) for x, a in zip(flat, at)]
-        mapped = jax.tree_util.tree_unflatten(treedef, [a is not None for a in at])
-        rows, fixed = eqx.partition(jax.tree_util.tree_unflatten(treedef, moved), mapped)
+        rows = [None if a is None else moveaxis(x, a, 0) for x, a in zip(flat, at)]
+        fixed = [x if a is None else None for x, a in zip(flat, at)]
         # rows cut and permuted on one layout (each device's under Shard)
         pair = (rows if opts.shard else jax.tree_util.tree_map(replicated, rows), fixed)
         n = mapped_length(pair, AXES, who)
         if n == 0:
             raise ValueError(f"`{who}`: the batch is empty (0 rows); there is no microbatch.")
-        axes = tuple(a for a in at if a is not None)
+        body, at = _Body(self.fun, treedef), tuple(at)
         mb = n if opts.size is None else opts.size
         if mb == "auto" and not self.per_example:  # `fun` sees whole microbatches: the plan
             # of a Chunk of microbatches, its size the largest divisor of the rows within it
             fwd = dataclasses.replace(opts, grad_size=None)
-            whole = compose(RowFn(self.fun, axes, False, False), AXES, leaves, fwd, who)
+            whole = compose(RowFn(body, at, False, False), AXES, leaves, fwd, who)
             whole = whole.memory_plan(*pair)
             whole = dataclasses.replace(whole, chunk_size=divisor_below(n, whole.chunk_size))
             if plan is not None:
@@ -440,7 +433,7 @@ class Microbatched(eqx.Module):
         padded = k is not None and k * mb != n
         # masked rows: padded ones, of a microbatch past `num_real`, or padded over the devices
         masked = k is not None and (padded or r is not None or n % d != 0)
-        row_fn = RowFn(self.fun, axes, self.per_example, masked, self.vmap_fn)
+        row_fn = RowFn(body, at, self.per_example, masked, self.vmap_fn)
         g = opts.grad_size // d if isinstance(opts.grad_size, int) else opts.grad_size
         local = None if opts.size is None else mb if k is None else mb // d  # None: all rows
         inner = dataclasses.replace(opts, size=local, grad_size=g, shard=False)
