@@ -417,15 +417,8 @@ class Microbatched(eqx.Module):
             raise ValueError(f"`{who}`: the batch is empty (0 rows); there is no microbatch.")
         body, at = _Body(self.fun, treedef), tuple(at)
         mb = n if opts.size is None else opts.size
-        if mb == "auto" and not self.per_example:  # `fun` sees whole microbatches: the plan
-            # of a Chunk of microbatches, its size the largest divisor of the rows within it
-            fwd = dataclasses.replace(opts, grad_size=None)
-            whole = compose(RowFn(body, at, False, False), AXES, leaves, fwd, who)
-            whole = whole.memory_plan(*pair)
-            whole = dataclasses.replace(whole, chunk_size=divisor_below(n, whole.chunk_size))
-            if plan is not None:
-                return whole
-            mb = whole.chunk_size
+        if mb == "auto" and not self.per_example and plan is None:  # whole microbatches
+            mb = self.memory_plan(*args, **kwargs).chunk_size
         d = opts.devices(args)
         k = None if mb == "auto" else -(-n // mb)
         self._check(n, mb, d)
@@ -446,8 +439,11 @@ class Microbatched(eqx.Module):
         if k is not None and (masked or not rowwise):
             core = Interleave(core, leaves, k, r, masked)
         core = Shard(core, opts.mesh, in_axes=AXES) if opts.shard else core
-        if plan is not None:  # an "auto" size: the plan of the loop's Chunk
-            return plan_of(core, plan, pair, AXES, opts)
+        if plan is not None:  # an "auto" size: the plan of the loop's Chunk; for `microbatch`,
+            # a Chunk of microbatches, its size the largest divisor of the rows within it
+            got = plan_of(core, plan, pair, AXES, opts)
+            return got if self.per_example else dataclasses.replace(
+                got, chunk_size=divisor_below(n, got.chunk_size))
         out = (Pad(core, mb, in_axes=AXES) if padded else core)(*pair)
         if not self.per_example:  # MEAN over the microbatches, RUNNING_MEAN over those run
             return leaves.finalize(out, k, k if r is None else r)
@@ -455,7 +451,7 @@ class Microbatched(eqx.Module):
 
     def _check(self, n: int, mb: Any, d: int) -> None:
         who = self.opts.who
-        if not self.per_example and n % mb:
+        if not self.per_example and isinstance(mb, int) and n % mb:
             raise ValueError(
                 f"`{who}(microbatch_size={mb})`: the batch of {n} rows must be a multiple of "
                 f"microbatch_size (divisible by {mb}): fun sees whole microbatches, so padded "
