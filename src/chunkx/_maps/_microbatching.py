@@ -169,20 +169,17 @@ class UserAccumulate(AbstractReducer):
         return join_chunks(stacked) if self.acc is None else acc
 
 
-def _per_leaf(method: str, trees: int = 1) -> Callable:
+def _per_leaf(method: str, trees: int = 1, join: Callable | None = None) -> Callable:
     """The `Leaves` method `method`: each leaf's reducer's on its part of the first `trees`
     arguments (pytrees of the outputs' prefix; the others passed to every leaf), the results
-    put back in the prefix's structure."""
+    put back in the prefix's structure, or joined by `join` (`all`: a predicate of every
+    leaf's reducer)."""
 
-    def each(self, *args: Any) -> Tree:
-        return self.treedef.unflatten(self._each(method, *args[:trees], extra=args[trees:]))
+    def each(self, *args: Any) -> Any:
+        out = self._each(method, *args[:trees], extra=args[trees:])
+        return self.treedef.unflatten(out) if join is None else join(out)
 
     return each
-
-
-def _every(method: str) -> Callable:
-    """The `Leaves` predicate `method`: whether every leaf's reducer's holds."""
-    return lambda self: all(getattr(r, method)() for r in self.reducers)
 
 
 class Leaves(AbstractReducer):
@@ -202,9 +199,10 @@ class Leaves(AbstractReducer):
     shard_spec = _per_leaf("shard_spec", trees=0)
     shard_local = _per_leaf("shard_local")
     shard_collect = _per_leaf("shard_collect")
-    is_additive = _every("is_additive")
-    compensates = _every("compensates")
-    can_mask = _every("can_mask")
+    trim = _per_leaf("trim")
+    is_additive = _per_leaf("is_additive", trees=0, join=all)
+    compensates = _per_leaf("compensates", trees=0, join=all)
+    can_mask = _per_leaf("can_mask", trees=0, join=all)
 
     def _each(self, method: str, *trees: Tree, extra: tuple = ()) -> list:
         split = [self.treedef.flatten_up_to(t) for t in trees]
@@ -213,8 +211,6 @@ class Leaves(AbstractReducer):
     def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
         pairs = self._each("accumulate", acc, part, extra=(start, index))
         return tuple(self.treedef.unflatten([p[i] for p in pairs]) for i in (0, 1))
-
-    trim = _per_leaf("trim")
 
     def check_rows(self, rows_struct: Tree, who: str) -> None:
         try:
@@ -391,10 +387,8 @@ class Microbatched(eqx.Module):
         """`resolve` of `(args, kwargs)`: each batch argument's array leaves along its axis (the
         other leaves, and the other arguments, passed whole)."""
         who, nums, names = self.opts.who, self.argnums, self.argnames
-        if nums is None:  # every positional argument at in_axes
-            nums = range(len(args))
-        else:
-            check_argnums(who, "batch_argnums" if self.per_example else "argnums", nums, len(args))
+        name = "batch_argnums" if self.per_example else "argnums"  # None: every positional one
+        nums = range(len(args)) if nums is None else check_argnums(who, name, nums, len(args))
         axes = in_axes_tuple(who, self.in_axes, len(nums) + len(names or ()))
         if names is None:  # keywords map along axis 0
             names, axes = tuple(kwargs), axes + (0,) * len(kwargs)
