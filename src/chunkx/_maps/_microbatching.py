@@ -252,26 +252,6 @@ class Leaves(AbstractReducer):
         return self.each_leaf(leaf, carry)
 
 
-def plan_leaves(who: str, accumulator: Any, per_example: bool, num_real: Any, compensated: bool):
-    """The `Leaves` reducer of the accumulator prefix; SUM, MEAN and RUNNING_MEAN add with
-    compensation unless `compensated` is off."""
-    given, treedef = jax.tree_util.tree_flatten(accumulator, is_leaf=lambda x: _kind(x) is not None)
-    kinds, reducers = [_kind(x) for x in given], []
-    for x, k in zip(given, kinds):
-        if k is None:
-            raise ValueError(
-                f"`{who}(accumulator=...)`: every leaf of the accumulator tree must be an "
-                f"AccumulationType or an Accumulator, got {x!r}."
-            )
-        if k is AccumulationType.CONCAT:
-            reducers.append(Concat() if per_example else UserAccumulate())
-        elif isinstance(k, AccumulationType):
-            reducers.append(Sum(presummed=not per_example, compensated=compensated))
-        else:
-            reducers.append(UserAccumulate(k, num_real, per_example))
-    return Leaves(tuple(reducers), treedef, tuple(kinds), who)
-
-
 class RowFn(eqx.Module):
     """The batched function a chunk evaluates on `(rows, fixed)`, the lists of leaves that
     `body` (`fun` on its `(args, kwargs)`) joins: `body` on a microbatch (`per_example=False`;
@@ -337,9 +317,8 @@ class Interleave(eqx.Module):
 
 class Microbatched(eqx.Module):
     """`fun` over microbatches of its batch arguments (the Module that `microbatch`,
-    `micro_vmap` and `micro_grad` return): its checked options (`microbatched`) and
-    accumulation (`plan_leaves`), and the pipeline a call runs,
-    `Pad(Shard(Interleave(Chunk(RowFn))))`.
+    `micro_vmap` and `micro_grad` return): its options and accumulation, checked once
+    (`microbatched`), and the pipeline a call runs, `Pad(Shard(Interleave(Chunk(RowFn))))`.
 
     The batch arguments: the positional ones `argnums` and keywords `argnames`, or with
     `argnums=None` every positional argument, at `in_axes` (an int, `None`, or one entry
@@ -409,9 +388,9 @@ class Microbatched(eqx.Module):
         n = mapped_length(pair, AXES, who)
         if n == 0:
             raise ValueError(f"`{who}`: the batch is empty (0 rows); there is no microbatch.")
-        body, at = _Body(self.fun, treedef), tuple(at)
         mb = n if opts.size is None else opts.size
-        if mb == "auto" and not self.per_example and plan is None:  # whole microbatches
+        if mb == "auto" and not self.per_example and plan is None:  # `fun` sees whole
+            # microbatches: their size is the one `memory_plan` gives (a divisor of the rows)
             mb = self.memory_plan(*args, **kwargs).chunk_size
         d = opts.devices(args)
         k = None if mb == "auto" else -(-n // mb)
@@ -420,7 +399,7 @@ class Microbatched(eqx.Module):
         padded = k is not None and k * mb != n
         # masked rows: padded ones, of a microbatch past `num_real`, or padded over the devices
         masked = k is not None and (padded or r is not None or n % d != 0)
-        row_fn = RowFn(body, at, self.per_example, masked, self.vmap_fn)
+        row_fn = RowFn(_Body(self.fun, treedef), tuple(at), self.per_example, masked, self.vmap_fn)
         g = opts.grad_size // d if isinstance(opts.grad_size, int) else opts.grad_size
         local = None if opts.size is None else mb if k is None else mb // d  # None: all rows
         inner = dataclasses.replace(opts, size=local, grad_size=g, shard=False)
@@ -501,7 +480,23 @@ def microbatched(
     both = {'microbatch_size="auto"': opts.size == "auto", "shard=True": opts.shard}
     refuse(who, "vmap_fn", vmap_fn is not jax.vmap,
            {**both, "a grad_microbatch_size": opts.grad_size not in (None, opts.size)})
-    leaves = plan_leaves(who, accumulator, per_example, num_real, compensated)
+    # the accumulation: a reducer per leaf of the accumulator prefix, SUM, MEAN and
+    # RUNNING_MEAN adding with compensation unless `compensated` is off
+    given, treedef = jax.tree_util.tree_flatten(accumulator, is_leaf=lambda x: _kind(x) is not None)
+    kinds, reducers = [_kind(x) for x in given], []
+    for x, k in zip(given, kinds):
+        if k is None:
+            raise ValueError(
+                f"`{who}(accumulator=...)`: every leaf of the accumulator tree must be an "
+                f"AccumulationType or an Accumulator, got {x!r}."
+            )
+        if k is AccumulationType.CONCAT:
+            reducers.append(Concat() if per_example else UserAccumulate())
+        elif isinstance(k, AccumulationType):
+            reducers.append(Sum(presummed=not per_example, compensated=compensated))
+        else:
+            reducers.append(UserAccumulate(k, num_real, per_example))
+    leaves = Leaves(tuple(reducers), treedef, tuple(kinds), who)
     refuse(who, "accumulator", leaves.user,
            {**both, "grad_microbatch_size": opts.grad_size is not None})
     return Microbatched(fun, opts, leaves, *spec, per_example, num_real, vmap_fn)
