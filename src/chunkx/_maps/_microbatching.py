@@ -388,10 +388,16 @@ class Microbatched(eqx.Module):
         n = mapped_length(pair, AXES, who)
         if n == 0:
             raise ValueError(f"`{who}`: the batch is empty (0 rows); there is no microbatch.")
+        body, at = _Body(self.fun, treedef), tuple(at)
         mb = n if opts.size is None else opts.size
-        if mb == "auto" and not self.per_example and plan is None:  # `fun` sees whole
-            # microbatches: their size is the one `memory_plan` gives (a divisor of the rows)
-            mb = self.memory_plan(*args, **kwargs).chunk_size
+        if mb == "auto" and not self.per_example:  # `fun` sees whole microbatches: the plan
+            # of a Chunk of microbatches, its size the largest divisor of the rows within it
+            whole = compose(RowFn(body, at, False, False), AXES, leaves, opts, who)
+            whole = whole.memory_plan(*pair)
+            whole = dataclasses.replace(whole, chunk_size=divisor_below(n, whole.chunk_size))
+            if plan is not None:
+                return whole
+            mb = whole.chunk_size
         d = opts.devices(args)
         k = None if mb == "auto" else -(-n // mb)
         self._check(n, mb, d)
@@ -399,7 +405,7 @@ class Microbatched(eqx.Module):
         padded = k is not None and k * mb != n
         # masked rows: padded ones, of a microbatch past `num_real`, or padded over the devices
         masked = k is not None and (padded or r is not None or n % d != 0)
-        row_fn = RowFn(_Body(self.fun, treedef), tuple(at), self.per_example, masked, self.vmap_fn)
+        row_fn = RowFn(body, at, self.per_example, masked, self.vmap_fn)
         g = opts.grad_size // d if isinstance(opts.grad_size, int) else opts.grad_size
         local = None if opts.size is None else mb if k is None else mb // d  # None: all rows
         inner = dataclasses.replace(opts, size=local, grad_size=g, shard=False)
@@ -412,11 +418,8 @@ class Microbatched(eqx.Module):
         if k is not None and (masked or not rowwise):
             core = Interleave(core, leaves, k, r, masked)
         core = Shard(core, opts.mesh, in_axes=AXES) if opts.shard else core
-        if plan is not None:  # an "auto" size: the plan of the loop's Chunk; for `microbatch`,
-            # a Chunk of microbatches, its size the largest divisor of the rows within it
-            got = plan_of(core, plan, pair, AXES, opts)
-            return got if self.per_example else dataclasses.replace(
-                got, chunk_size=divisor_below(n, got.chunk_size))
+        if plan is not None:  # an "auto" size: the plan of the loop's Chunk
+            return plan_of(core, plan, pair, AXES, opts)
         out = (Pad(core, mb, in_axes=AXES) if padded else core)(*pair)
         if not self.per_example:  # MEAN over the microbatches, RUNNING_MEAN over those run
             return leaves.finalize(out, k, k if r is None else r)
@@ -424,7 +427,7 @@ class Microbatched(eqx.Module):
 
     def _check(self, n: int, mb: Any, d: int) -> None:
         who = self.opts.who
-        if not self.per_example and isinstance(mb, int) and n % mb:
+        if not self.per_example and n % mb:
             raise ValueError(
                 f"`{who}(microbatch_size={mb})`: the batch of {n} rows must be a multiple of "
                 f"microbatch_size (divisible by {mb}): fun sees whole microbatches, so padded "
