@@ -38,6 +38,7 @@ from .._types import RowMask, Tree
 from ._bind import check_argnums
 from ._vmap_axes import resolve
 from .pipeline import AXES, Options, check_options, compose, plan_call, plan_of
+from .vmap import _Body
 
 
 class AccumulationType(enum.Enum):
@@ -168,20 +169,17 @@ class UserAccumulate(AbstractReducer):
         return join_chunks(stacked) if self.acc is None else acc
 
 
-def _per_leaf(method: str, trees: int = 1) -> Callable:
+def _per_leaf(method: str, trees: int = 1, join: Callable | None = None) -> Callable:
     """The `Leaves` method `method`: each leaf's reducer's on its part of the first `trees`
     arguments (pytrees of the outputs' prefix; the others passed to every leaf), the results
-    put back in the prefix's structure."""
+    put back in the prefix's structure, or joined by `join` (`all`: a predicate of every
+    leaf's reducer)."""
 
-    def each(self, *args: Any) -> Tree:
-        return self.treedef.unflatten(self._each(method, *args[:trees], extra=args[trees:]))
+    def each(self, *args: Any) -> Any:
+        out = self._each(method, *args[:trees], extra=args[trees:])
+        return self.treedef.unflatten(out) if join is None else join(out)
 
     return each
-
-
-def _every(method: str) -> Callable:
-    """The `Leaves` predicate `method`: whether every leaf's reducer's holds."""
-    return lambda self: all(getattr(r, method)() for r in self.reducers)
 
 
 class Leaves(AbstractReducer):
@@ -201,9 +199,10 @@ class Leaves(AbstractReducer):
     shard_spec = _per_leaf("shard_spec", trees=0)
     shard_local = _per_leaf("shard_local")
     shard_collect = _per_leaf("shard_collect")
-    is_additive = _every("is_additive")
-    compensates = _every("compensates")
-    can_mask = _every("can_mask")
+    trim = _per_leaf("trim")
+    is_additive = _per_leaf("is_additive", trees=0, join=all)
+    compensates = _per_leaf("compensates", trees=0, join=all)
+    can_mask = _per_leaf("can_mask", trees=0, join=all)
 
     def _each(self, method: str, *trees: Tree, extra: tuple = ()) -> list:
         split = [self.treedef.flatten_up_to(t) for t in trees]
@@ -212,8 +211,6 @@ class Leaves(AbstractReducer):
     def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
         pairs = self._each("accumulate", acc, part, extra=(start, index))
         return tuple(self.treedef.unflatten([p[i] for p in pairs]) for i in (0, 1))
-
-    trim = _per_leaf("trim")
 
     def check_rows(self, rows_struct: Tree, who: str) -> None:
         try:
@@ -255,35 +252,15 @@ class Leaves(AbstractReducer):
         return self.each_leaf(leaf, carry)
 
 
-def plan_leaves(who: str, accumulator: Any, per_example: bool, num_real: Any, compensated: bool):
-    """The `Leaves` reducer of the accumulator prefix; SUM, MEAN and RUNNING_MEAN add with
-    compensation unless `compensated` is off."""
-    given, treedef = jax.tree_util.tree_flatten(accumulator, is_leaf=lambda x: _kind(x) is not None)
-    kinds, reducers = [_kind(x) for x in given], []
-    for x, k in zip(given, kinds):
-        if k is None:
-            raise ValueError(
-                f"`{who}(accumulator=...)`: every leaf of the accumulator tree must be an "
-                f"AccumulationType or an Accumulator, got {x!r}."
-            )
-        if k is AccumulationType.CONCAT:
-            reducers.append(Concat() if per_example else UserAccumulate())
-        elif isinstance(k, AccumulationType):
-            reducers.append(Sum(presummed=not per_example, compensated=compensated))
-        else:
-            reducers.append(UserAccumulate(k, num_real, per_example))
-    return Leaves(tuple(reducers), treedef, tuple(kinds), who)
-
-
 class RowFn(eqx.Module):
-    """The batched function a chunk evaluates on `(rows, fixed)`, the arguments
-    `eqx.combine`s back into `fun`'s `(args, kwargs)`: `fun` on a microbatch
-    (`per_example=False`; the rows' batch axes moved back to `axes`) or `vmap_fn(fun)` on its
-    rows. With `masked`, a first argument flags the rows to run: a chunk without any is
-    skipped (`lax.cond`) and unflagged rows give zeros."""
+    """The batched function a chunk evaluates on `(rows, fixed)`, the lists of leaves that
+    `body` (`fun` on its `(args, kwargs)`) joins: `body` on a microbatch (`per_example=False`;
+    the rows' batch axes moved back to `at`) or `vmap_fn(body)` on its rows. With `masked`, a
+    first argument flags the rows to run: a chunk without any is skipped (`lax.cond`) and
+    unflagged rows give zeros."""
 
-    fun: Callable[..., Any]
-    axes: tuple[int, ...] = eqx.field(static=True)
+    body: _Body
+    at: tuple[int | None, ...] = eqx.field(static=True)
     per_example: bool = eqx.field(static=True)
     masked: bool = eqx.field(static=True)
     vmap_fn: Callable[..., Any] = jax.vmap
@@ -291,16 +268,11 @@ class RowFn(eqx.Module):
     def __call__(self, *xs: Any) -> Any:
         rows, fixed = xs[self.masked :]
 
-        def call(rows):
-            args, kwargs = eqx.combine(rows, fixed)
-            return self.fun(*args, **kwargs)
-
         def compute(rows):
             if self.per_example:
-                return self.vmap_fn(call, (0,), 0)(rows)
-            leaves, treedef = jax.tree_util.tree_flatten(rows)
-            moved = [moveaxis(x, 0, a) for x, a in zip(leaves, self.axes)]
-            return call(jax.tree_util.tree_unflatten(treedef, moved))
+                return self.vmap_fn(lambda r: self.body(r, fixed), (0,), 0)(rows)
+            moved = [None if a is None else moveaxis(x, 0, a) for x, a in zip(rows, self.at)]
+            return self.body(moved, fixed)
 
         if not self.masked:
             return compute(rows)
@@ -345,9 +317,8 @@ class Interleave(eqx.Module):
 
 class Microbatched(eqx.Module):
     """`fun` over microbatches of its batch arguments (the Module that `microbatch`,
-    `micro_vmap` and `micro_grad` return): its checked options (`microbatched`) and
-    accumulation (`plan_leaves`), and the pipeline a call runs,
-    `Pad(Shard(Interleave(Chunk(RowFn))))`.
+    `micro_vmap` and `micro_grad` return): its options and accumulation, checked once
+    (`microbatched`), and the pipeline a call runs, `Pad(Shard(Interleave(Chunk(RowFn))))`.
 
     The batch arguments: the positional ones `argnums` and keywords `argnames`, or with
     `argnums=None` every positional argument, at `in_axes` (an int, `None`, or one entry
@@ -394,19 +365,15 @@ class Microbatched(eqx.Module):
     def _resolve(self, args: tuple, kwargs: dict) -> tuple:
         """`resolve` of `(args, kwargs)`: each batch argument's array leaves along its axis (the
         other leaves, and the other arguments, passed whole)."""
-        who, nums = self.opts.who, self.argnums
-        if nums is None:  # every positional argument at in_axes
-            nums = range(len(args))
-        else:
-            check_argnums(who, "batch_argnums" if self.per_example else "argnums", nums, len(args))
-        axes = in_axes_tuple(who, self.in_axes, len(nums) + len(self.argnames or ()))
-        at = {i % len(args): a for i, a in zip(nums, axes)}
-        if self.argnames is None:  # keywords map along axis 0
-            at.update((k, 0) for k in kwargs)
-        else:
-            at.update(zip(self.argnames, axes[len(nums):]))
-        at = {key: eqx.if_array(a) for key, a in at.items() if a is not None}
+        who, nums, names = self.opts.who, self.argnums, self.argnames
+        name = "batch_argnums" if self.per_example else "argnums"  # None: every positional one
+        nums = range(len(args)) if nums is None else check_argnums(who, name, nums, len(args))
+        axes = in_axes_tuple(who, self.in_axes, len(nums) + len(names or ()))
+        if names is None:  # keywords map along axis 0
+            names, axes = tuple(kwargs), axes + (0,) * len(kwargs)
+        at = dict(zip([*(i % len(args) for i in nums), *names], axes))
         spec = tuple(at.get(i) for i in range(len(args))), {k: at.get(k) for k in kwargs}
+        spec = jax.tree_util.tree_map(eqx.if_array, spec)  # an entry `k` maps array leaves only
         return resolve(who, spec, (args, kwargs), "the arguments")
 
     def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
@@ -414,20 +381,18 @@ class Microbatched(eqx.Module):
         `"grad_memory_plan"`), the plan its "auto" size follows."""
         opts, who, leaves = self.opts, self.opts.who, self.leaves
         flat, at, treedef, _ = self._resolve(args, kwargs)
-        moved = [x if a is None else moveaxis(x, a, 0) for x, a in zip(flat, at)]
-        mapped = jax.tree_util.tree_unflatten(treedef, [a is not None for a in at])
-        rows, fixed = eqx.partition(jax.tree_util.tree_unflatten(treedef, moved), mapped)
+        rows = [None if a is None else moveaxis(x, a, 0) for x, a in zip(flat, at)]
+        fixed = [x if a is None else None for x, a in zip(flat, at)]
         # rows cut and permuted on one layout (each device's under Shard)
         pair = (rows if opts.shard else jax.tree_util.tree_map(replicated, rows), fixed)
         n = mapped_length(pair, AXES, who)
         if n == 0:
             raise ValueError(f"`{who}`: the batch is empty (0 rows); there is no microbatch.")
-        axes = tuple(a for a in at if a is not None)
+        body, at = _Body(self.fun, treedef), tuple(at)
         mb = n if opts.size is None else opts.size
         if mb == "auto" and not self.per_example:  # `fun` sees whole microbatches: the plan
             # of a Chunk of microbatches, its size the largest divisor of the rows within it
-            fwd = dataclasses.replace(opts, grad_size=None)
-            whole = compose(RowFn(self.fun, axes, False, False), AXES, leaves, fwd, who)
+            whole = compose(RowFn(body, at, False, False), AXES, leaves, opts, who)
             whole = whole.memory_plan(*pair)
             whole = dataclasses.replace(whole, chunk_size=divisor_below(n, whole.chunk_size))
             if plan is not None:
@@ -440,7 +405,7 @@ class Microbatched(eqx.Module):
         padded = k is not None and k * mb != n
         # masked rows: padded ones, of a microbatch past `num_real`, or padded over the devices
         masked = k is not None and (padded or r is not None or n % d != 0)
-        row_fn = RowFn(self.fun, axes, self.per_example, masked, self.vmap_fn)
+        row_fn = RowFn(body, at, self.per_example, masked, self.vmap_fn)
         g = opts.grad_size // d if isinstance(opts.grad_size, int) else opts.grad_size
         local = None if opts.size is None else mb if k is None else mb // d  # None: all rows
         inner = dataclasses.replace(opts, size=local, grad_size=g, shard=False)
@@ -518,7 +483,23 @@ def microbatched(
     both = {'microbatch_size="auto"': opts.size == "auto", "shard=True": opts.shard}
     refuse(who, "vmap_fn", vmap_fn is not jax.vmap,
            {**both, "a grad_microbatch_size": opts.grad_size not in (None, opts.size)})
-    leaves = plan_leaves(who, accumulator, per_example, num_real, compensated)
+    # the accumulation: a reducer per leaf of the accumulator prefix, SUM, MEAN and
+    # RUNNING_MEAN adding with compensation unless `compensated` is off
+    given, treedef = jax.tree_util.tree_flatten(accumulator, is_leaf=lambda x: _kind(x) is not None)
+    kinds, reducers = [_kind(x) for x in given], []
+    for x, k in zip(given, kinds):
+        if k is None:
+            raise ValueError(
+                f"`{who}(accumulator=...)`: every leaf of the accumulator tree must be an "
+                f"AccumulationType or an Accumulator, got {x!r}."
+            )
+        if k is AccumulationType.CONCAT:
+            reducers.append(Concat() if per_example else UserAccumulate())
+        elif isinstance(k, AccumulationType):
+            reducers.append(Sum(presummed=not per_example, compensated=compensated))
+        else:
+            reducers.append(UserAccumulate(k, num_real, per_example))
+    leaves = Leaves(tuple(reducers), treedef, tuple(kinds), who)
     refuse(who, "accumulator", leaves.user,
            {**both, "grad_microbatch_size": opts.grad_size is not None})
     return Microbatched(fun, opts, leaves, *spec, per_example, num_real, vmap_fn)
