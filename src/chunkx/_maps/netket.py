@@ -266,7 +266,11 @@ class ChunkedVjp(eqx.Module):
             fun = eqx.combine(self.arrays, self.fun)
             out = compose(fun, axes[2:], Concat(), self.forward, _VJP)(*self.primals)
             y, aux = out if self.has_aux else (out, None)
-        grads = tuple(_with_float0(self.primals[i], gi) for i, gi in g.items())
+
+        def float0(p, gi):  # an integer primal's leaf (None from `_chunk`): float0 zeros
+            return np.zeros(np.shape(p), jax.dtypes.float0) if gi is None else gi
+
+        grads = tuple(jax.tree_util.tree_map(float0, self.primals[i], gi) for i, gi in g.items())
         if self.return_forward:
             return (y, grads, aux) if self.has_aux else (y, grads)
         return (grads, aux) if self.has_aux else grads
@@ -302,13 +306,6 @@ class ChunkedVjp(eqx.Module):
         keep = self.forward is None
         y = rows(ys) if keep and self.return_forward else None
         return y, g, rows(aux[0]) if keep and self.has_aux else None
-
-
-def _with_float0(primal, grad):
-    """`grad` (the cotangent of `primal`) with the float0 zeros of its integer leaves."""
-    return jax.tree_util.tree_map(
-        lambda p, g: np.zeros(np.shape(p), jax.dtypes.float0) if g is None else g, primal, grad
-    )
 
 
 def _check_rows(primals, chunk_argnums, *ct) -> int:
