@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from chunkx._maps._bind import Bound, argnums_tuple, check_argnums
+from chunkx._checks import argnums_tuple, check_argnums
+from chunkx._maps._bind import Bound
 
 
 def f(a, b, c, *, d=0.0):

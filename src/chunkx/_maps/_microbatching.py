@@ -25,7 +25,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._checks import in_axes_tuple
+from .._checks import check_argnums, in_axes_tuple
 from .._combinators._rows import mapped_length, moveaxis, struct_of, zeros_like_struct
 from .._combinators._sharding import replicated
 from .._combinators.groups import _swap_blocks
@@ -35,7 +35,6 @@ from .._combinators.shard import Shard
 from .._plan.measure import divisor_below
 from .._plan.search import MemoryPlan
 from .._types import RowMask, Tree
-from ._bind import check_argnums
 from ._vmap_axes import resolve
 from .pipeline import AXES, Options, check_options, compose, plan_call, plan_of
 from .vmap import _Body

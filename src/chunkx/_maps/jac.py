@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from .._checks import as_size, resolve_batch_size
+from .._checks import argnums_tuple, as_size, check_argnums, resolve_batch_size
 from .._public import public
 from .._types import Size
-from ._bind import Bound, argnums_tuple, check_argnums
+from ._bind import Bound
 from .adv import batch_vmap
 
 Argnums = int | tuple[int, ...]

@@ -8,10 +8,10 @@ from typing import Any
 import equinox as eqx
 import jax
 
+from .._checks import is_index
 from .._combinators.reduce import identity
 from .._public import public
 from .._types import Budget, Size
-from ._bind import is_index
 from .pipeline import check_options, run_one_input
 
 WHO = "chunkx.map"

@@ -11,13 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PyTree
 
-from .._checks import as_in_axes, check_positive
+from .._checks import argnums_tuple, as_in_axes, check_argnums, check_positive
 from .._combinators._rows import mapped_length
 from .._combinators.reduce import Concat, Sum, zero_masked
 from .._combinators.vmap import Vmap
 from .._public import public
 from .._types import InAxes, Size
-from ._bind import Bound, argnums_tuple, check_argnums
+from ._bind import Bound
 from .pipeline import Options, compose
 from .quantax import Checked
 

@@ -18,11 +18,10 @@ import numpy as np
 from jax.sharding import Mesh
 from jaxtyping import Int
 
-from .._checks import as_in_axes, check_positive
+from .._checks import argnums_tuple, as_in_axes, check_argnums, check_positive
 from .._combinators.reduce import identity
 from .._public import public
 from .._types import Budget
-from ._bind import argnums_tuple, check_argnums
 from ._microbatching import AccumulationType, Microbatched, microbatched
 from .pipeline import Planned
 
