@@ -119,7 +119,7 @@ def add(acc: Tree, part: Tree) -> Tree:
 
 
 def value(acc: Tree) -> Tree:
-    """The sums of `acc`, in the dtypes of the partial results: each leaf's `total`. The
-    compensation left is the exact rounding error of the last addition, so adding it would
-    round back to `total`."""
+    """The sums of `acc`, in the dtypes of the partial results: each leaf's total (the real
+    part of its packed array). The compensation left is the exact rounding error of the last
+    addition, so adding it would round back to the total."""
     return jax.tree_util.tree_map(Running.value, acc, is_leaf=lambda x: isinstance(x, Running))
