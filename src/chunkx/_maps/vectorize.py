@@ -132,8 +132,8 @@ def _jnp_check(excluded: frozenset, signature: str, shown: tuple, out: tuple | N
         jax.eval_shape(check, *shown)
     except _Checked:
         pass
-    except (TypeError, ValueError) as e:
-        raise type(e)(f"`{_WHO}`: {e}") from None
+    except (TypeError, ValueError) as e:  # as the base type: a subclass may take other args
+        raise (TypeError if isinstance(e, TypeError) else ValueError)(f"`{_WHO}`: {e}") from None
 
 
 def _vectorize(fn, args, loop_shapes, batch_size, signature):
