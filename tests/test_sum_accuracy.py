@@ -345,3 +345,21 @@ def test_compensation_costs_one_carry(dtype, size, carries):
     out = chunkx.batch_vmap(grad, (None, 0), batch_size=size, reducer=chunkx.Sum())(w, x)
     ref = jnp.sum(jax.vmap(grad, (None, 0))(w, x), axis=0)
     assert jnp.allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_boolean_partials_added_as_jnp_add(size):
+    """Boolean partials that a function pre-sums itself (or a `Monoid` adding with `jnp.add`)
+    join as `jnp.add` joins them (a logical or), compensated or not."""
+    x = jnp.arange(7.0)
+    want = functools.reduce(jnp.add, [jnp.any(x[k : k + size] > 4) for k in range(0, 7, size)])
+    for compensated in (True, False):
+        pipes = [
+            chunkx.Chunk(lambda r: jnp.any(r > 4), size, remainder="call",
+                         reducer=chunkx.Sum(presummed=True, compensated=compensated)),
+            chunkx.Chunk(chunkx.Vmap(lambda r: r > 4), size, reducer=chunkx.Monoid(
+                jnp.add, lambda rows: jnp.any(rows, axis=0), compensated=compensated)),
+        ]
+        for pipe in pipes:
+            got = jax.jit(pipe)(x)
+            assert got.dtype == want.dtype and bool(got) == bool(want), (pipe, got)

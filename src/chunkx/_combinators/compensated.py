@@ -19,7 +19,8 @@ function of the old carry and the partial alone.
 Floating leaves narrower than float32 (bfloat16, float16) are accumulated in float32 and
 rounded to their own dtype once, at the end: `jnp.sum` of such a leaf accumulates in float32
 too; a chunk's own sum of such rows reaches the running sum unrounded, as a `Wide` partial.
-Integer and boolean leaves are added exactly, without compensation.
+Integer leaves are added exactly, without compensation; boolean partials (a function's own
+pre-summed rows) join as `jnp.add` joins them, by a logical or.
 """
 
 from typing import Any
@@ -86,8 +87,8 @@ class Running(eqx.Module):
     def add(self, part: Any) -> "Running":
         """The running sum with `part` (an array or a `Wide` partial) added."""
         x = jnp.asarray(part.value if _is_wide(part) else part)
-        if not jnp.issubdtype(self.dtype, jnp.inexact):
-            return Running((lax.add(self.sums[0], x.astype(self.sums[0].dtype)),), self.dtype)
+        if not jnp.issubdtype(self.dtype, jnp.inexact):  # jnp: booleans by a logical or
+            return Running((jnp.add(self.sums[0], x.astype(self.sums[0].dtype)),), self.dtype)
         xs = (lax.real(x), lax.imag(x)) if jnp.iscomplexobj(x) else (x,)
         return Running(tuple(map(_packed_add, self.sums, xs)), self.dtype)
 
