@@ -63,8 +63,14 @@ def _as_jax(jac: Callable, nums: Any, dyn: tuple, out: Any, blocks: list, has_au
     traced a second time."""
 
     def stand_in(*_):
-        return jax.tree_util.tree_map(
+        consts = jax.tree_util.tree_map(
             lambda x: _like(None, x) if isinstance(x, jax.ShapeDtypeStruct) else x, out)
+        if not has_aux:
+            return consts
+        # an `aux` leaf that is no JAX array (a string, any object: `_like` returns it as it
+        # is) is a placeholder here, as `eval_shape` returns JAX types only
+        aux = jax.tree_util.tree_map(lambda x: x if isinstance(x, jax.Array) else 0, consts[1])
+        return consts[0], aux
 
     ref = jax.eval_shape(jac(stand_in, nums, has_aux=has_aux, **kw), *dyn)
     leaves, treedef = jax.tree_util.tree_flatten(ref[0] if has_aux else ref)
