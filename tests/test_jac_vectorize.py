@@ -197,6 +197,8 @@ def test_jacobian_errors(ours, _, peer):
         peer(jnp.sin, batch_sze=2)
     with pytest.raises(ValueError, match="must have value greater than or equal to -len"):
         ours(jnp.sin, argnums=2)(jnp.ones(2))
+    with pytest.raises(ValueError, match=rf"`{name}\(argnums=\(0, -3\)\)`: Positional argument"):
+        ours(jnp.multiply, argnums=(0, -3))(jnp.ones(2), jnp.ones(2))
     holo_msg = f"{name[6:]} with holomorphic=True requires inputs with complex dtype"
     int_msg = {"jacfwd": "jacfwd requires real-valued inputs", "jacrev": "jacrev requires real-"}
     for fn in (ours, peer):

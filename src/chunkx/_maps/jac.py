@@ -19,11 +19,15 @@ from .adv import batch_vmap
 Argnums = int | tuple[int, ...]
 
 
-def _partial(fun, argnums, args, kwargs):
+def _partial(who, fun, argnums, args, kwargs):
     """`fun` as a function of the differentiated arguments only; those arguments; and the
-    `argnums` of that function (an int stays an int, as JAX's Jacobian structure follows it)."""
+    `argnums` of that function (an int stays an int, as JAX's Jacobian structure follows it).
+    `who`: the public map, named in front of JAX's message where `argnums` does not fit."""
     n = len(args)  # JAX's own check of `argnums` against `n` arguments (placeholders)
-    jax.eval_shape(jax.jacfwd(lambda *_: 0.0, argnums), *[0.0] * n)
+    try:
+        jax.eval_shape(jax.jacfwd(lambda *_: 0.0, argnums), *[0.0] * n)
+    except ValueError as e:
+        raise ValueError(f"`{who}(argnums={argnums!r})`: {e}") from None
     nums = tuple(i % n for i in argnums_tuple(argnums))
     rest = tuple(i for i in range(len(args)) if i not in nums)
     f = Bound(fun, tuple(args[i] for i in rest), rest, kwargs, free_at=nums)
@@ -113,7 +117,7 @@ class BatchJacfwd(_Jacobian):
     linearize: bool = eqx.field(static=True, default=True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        f, dyn, nums = _partial(self.fun, self.argnums, args, kwargs)
+        f, dyn, nums = _partial("batch_jacfwd", self.fun, self.argnums, args, kwargs)
         # JAX's checks of the inputs come first, before `f` runs (a scalar output stands in)
         scalar = jnp.zeros((), complex if self.holomorphic else float)
         jax.eval_shape(jax.jacfwd(lambda *_: scalar, nums, holomorphic=self.holomorphic), *dyn)
@@ -175,7 +179,7 @@ class BatchJacrev(_Jacobian):
     allow_int: bool = eqx.field(static=True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        f, dyn, nums = _partial(self.fun, self.argnums, args, kwargs)
+        f, dyn, nums = _partial("batch_jacrev", self.fun, self.argnums, args, kwargs)
         y, pullback, *aux = jax.vjp(f, *dyn, has_aux=self.has_aux)  # residuals: once
 
         def pull(i):  # the basis cotangent built inside the chunk, as for batch_jacfwd
