@@ -150,7 +150,12 @@ class BatchJacfwd(_Jacobian):
         aux = eqx.combine(jax.tree_util.tree_map(lambda x: x[0], aux), fixed[-1])
         # the primal's structs (a primal per column would be `n` copies of the output)
         y = jax.eval_shape(f, *dyn)
-        return tangents, ((y[0], *aux) if aux else y)
+        if not aux:
+            return tangents, y
+        # the aux arrays came through the chunked map: weakly typed again where `f`'s are
+        aux = jax.tree_util.tree_map(
+            lambda a, s: _like(a, s) if isinstance(a, jax.Array) else a, aux[0], y[1])
+        return tangents, (y[0], aux)
 
 
 def _basis_vector(i: Any, tree: Any) -> Any:
