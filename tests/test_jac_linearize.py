@@ -140,3 +140,12 @@ def test_primal_runs_once_outside_the_chunk_loop(linearize):
     assert bodies  # chunked
     assert any("exp" in _primitives(b) for b in bodies) is (not linearize)
     np.testing.assert_allclose(jac(ones), jax.jit(jax.jacfwd(f))(ones))
+
+
+@LIN
+def test_weakly_typed_aux_over_leftover_columns(lin):
+    """Python scalar inputs give a weakly typed aux, which stays weakly typed when the
+    columns leave a remainder (3 columns in chunks of 2), as `jax.jacfwd` returns it."""
+    g = lambda z: ([z[0] * z[1], z[2] * 2], (z[0] * 3, z[1]))  # noqa: E731
+    out = batch_jacfwd(g, has_aux=True, batch_size=2, linearize=lin)([0.5, 2.0, 1.0])
+    assert_tree_close(out, jax.jacfwd(g, has_aux=True)([0.5, 2.0, 1.0]), weak_type=True)

@@ -104,6 +104,23 @@ def test_jacobian_has_aux_python_scalars(ours, ref, _):
         assert {k: type(v) for k, v in out[1].items()} == {k: type(v) for k, v in expect[1].items()}
 
 
+def test_jacrev_has_aux_non_array_leaves():
+    """An aux leaf that is no JAX type (a string, an object) comes back as it is, as
+    `jax.jacrev` returns it (its Jacobian unchanged)."""
+    tag = object()
+
+    def g(x):
+        return jnp.sin(x) * x[0], {"name": "run", "tag": tag, "total": jnp.sum(x)}
+
+    x = jax.device_put(np.linspace(-1.0, 1.0, 5))
+    for size in [None, 2]:
+        out, aux = batch_jacrev(g, has_aux=True, batch_size=size)(x)
+        expect, expect_aux = jax.jacrev(g, has_aux=True)(x)
+        assert_tree_close(out, expect)
+        assert aux["name"] == "run" and aux["tag"] is tag
+        assert_tree_close(aux["total"], expect_aux["total"])
+
+
 def holo(z, w):
     return {"p": z**2 * w[0], "q": jnp.exp(z).sum() + w}
 
@@ -180,6 +197,8 @@ def test_jacobian_errors(ours, _, peer):
         peer(jnp.sin, batch_sze=2)
     with pytest.raises(ValueError, match="must have value greater than or equal to -len"):
         ours(jnp.sin, argnums=2)(jnp.ones(2))
+    with pytest.raises(ValueError, match=rf"`{name}\(argnums=\(0, -3\)\)`: Positional argument"):
+        ours(jnp.multiply, argnums=(0, -3))(jnp.ones(2), jnp.ones(2))
     holo_msg = f"{name[6:]} with holomorphic=True requires inputs with complex dtype"
     int_msg = {"jacfwd": "jacfwd requires real-valued inputs", "jacrev": "jacrev requires real-"}
     for fn in (ours, peer):

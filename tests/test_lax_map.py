@@ -137,3 +137,13 @@ def test_python_scalar_outputs(batch_size):
     want = jax.lax.map(g, XS, batch_size=batch_size)
     assert_tree_close(chunkx.map(g, XS, batch_size=batch_size), want)
     assert_tree_close(jax.jit(lambda xs: chunkx.map(g, xs, batch_size=batch_size))(XS), want)
+
+
+@pytest.mark.parametrize("batch_size", SIZES)
+def test_python_number_leaf_of_xs_passes_whole(batch_size):
+    """A Python number among the leaves of `xs` passes whole to every row, as a chunk's
+    slicing passes it (`batch_size=None`, a row at a time, too), eagerly: `f` sees it as
+    the unmapped `w` of `jax.lax.map` over the array leaves alone."""
+    x = jnp.arange(6.0).reshape(3, 2)
+    want = jax.lax.map(lambda r: r * 2.0, x, batch_size=batch_size)
+    assert_tree_close(chunkx.map(lambda d: d[0] * d[1], (x, 2.0), batch_size=batch_size), want)

@@ -391,6 +391,22 @@ def test_rows_validated():
         pb(jnp.ones(21))
 
 
+def test_aux_without_rows_refused_when_chunked():
+    """A chunked pullback joins the aux rows as the output's: an aux leaf without them is
+    refused in vjp_chunked's name (unchunked, the aux comes back as jax.vjp's)."""
+    def fa(p, s):
+        return F(p, s), {"norm": jnp.sum(s), "rows": s[:, 0]}
+
+    ct = jnp.ones(S.shape[0])
+    for size in [4, 11]:  # leftover rows, and whole chunks
+        pb = chunkx.vjp_chunked(fa, P_REAL, S, chunk_argnums=1, chunk_size=size, has_aux=True)
+        with pytest.raises(ValueError, match=r"`vjp_chunked\(has_aux=True\)`: every leaf of fun's aux must have one row per row of the chunked primals .* got aux\['norm'\] of shape \(\) for a chunk of \d+ rows\."):
+            pb(ct)
+    (_, aux) = chunkx.vjp_chunked(fa, P_REAL, S, chunk_argnums=1, has_aux=True)(ct)
+    want = jax.vjp(fa, P_REAL, S, has_aux=True)[2]
+    assert jnp.allclose(aux["norm"], want["norm"]) and jnp.allclose(aux["rows"], want["rows"])
+
+
 def test_nondiff_primals_bound_at_their_own_positions():
     """`nondiff_argnums` in any order: each nondifferentiable primal stays at its position."""
     a, b, c = (jax.device_put(np.random.default_rng(i).uniform(size=6)) for i in (2, 3, 4))

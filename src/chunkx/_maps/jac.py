@@ -19,11 +19,15 @@ from .adv import batch_vmap
 Argnums = int | tuple[int, ...]
 
 
-def _partial(fun, argnums, args, kwargs):
+def _partial(who, fun, argnums, args, kwargs):
     """`fun` as a function of the differentiated arguments only; those arguments; and the
-    `argnums` of that function (an int stays an int, as JAX's Jacobian structure follows it)."""
+    `argnums` of that function (an int stays an int, as JAX's Jacobian structure follows it).
+    `who`: the public map, named in front of JAX's message where `argnums` does not fit."""
     n = len(args)  # JAX's own check of `argnums` against `n` arguments (placeholders)
-    jax.eval_shape(jax.jacfwd(lambda *_: 0.0, argnums), *[0.0] * n)
+    try:
+        jax.eval_shape(jax.jacfwd(lambda *_: 0.0, argnums), *[0.0] * n)
+    except ValueError as e:
+        raise ValueError(f"`{who}(argnums={argnums!r})`: {e}") from None
     nums = tuple(i % n for i in argnums_tuple(argnums))
     rest = tuple(i for i in range(len(args)) if i not in nums)
     f = Bound(fun, tuple(args[i] for i in rest), rest, kwargs, free_at=nums)
@@ -63,8 +67,14 @@ def _as_jax(jac: Callable, nums: Any, dyn: tuple, out: Any, blocks: list, has_au
     traced a second time."""
 
     def stand_in(*_):
-        return jax.tree_util.tree_map(
+        consts = jax.tree_util.tree_map(
             lambda x: _like(None, x) if isinstance(x, jax.ShapeDtypeStruct) else x, out)
+        if not has_aux:
+            return consts
+        # an `aux` leaf that is no JAX array (a string, any object: `_like` returns it as it
+        # is) is a placeholder here, as `eval_shape` returns JAX types only
+        aux = jax.tree_util.tree_map(lambda x: x if isinstance(x, jax.Array) else 0, consts[1])
+        return consts[0], aux
 
     ref = jax.eval_shape(jac(stand_in, nums, has_aux=has_aux, **kw), *dyn)
     leaves, treedef = jax.tree_util.tree_flatten(ref[0] if has_aux else ref)
@@ -107,7 +117,7 @@ class BatchJacfwd(_Jacobian):
     linearize: bool = eqx.field(static=True, default=True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        f, dyn, nums = _partial(self.fun, self.argnums, args, kwargs)
+        f, dyn, nums = _partial("batch_jacfwd", self.fun, self.argnums, args, kwargs)
         # JAX's checks of the inputs come first, before `f` runs (a scalar output stands in)
         scalar = jnp.zeros((), complex if self.holomorphic else float)
         jax.eval_shape(jax.jacfwd(lambda *_: scalar, nums, holomorphic=self.holomorphic), *dyn)
@@ -140,7 +150,12 @@ class BatchJacfwd(_Jacobian):
         aux = eqx.combine(jax.tree_util.tree_map(lambda x: x[0], aux), fixed[-1])
         # the primal's structs (a primal per column would be `n` copies of the output)
         y = jax.eval_shape(f, *dyn)
-        return tangents, ((y[0], *aux) if aux else y)
+        if not aux:
+            return tangents, y
+        # the aux arrays came through the chunked map: weakly typed again where `f`'s are
+        aux = jax.tree_util.tree_map(
+            lambda a, s: _like(a, s) if isinstance(a, jax.Array) else a, aux[0], y[1])
+        return tangents, (y[0], aux)
 
 
 def _basis_vector(i: Any, tree: Any) -> Any:
@@ -169,7 +184,7 @@ class BatchJacrev(_Jacobian):
     allow_int: bool = eqx.field(static=True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        f, dyn, nums = _partial(self.fun, self.argnums, args, kwargs)
+        f, dyn, nums = _partial("batch_jacrev", self.fun, self.argnums, args, kwargs)
         y, pullback, *aux = jax.vjp(f, *dyn, has_aux=self.has_aux)  # residuals: once
 
         def pull(i):  # the basis cotangent built inside the chunk, as for batch_jacfwd

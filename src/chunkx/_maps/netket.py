@@ -292,6 +292,8 @@ class ChunkedVjp(eqx.Module):
         free = tuple(primals[i] for i in diff)
         fixed = Bound(eqx.combine(self.arrays, self.fun), tuple(primals[i] for i in nd), nd)
         ys, pull, *aux = jax.vjp(fixed, *free, has_aux=self.has_aux)
+        if aux and self.opts.size is not None:  # chunked: the aux rows are joined
+            _check_aux_rows(aux[0], jax.tree_util.tree_leaves(primals[self.chunk_argnums[0]]))
         g = _pull(pull, ys, ct, not _is_complex(free))
         if self.conjugate:
             g = _but_float0(jnp.conj, g)
@@ -306,6 +308,19 @@ class ChunkedVjp(eqx.Module):
         keep = self.forward is None
         y = rows(ys) if keep and self.return_forward else None
         return y, g, rows(aux[0]) if keep and self.has_aux else None
+
+
+def _check_aux_rows(aux, chunked: list) -> None:
+    """Raise unless every leaf of a chunk's `aux` is an array with the chunk's rows (those of
+    the `chunked` leaves) along axis 0: aux rows are joined as the output's are."""
+    m = chunked[0].shape[0]
+    for path, leaf in jax.tree_util.tree_flatten_with_path(aux)[0]:
+        if jnp.ndim(leaf) == 0 or jnp.shape(leaf)[0] != m:
+            raise ValueError(
+                f"`{_VJP}(has_aux=True)`: every leaf of fun's aux must have one row per row of "
+                f"the chunked primals along axis 0 (its rows are concatenated), got aux"
+                f"{jax.tree_util.keystr(path)} of shape {jnp.shape(leaf)} for a chunk of {m} rows."
+            )
 
 
 def _check_rows(primals, chunk_argnums, *ct) -> int:

@@ -207,7 +207,9 @@ class Strip(eqx.Module):
 
 
 def _first_row(rows: Any) -> Any:
-    return jax.tree_util.tree_map(lambda y: y[0], rows)
+    """Row 0 of every array leaf; other leaves (Python numbers, strings) pass whole, as a
+    chunk's slicing passes them."""
+    return jax.tree_util.tree_map(lambda y: y[0] if eqx.is_array(y) else y, rows)
 
 
 def run_one_input(
