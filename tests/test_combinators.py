@@ -40,6 +40,33 @@ def test_chunk_concat_and_sum(n, remainder):
     np.testing.assert_allclose(g, ref_grad, rtol=1e-12)
 
 
+_WEAK_MAPS = {
+    "map": lambda f, s: lambda x: chunkx.map(f, x, batch_size=s),
+    "vmap": lambda f, s: chunkx.vmap(f, batch_size=s),
+    "batch_vmap": lambda f, s: chunkx.batch_vmap(f, batch_size=s),
+    "chunk_map": lambda f, s: chunkx.chunk_map(jax.vmap(f), chunk_size=s),
+    "vmap_chunked": lambda f, s: chunkx.vmap_chunked(f, chunk_size=s),
+    "micro_vmap": lambda f, s: chunkx.micro_vmap(f, microbatch_size=s),
+    "Chunk": lambda f, s: chunkx.Chunk(chunkx.Vmap(f), s, reducer=chunkx.Concat()),
+    "Chunk call": lambda f, s: chunkx.Chunk(chunkx.Vmap(f), s, remainder="call"),
+    "Shard": lambda f, s: chunkx.Shard(chunkx.Chunk(chunkx.Vmap(f), s)),
+}
+
+
+@pytest.mark.parametrize("s", [3, 5, 12])
+@pytest.mark.parametrize("name", list(_WEAK_MAPS))
+def test_concat_keeps_weak_types_at_any_chunk_size(name, s):
+    """Weakly typed rows (of a weakly typed input, or a Python number per row) stay weakly
+    typed, and strongly typed ones strong, whether or not the chunk size divides the rows."""
+    weak = jax.lax.full((10,), 2.0)  # ~float64
+    f = lambda r: (r * 3, 1.0, jnp.float32(r))  # noqa: E731
+    ref = jax.vmap(f)(weak)
+    assert [jax.typeof(y).weak_type for y in ref] == [True, True, False]
+    pipe = _WEAK_MAPS[name](f, s)
+    assert_tree_close(pipe(weak), ref, weak_type=True)
+    assert_tree_close(jax.jit(pipe)(weak), ref, weak_type=True)
+
+
 @pytest.mark.parametrize("use_scan", [True, False])
 @pytest.mark.parametrize("n", [24, 22])
 def test_chunk_map_device_blocks_keep_row_order(n, use_scan):
