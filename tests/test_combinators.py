@@ -130,6 +130,23 @@ def test_shard_on_auto_and_explicit_meshes(axis_type, n):
     np.testing.assert_allclose(out, ref, rtol=1e-12)
 
 
+@pytest.mark.parametrize("remainder", [None, "call"])
+@pytest.mark.parametrize("reducer", [chunkx.Concat(), chunkx.Sum()])
+def test_shard_on_an_explicit_mesh_without_a_shard_map(reducer, remainder):
+    """No row for the devices to share (no rows; fewer rows than devices, called as one
+    piece): a `Shard` given an Explicit mesh (none set with `jax.set_mesh`) runs no
+    `shard_map`, under `jit` as eagerly, and gives what jax.vmap / jnp.sum give."""
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(AxisType.Explicit,))
+    pipe = chunkx.Shard(chunkx.Chunk(chunkx.Vmap(jnp.sin), 2, reducer=reducer), mesh=mesh,
+                        remainder=remainder)
+    for n in (0, 3) if remainder else (0,):
+        x = jnp.linspace(0.5, 1.5, n)
+        ref = jax.vmap(jnp.sin)(x)
+        ref = ref if isinstance(reducer, chunkx.Concat) else jnp.sum(ref)
+        assert_tree_close(pipe(x), ref)
+        assert_tree_close(jax.jit(pipe)(x), ref)
+
+
 def test_shard_of_a_module_holding_arrays_made_on_an_explicit_mesh():
     """Arrays laid out on an Explicit mesh (made under `jax.set_mesh`, or put there) and held
     by the function (a Module's weights): `shard_map` cannot close over them, so they enter
