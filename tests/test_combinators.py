@@ -147,6 +147,20 @@ def test_shard_on_an_explicit_mesh_without_a_shard_map(reducer, remainder):
         assert_tree_close(jax.jit(pipe)(x), ref)
 
 
+@pytest.mark.parametrize("remainder", ["shift", "call"])
+def test_chunk_of_rows_sharded_along_another_axis_on_an_explicit_mesh(remainder):
+    """Rows whose feature axis is split over an Explicit mesh (`P(None, "d")`), chunked with
+    rows left over: the last chunk's row mask is laid out like the rows, eager and jit."""
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(AxisType.Explicit,))
+    x = rand(jax.random.PRNGKey(7), (10, 4), jnp.float64)
+    f = chunkx.Chunk(chunkx.Vmap(jnp.sin), 3, remainder=remainder)
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(x, NamedSharding(mesh, P(None, "d")))
+        ref = jax.vmap(jnp.sin)(xs)
+        assert_tree_close(f(xs), ref)
+        assert_tree_close(jax.jit(f)(xs), ref)
+
+
 def test_shard_of_a_module_holding_arrays_made_on_an_explicit_mesh():
     """Arrays laid out on an Explicit mesh (made under `jax.set_mesh`, or put there) and held
     by the function (a Module's weights): `shard_map` cannot close over them, so they enter
