@@ -40,6 +40,33 @@ def test_chunk_concat_and_sum(n, remainder):
     np.testing.assert_allclose(g, ref_grad, rtol=1e-12)
 
 
+_WEAK_MAPS = {
+    "map": lambda f, s: lambda x: chunkx.map(f, x, batch_size=s),
+    "vmap": lambda f, s: chunkx.vmap(f, batch_size=s),
+    "batch_vmap": lambda f, s: chunkx.batch_vmap(f, batch_size=s),
+    "chunk_map": lambda f, s: chunkx.chunk_map(jax.vmap(f), chunk_size=s),
+    "vmap_chunked": lambda f, s: chunkx.vmap_chunked(f, chunk_size=s),
+    "micro_vmap": lambda f, s: chunkx.micro_vmap(f, microbatch_size=s),
+    "Chunk": lambda f, s: chunkx.Chunk(chunkx.Vmap(f), s, reducer=chunkx.Concat()),
+    "Chunk call": lambda f, s: chunkx.Chunk(chunkx.Vmap(f), s, remainder="call"),
+    "Shard": lambda f, s: chunkx.Shard(chunkx.Chunk(chunkx.Vmap(f), s)),
+}
+
+
+@pytest.mark.parametrize("s", [3, 5, 12])
+@pytest.mark.parametrize("name", list(_WEAK_MAPS))
+def test_concat_keeps_weak_types_at_any_chunk_size(name, s):
+    """Weakly typed rows (of a weakly typed input, or a Python number per row) stay weakly
+    typed, and strongly typed ones strong, whether or not the chunk size divides the rows."""
+    weak = jax.lax.full((10,), 2.0)  # ~float64
+    f = lambda r: (r * 3, 1.0, jnp.float32(r))  # noqa: E731
+    ref = jax.vmap(f)(weak)
+    assert [jax.typeof(y).weak_type for y in ref] == [True, True, False]
+    pipe = _WEAK_MAPS[name](f, s)
+    assert_tree_close(pipe(weak), ref, weak_type=True)
+    assert_tree_close(jax.jit(pipe)(weak), ref, weak_type=True)
+
+
 @pytest.mark.parametrize("use_scan", [True, False])
 @pytest.mark.parametrize("n", [24, 22])
 def test_chunk_map_device_blocks_keep_row_order(n, use_scan):
@@ -101,6 +128,37 @@ def test_shard_on_auto_and_explicit_meshes(axis_type, n):
     out = chunkx.chunk_map(batched, (0, None), chunk_size=1, use_scan=True, shard_batch=True,
                            mesh=mesh)(x, w)
     np.testing.assert_allclose(out, ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("remainder", [None, "call"])
+@pytest.mark.parametrize("reducer", [chunkx.Concat(), chunkx.Sum()])
+def test_shard_on_an_explicit_mesh_without_a_shard_map(reducer, remainder):
+    """No row for the devices to share (no rows; fewer rows than devices, called as one
+    piece): a `Shard` given an Explicit mesh (none set with `jax.set_mesh`) runs no
+    `shard_map`, under `jit` as eagerly, and gives what jax.vmap / jnp.sum give."""
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(AxisType.Explicit,))
+    pipe = chunkx.Shard(chunkx.Chunk(chunkx.Vmap(jnp.sin), 2, reducer=reducer), mesh=mesh,
+                        remainder=remainder)
+    for n in (0, 3) if remainder else (0,):
+        x = jnp.linspace(0.5, 1.5, n)
+        ref = jax.vmap(jnp.sin)(x)
+        ref = ref if isinstance(reducer, chunkx.Concat) else jnp.sum(ref)
+        assert_tree_close(pipe(x), ref)
+        assert_tree_close(jax.jit(pipe)(x), ref)
+
+
+@pytest.mark.parametrize("remainder", ["shift", "call"])
+def test_chunk_of_rows_sharded_along_another_axis_on_an_explicit_mesh(remainder):
+    """Rows whose feature axis is split over an Explicit mesh (`P(None, "d")`), chunked with
+    rows left over: the last chunk's row mask is laid out like the rows, eager and jit."""
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(AxisType.Explicit,))
+    x = rand(jax.random.PRNGKey(7), (10, 4), jnp.float64)
+    f = chunkx.Chunk(chunkx.Vmap(jnp.sin), 3, remainder=remainder)
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(x, NamedSharding(mesh, P(None, "d")))
+        ref = jax.vmap(jnp.sin)(xs)
+        assert_tree_close(f(xs), ref)
+        assert_tree_close(jax.jit(f)(xs), ref)
 
 
 def test_shard_of_a_module_holding_arrays_made_on_an_explicit_mesh():

@@ -366,6 +366,24 @@ def test_in_axes_other_than_zero_or_none():
         chunkx.apply_chunked(F, -1, chunk_size=2)
 
 
+@pytest.mark.parametrize("chunk_size", [3, None])
+def test_mapped_python_number_refused(chunk_size):
+    """A Python number mapped along an axis is refused, as `jax.vmap` and netket refuse it
+    (not broadcast to every row); errors name the user's argument, whatever the chunk size."""
+    x = jnp.ones((10, 3))
+    with pytest.raises(ValueError, match="vmap was requested to map its argument along axis 0"):
+        jax.vmap(lambda x, s: x * s, in_axes=(0, 0))(x, 2.0)
+    for who, f in (("vmap_chunked", lambda x, s: x * s), ("apply_chunked", jnp.multiply)):
+        if who == "apply_chunked" and chunk_size is None:
+            continue  # `f` itself, as netket's
+        g = getattr(chunkx, who)(f, in_axes=(0, 0), chunk_size=chunk_size)
+        with pytest.raises(ValueError, match=rf"^`{who}\(in_axes=\.\.\.\)`: args\[1\] is mapped along axis 0 but is a float, not an array; map arrays only \(in_axes None passes it whole\)\.$"):
+            g(x, 2.0)
+    g = chunkx.vmap_chunked(lambda x, s: x * s, in_axes=(0, 0), chunk_size=chunk_size)
+    with pytest.raises(ValueError, match=r"^`vmap_chunked`: mapped arguments must share the length of their leading axis, got argument 0 shape \(10, 3\), argument 1 shape \(3,\)\.$"):
+        g(x, jnp.ones(3))
+
+
 def test_not_callable():
     """Caught by the runtime type check (beartype), which names the function and parameter."""
     with pytest.raises(TypeError, match=r"vmap_chunked(.|\n)*parameter 'f'(.|\n)*Actual value: 3"):

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._types import AxisSpec
-from ._sharding import sharding_of
+from ._sharding import is_explicit, sharding_of
 
 
 def _where(i: int, path: tuple, names: tuple[str, ...] | None = None) -> str:
@@ -112,8 +112,13 @@ def moveaxis(x, src: int, dst: int):
 
 def where_rows(valid, x, y):
     """`x`'s rows where `valid` (a mask of the leading axis), `y`'s elsewhere (`x` and `y`
-    of one shape and dtype; `lax.select` traces no `jnp.where` wrapper)."""
-    mask = jax.lax.broadcast_in_dim(jnp.asarray(valid, bool), jnp.shape(x), (0,))
+    of one shape, dtype and layout; `lax.select` traces no `jnp.where` wrapper). On an
+    Explicit mesh the mask is laid out as `x` (whose other axes may be split)."""
+    sharding = sharding_of(x)
+    if sharding is not None and not is_explicit(sharding.mesh):
+        sharding = None
+    valid = jnp.asarray(valid, bool)
+    mask = jax.lax.broadcast_in_dim(valid, jnp.shape(x), (0,), out_sharding=sharding)
     return jax.lax.select(mask, x, y)
 
 
@@ -134,8 +139,27 @@ def call_with_valid(fn, args: tuple, valid):
 
 
 def zeros_like_struct(tree):
-    return jax.tree_util.tree_map(lambda t: jnp.zeros(t.shape, t.dtype), tree)
+    """Zeros shaped and typed like the structs (or arrays) of `tree`, weak types included."""
+
+    def zeros(t):
+        kind = _weak_kind(t.dtype) if t.weak_type else None
+        return jnp.zeros(t.shape, t.dtype) if kind is None else jax.lax.full(t.shape, kind(0))
+
+    return jax.tree_util.tree_map(zeros, tree)
 
 
 def _nones(tree):
     return jax.tree_util.tree_map(lambda _: None, tree)
+
+
+def _weak_kind(dtype) -> type | None:
+    """The Python number type whose weak type `dtype` is (`None` if none is)."""
+    kind = {"i": int, "f": float, "c": complex}.get(np.dtype(dtype).kind)
+    return kind if kind and jax.dtypes.canonicalize_dtype(kind) == dtype else None
+
+
+def weakly_typed(x):
+    """`x` weakly typed (as an array made from a Python number is), where its dtype is a
+    Python number's (a weak type of any other dtype cannot be made; `x` comes back then)."""
+    kind = _weak_kind(jnp.result_type(x))
+    return x if kind is None else jax.lax.full(jnp.shape(x), kind(0)).at[...].set(x)

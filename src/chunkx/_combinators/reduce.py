@@ -23,7 +23,14 @@ from jax.sharding import PartitionSpec as P
 
 from .._types import RowMask, Tree
 from . import compensated as comp
-from ._rows import IN_RANGE, call_with_valid, fresh_rows, where_rows, zeros_like_struct
+from ._rows import (
+    IN_RANGE,
+    call_with_valid,
+    fresh_rows,
+    weakly_typed,
+    where_rows,
+    zeros_like_struct,
+)
 from ._sharding import is_explicit, place, replicated
 
 #: Reductions known to be `+`: a Monoid folding with one of them sums its chunks' partials.
@@ -253,6 +260,14 @@ def _layout_like(y: Any, b: Any) -> Any:
     return jax.sharding.reshard(y, sb)
 
 
+class _Buffer(eqx.Module):
+    """The output of a chunk loop with rows left over, written chunk by chunk in place;
+    `weak` says which of its leaves the chunks return weakly typed (the writes drop it)."""
+
+    rows: Tree
+    weak: tuple[bool, ...] = eqx.field(static=True)
+
+
 class Concat(AbstractReducer):
     """Keep every row: partial results are stacked back along the mapped axis.
 
@@ -305,7 +320,8 @@ class Concat(AbstractReducer):
             # on a caller's Explicit mesh: the buffer lives on the rows' mesh (rows replicated)
             return jax.sharding.reshard(b, NamedSharding(mesh, P(None, *tuple(sharding.spec)[1:])))
 
-        return jax.tree_util.tree_map(buffer, part)
+        weak = tuple(t.weak_type for t in leaves)
+        return _Buffer(jax.tree_util.tree_map(buffer, part), weak)
 
     def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
         if acc is None:
@@ -319,10 +335,14 @@ class Concat(AbstractReducer):
             y = where_rows(fresh_rows(y.shape[0], start, index), y, old)
             return jax.lax.dynamic_update_slice_in_dim(b, y, start, 0, **IN_RANGE)
 
-        return jax.tree_util.tree_map(write, acc, part), None
+        return _Buffer(jax.tree_util.tree_map(write, acc.rows, part), acc.weak), None
 
     def finish(self, acc: Tree, stacked: Tree) -> Tree:
-        return join_chunks(stacked) if acc is None else acc
+        if acc is None:
+            return join_chunks(stacked)
+        leaves, tree = jax.tree_util.tree_flatten(acc.rows)
+        weak = [weakly_typed(x) if w else x for x, w in zip(leaves, acc.weak)]
+        return jax.tree_util.tree_unflatten(tree, weak)
 
     def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
         return fn(*args)  # every row is computed; `trim` cuts the padded ones off

@@ -6,7 +6,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from .._checks import as_in_axes, check_callable, check_choice, zero_in_axes
@@ -130,7 +130,7 @@ class Shard(eqx.Module):
         if n_even < n or not n_even:
             tail, v_tail = (args, valid) if tail is None else tail
             if is_explicit(mesh):  # replicated on the caller's mesh; typed under jit (eager too)
-                tail = map_mapped(lambda x: place(x, mesh, P()), tail, axes)
+                tail = map_mapped(lambda x: _replicate(x, mesh, head is None), tail, axes)
                 parts.append(eqx.filter_jit(call_with_valid)(self.fn, tail, v_tail))
             else:
                 parts.append(call_with_valid(self.fn, tail, v_tail))
@@ -168,6 +168,15 @@ class Shard(eqx.Module):
             valid = place(valid, mesh, v_spec)
         layout = (mesh, axis, specs, v_spec)
         return compiled_if_eager(_shard_run, self.fn, reducer, layout, (dyn, static), valid)
+
+
+def _replicate(x, mesh, alone: bool):
+    """`x` replicated on the Explicit `mesh`. `alone`: no `shard_map` runs (no rows for the
+    devices), which would tell an enclosing `jit` the devices of a concrete `mesh`; a
+    `device_put` does (a `reshard` does not), so the output typed on that mesh can leave it."""
+    if alone and isinstance(mesh, Mesh):
+        return jax.device_put(x, NamedSharding(mesh, P()))
+    return place(x, mesh, P())
 
 
 def _shard_run(fn, reducer, layout, args, valid):

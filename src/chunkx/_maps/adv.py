@@ -90,14 +90,18 @@ class BatchVmap(AbstractChunkedVmap):
         return leaves, at, treedef, names
 
 
-def by_argument(who: str, in_axes: Any, args: tuple, kwargs: dict) -> tuple:
+def by_argument(
+    who: str, in_axes: Any, args: tuple, kwargs: dict, arrays_only: bool = False
+) -> tuple:
     """`(axes, leaves, at, treedef, names)`: adv's and quantax's `in_axes` (one int, `None` or
     `eqx.if_array(k)` per positional argument, as `in_axes_tuple` checks it), each entry as an
     int or `None` (`axes`), read by the shared resolver (`resolve`'s four) with every entry `k`
     as `eqx.if_array(k)`: the argument's array leaves mapped along `k`, its other leaves and
-    the keywords passed whole."""
+    the keywords passed whole. `arrays_only` (netket's and `jax.vmap`'s rule): every leaf of
+    an argument mapped along `k` must be an array (a Python number is refused)."""
     axes = tuple(getattr(a, "axis", a) for a in in_axes_tuple(who, in_axes, len(args)))
-    spec = (tuple(None if a is None else eqx.if_array(a) for a in axes), None)
+    mapped = (lambda a: a) if arrays_only else eqx.if_array
+    spec = (tuple(None if a is None else mapped(a) for a in axes), None)
     return axes, *resolve(who, spec, (args, kwargs), "the arguments", in_axes)
 
 

@@ -52,13 +52,13 @@ def _apply(who, lift, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums):
     if pvary_argnums is not None:
         _argnums(who, "pvary_argnums", pvary_argnums, None)
     fn = f if lift is None else lift(f, in_axes)
-    if chunk_size is None:
-        return fn
+    if chunk_size is None:  # `f` itself, or its Vmap checked in the map's name
+        return fn if lift is None else Checked(fn, in_axes, who, arrays_only=True)
     # [Shard ∘] Chunk ∘ fn: every chunk in one scan, the last one shifted back over rows
     # already done (one compiled program for any number of rows). The Shard runs on the mesh
     # it finds when called: the one set with `jax.set_mesh` (netket sets one), else all devices.
     opts = Options(who, chunk_size, shard=_sharded(axis_0_is_sharded))
-    return Checked(compose(fn, in_axes, Concat(), opts, who), in_axes, who)
+    return Checked(compose(fn, in_axes, Concat(), opts, who), in_axes, who, arrays_only=True)
 
 
 @public
@@ -103,7 +103,7 @@ def apply_chunked(
 
     `f` when `chunk_size` is `None`, else an equinox Module `g(*args)` holding a
     [`chunkx.Chunk`][] (inside a [`chunkx.Shard`][] when sharded); it checks the arguments
-    against `in_axes` in `apply_chunked`'s name first.
+    against `in_axes` in `apply_chunked`'s name first (a mapped argument holds arrays only).
 
     !!! Example
 
@@ -148,9 +148,10 @@ def vmap_chunked(
 
     **Returns:**
 
-    A [`chunkx.Vmap`][] when `chunk_size` is `None`, else an equinox Module `g(*args)` holding
-    a [`chunkx.Chunk`][] of it (inside a [`chunkx.Shard`][] when sharded); it checks the
-    arguments against `in_axes` in `vmap_chunked`'s name first.
+    An equinox Module `g(*args)` holding a [`chunkx.Vmap`][] of `f` when `chunk_size` is
+    `None`, else a [`chunkx.Chunk`][] of it (inside a [`chunkx.Shard`][] when sharded); it
+    checks the arguments against `in_axes` in `vmap_chunked`'s name first (a mapped argument
+    holds arrays only, as in `jax.vmap`).
 
     !!! Example
 

@@ -110,12 +110,15 @@ class ChunkMap(eqx.Module):
                      grad_size=None if bwd is None else blocks * bwd)
 
 
-def _layout(in_axes: InAxes, args: tuple, who: str = "chunk_map") -> tuple:
+def _layout(
+    in_axes: InAxes, args: tuple, who: str = "chunk_map", arrays_only: bool = False
+) -> tuple:
     """`(at, moved, zero, n)`: each leaf's mapped axis (non-negative; `None` where it passes
     whole), read by `by_argument` (every entry `k` as `eqx.if_array(k)`); the
     arguments with those axes moved to the front; one axis (0 or None) per argument; the
-    mapped arrays' common length (`mapped_length`: an error where there is none)."""
-    axes, leaves, at, treedef, _ = by_argument(who, in_axes, args, {})
+    mapped arrays' common length (`mapped_length`: an error where there is none).
+    `arrays_only`: a mapped argument's leaves must all be arrays (`by_argument`)."""
+    axes, leaves, at, treedef, _ = by_argument(who, in_axes, args, {}, arrays_only)
     moved = [x if a is None else moveaxis(x, a, 0) for x, a in zip(leaves, at)]
     moved = jax.tree_util.tree_unflatten(treedef, moved)[0]
     zero = tuple(None if a is None else 0 for a in axes)
@@ -290,12 +293,14 @@ def jit_chunk_vmap(
 
 class Checked(eqx.Module):
     """`fn(*args)`, the mapped arguments (axes, lengths, array leaves) checked against
-    `in_axes` first, in the name of the public map `who`."""
+    `in_axes` first, in the name of the public map `who` (`arrays_only`: a mapped argument
+    holds arrays only, as `jax.vmap` asks)."""
 
     fn: Callable[..., Any]
     in_axes: InAxes = eqx.field(static=True)
     who: str = eqx.field(static=True)
+    arrays_only: bool = eqx.field(static=True, default=False)
 
     def __call__(self, *args: Any) -> Any:
-        _layout(self.in_axes, args, self.who)
+        _layout(self.in_axes, args, self.who, self.arrays_only)
         return self.fn(*args)
