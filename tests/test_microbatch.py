@@ -765,3 +765,35 @@ def test_micro_vmap_refuses_a_backward_size_without_a_forward_one():
     with pytest.raises(ValueError, match=r"`micro_vmap\(grad_microbatch_size=2\)`: a backward "
                        r"chunk size needs a forward one; got microbatch_size=None"):
         chunkx.micro_vmap(jnp.sin, grad_microbatch_size=2)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
+def test_narrow_float_means_divided_before_rounding(dtype):
+    """MEAN and RUNNING_MEAN of float16 rows divide the float32 sum before rounding, as
+    `jnp.mean` does: four rows of 60000 have the mean 60000 although their sum (240000)
+    overflows float16. optax's RUNNING_MEAN (a running mean) and, at one microbatch, its MEAN
+    agree; float32 means are optax's to the bit. Also for microbatch, micro_grad and a
+    sharded micro_vmap."""
+    x = jnp.full((4,), 60000, dtype)
+    want = jnp.mean(x)
+    assert float(want) == float(x[0])  # 60000 (59904 in bfloat16)
+    kinds = {"MEAN": [4], "RUNNING_MEAN": [1, 2, 4]}  # optax's MEAN at 1, 2 overflows itself
+    for kind, sizes in kinds.items():
+        ours, theirs = chunkx.AccumulationType[kind], om.AccumulationType[kind]
+        for m in sizes:
+            ref = jax.jit(om.micro_vmap(lambda r: r, microbatch_size=m, accumulator=theirs))(x)
+            assert float(ref) == float(want), (kind, m, ref)
+            for mb in (1, 2, 4):
+                got = chunkx.micro_vmap(lambda r: r, microbatch_size=mb, accumulator=ours)(x)
+                assert got.dtype == dtype and float(got) == float(want), (kind, mb, got)
+            if dtype == jnp.float32:
+                got = chunkx.micro_vmap(lambda r: r, microbatch_size=m, accumulator=ours)(x)
+                np.testing.assert_array_equal(np.asarray(got), np.asarray(ref))
+        got = chunkx.micro_vmap(lambda r: r, microbatch_size=4, accumulator=ours, shard=True)(x)
+        assert float(got) == float(want), (kind, got)
+        got = chunkx.microbatch(lambda r: r[0], 0, 1, ours)(x)
+        ref = jax.jit(om.microbatch(lambda r: r[0], 0, 1, om.AccumulationType.RUNNING_MEAN))(x)
+        assert got.dtype == dtype and float(got) == float(ref) == float(want), (kind, got, ref)
+        loss = lambda p, r: jnp.sum(p * r)  # noqa: E731  (its gradient in p: the row)
+        got = chunkx.micro_grad(loss, microbatch_size=2, accumulator=ours)(jnp.ones((), dtype), x)
+        assert float(got[0]) == float(want), (kind, got)  # (grad, outputs)

@@ -4,6 +4,7 @@ float16 and float64, against a float64 oracle; integer sums are exact; `compensa
 is the plain running sum of a hand-written loop; elementwise maps are bit-identical to
 `jax.vmap` at every chunk size."""
 
+import contextlib
 import functools
 import math
 
@@ -11,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import AxisType
 from optax import microbatching as om
 
 import chunkx
@@ -363,3 +365,36 @@ def test_boolean_partials_added_as_jnp_add(size):
         for pipe in pipes:
             got = jax.jit(pipe)(x)
             assert got.dtype == want.dtype and bool(got) == bool(want), (pipe, got)
+
+
+@pytest.mark.parametrize("kind", ["auto", "explicit"])
+def test_sharded_narrow_float_sums_added_across_devices_in_float32(kind):
+    """A float16 Sum under `Shard` adds the devices' partials in float32 and rounds once, as
+    `jnp.sum` (and optax's micro_vmap) do: two devices' partials (120000, -110000) overflow
+    float16 on their own, the sum (10020) does not; with a leftover row too."""
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(getattr(AxisType, kind.capitalize()),))
+    x = jnp.array([60000, 60000, -60000, -50000, 0, 0, 0, 0, 0], jnp.float16)
+
+    def pipes():
+        ident = chunkx.Vmap(lambda r: r)
+        return [chunkx.Shard(chunkx.Chunk(ident, 2, reducer=chunkx.Sum()), mesh=mesh),
+                chunkx.Shard(chunkx.Chunk(ident, 2, reducer=chunkx.Sum()), mesh=mesh,
+                             remainder="call"),
+                chunkx.Shard(chunkx.Reduce(ident, chunkx.Sum()), mesh=mesh),
+                chunkx.micro_vmap(lambda r: r, microbatch_size=4, shard=True, mesh=mesh,
+                                  accumulator=chunkx.AccumulationType.SUM)]
+
+    want = jnp.sum(x)  # 1.002e+04
+    theirs = om.micro_vmap(lambda r: r, microbatch_size=4, accumulator=om.AccumulationType.SUM)
+    assert float(theirs(x[:8])) == float(want)
+    y = jnp.linspace(-1.0, 3.0, 9, dtype=jnp.float32) ** 3
+    with jax.set_mesh(mesh) if kind == "explicit" else contextlib.nullcontext():
+        for n, pipe in enumerate(pipes()):
+            for got in (pipe(x), jax.jit(pipe)(x)):
+                assert got.dtype == jnp.float16 and float(got) == float(want), (n, got)
+            for got in (pipe(x[:8]), jax.jit(pipe)(x[:8])):
+                assert float(got) == float(want), (n, got)
+        chunk = chunkx.Chunk(chunkx.Vmap(lambda r: r), 2, reducer=chunkx.Sum())
+        sharded = chunkx.Shard(chunk, mesh=mesh, remainder="call")(y)
+        assert sharded.dtype == jnp.float32
+        np.testing.assert_allclose(np.asarray(sharded), np.asarray(jnp.sum(y)), rtol=1e-6)

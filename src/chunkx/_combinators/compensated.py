@@ -42,7 +42,8 @@ def carry_dtype(dtype: Any) -> Any:
 
 
 class Wide(eqx.Module):
-    """A chunk's partial sum of `dtype` rows, held in the wider dtype it accumulates in."""
+    """A partial sum of `dtype` rows (a chunk's, a loop's, a device's), held in the wider
+    dtype it accumulates in."""
 
     value: jax.Array
     dtype: Any = eqx.field(static=True)
@@ -92,11 +93,13 @@ class Running(eqx.Module):
         xs = (lax.real(x), lax.imag(x)) if jnp.iscomplexobj(x) else (x,)
         return Running(tuple(map(_packed_add, self.sums, xs)), self.dtype)
 
-    def value(self) -> jax.Array:
+    def value(self) -> Any:
+        """The total, a `Wide` partial where it is held wider than `dtype` (`narrow` rounds
+        it)."""
         if not jnp.issubdtype(self.dtype, jnp.inexact):
             return self.sums[0].astype(self.dtype)
         totals = [lax.real(p) for p in self.sums]
-        return (lax.complex(*totals) if len(totals) == 2 else totals[0]).astype(self.dtype)
+        return widen(lax.complex(*totals) if len(totals) == 2 else totals[0], self.dtype)
 
 
 def _start(struct: Any) -> Running:
@@ -120,7 +123,8 @@ def add(acc: Tree, part: Tree) -> Tree:
 
 
 def value(acc: Tree) -> Tree:
-    """The sums of `acc`, in the dtypes of the partial results: each leaf's total (the real
-    part of its packed array). The compensation left is the exact rounding error of the last
-    addition, so adding it would round back to the total."""
+    """The sums of `acc`, as partial results: each leaf's total (the real part of its packed
+    array), a `Wide` partial for bfloat16/float16 leaves (`narrow` rounds them to their
+    dtypes). The compensation left is the exact rounding error of the last addition, so
+    adding it would round back to the total."""
     return jax.tree_util.tree_map(Running.value, acc, is_leaf=lambda x: isinstance(x, Running))

@@ -24,7 +24,6 @@ import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
 from .._plan.auto import names
-from . import compensated as comp
 from ._rows import IN_RANGE, join_args, rows
 from ._sharding import typed_like
 from .loop import chunk_loop, evaluate
@@ -133,7 +132,7 @@ class _Lifted:
     def loop(self, piece, reducer, row_leaves, valid, size, what="chunkx", **how):
         """`piece` over the rows in chunks of `size`; `how`: `chunk_loop`'s `remat`, `call`."""
         if self.n <= size:  # one piece: its partial is the result
-            return comp.narrow(piece(row_leaves, valid))
+            return self.chunk.reducer.rounded(piece(row_leaves, valid))
         source = (row_leaves, valid)
         return chunk_loop(piece, reducer, source, self.n, size, self.chunk, what=what, **how)
 

@@ -10,6 +10,7 @@ never test which reducer they hold.
 """
 
 import abc
+import dataclasses
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -189,7 +190,13 @@ class AbstractReducer(AbstractAccumulation):
         return jax.lax.cond(index == 0, lambda a, p: p, self.combine, acc, part), None
 
     def finish(self, acc: Tree, stacked: Tree) -> Tree:
-        return comp.value(acc) if self.compensates() else acc
+        return self.rounded(comp.value(acc)) if self.compensates() else acc
+
+    def rounded(self, part: Tree) -> Tree:
+        """A partial result as this reducer returns it: bfloat16/float16 sums held in float32
+        (`comp.Wide` partials) rounded to their own dtypes (by default; a `Sum(wide=True)`
+        keeps them for a layer that adds them further)."""
+        return comp.narrow(part)
 
     def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
         """Call a piece `fn` on rows of which only `valid` ones count (passed on as `valid=`)."""
@@ -384,6 +391,10 @@ class Sum(AbstractReducer):
       hand-written loop such as optax's). Integer sums are exact either way; bool rows and
       integer rows narrower than 32 bits add up in `jnp.sum`'s dtype (a count in the
       default integer).
+    - `wide` (with `compensated`): a bfloat16/float16 sum is returned unrounded, in float32
+      (as a private partial that the layer around it rounds once): what [`chunkx.Shard`][]
+      asks of the layers it wraps before its cross-device sum, and the microbatching maps
+      before they divide a mean. `False`: the sum in the rows' dtype.
 
     !!! Example
 
@@ -398,6 +409,7 @@ class Sum(AbstractReducer):
     presummed: bool = eqx.field(static=True, default=False)
     compensated: bool = eqx.field(static=True, default=True)
     mask_in_fn: bool = eqx.field(static=True, default=False)
+    wide: bool = eqx.field(static=True, default=False)
 
     def is_additive(self) -> bool:
         return True
@@ -412,7 +424,10 @@ class Sum(AbstractReducer):
         return self.compensated
 
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
-        return comp.narrow(self.reduce_chunk(rows, valid))  # rounded once to the rows' dtype
+        return self.rounded(self.reduce_chunk(rows, valid))  # rounded once to the rows' dtype
+
+    def rounded(self, part: Tree) -> Tree:
+        return part if self.wide else comp.narrow(part)
 
     def reduce_chunk(self, rows: Tree, valid: RowMask | None) -> Tree:
         """The sums of the rows as a chunk loop's partials: a compensated loop adds a
@@ -538,6 +553,24 @@ def zero_masked(x: Any, valid: Any) -> Any:
     """`x` with the rows where `valid` is false set to zero."""
     x = jnp.asarray(x)
     return where_rows(valid, x, jnp.zeros_like(x))
+
+
+def wide_sums(layer: Any) -> Any:
+    """`layer` with the Sums of its reducer, and of the reducers of the layers it wraps that
+    pass theirs in (a Pad's Chunk's), keeping bfloat16/float16 sums in float32
+    (`Sum(wide=True)`): its result, with `comp.Wide` partials, is rounded once by its caller
+    (`comp.narrow`). A layer that holds no reducer (a plain function) is unchanged."""
+    if held_reducer(layer) is None:
+        return layer
+
+    def widen(r):
+        return dataclasses.replace(r, wide=True) if isinstance(r, Sum) and r.compensated else r
+
+    wide = jax.tree_util.tree_map(widen, layer.reducer, is_leaf=lambda r: isinstance(r, Sum))
+    layer = eqx.tree_at(lambda x: x.reducer, layer, wide)
+    if held_reducer(getattr(layer, "fn", None)) is None:
+        return layer
+    return eqx.tree_at(lambda x: x.fn, layer, wide_sums(layer.fn))
 
 
 def held_reducer(fn: Any) -> AbstractReducer | None:

@@ -15,7 +15,7 @@ from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._rows import call_with_valid, compiled_if_eager, map_mapped, mapped_length
 from ._sharding import call_mesh, is_explicit, mesh_of, on_mesh, place
 from .pad import pad_rows, round_up, row_mask, split_rows
-from .reduce import AbstractReducer, Concat, held_reducer, reducer_of
+from .reduce import AbstractReducer, Concat, held_reducer, reducer_of, wide_sums
 
 
 class Shard(eqx.Module):
@@ -106,8 +106,9 @@ class Shard(eqx.Module):
 
     def __call__(self, *args: Any, valid: RowMask | None = None) -> Any:
         mesh = call_mesh(self.mesh, args)
-        with on_mesh(mesh):
-            return self._call(mesh, args, valid)
+        reducer = reducer_of("Shard", self.fn, self.reducer)
+        with on_mesh(mesh):  # bfloat16/float16 sums: added across devices in float32, rounded once
+            return reducer.rounded(wide_sums(self)._call(mesh, args, valid))
 
     def _call(self, mesh, args, valid):
         reducer = reducer_of("Shard", self.fn, self.reducer)

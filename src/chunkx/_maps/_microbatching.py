@@ -26,11 +26,19 @@ import jax
 import jax.numpy as jnp
 
 from .._checks import check_argnums, in_axes_tuple
+from .._combinators import compensated as comp
 from .._combinators._rows import mapped_length, moveaxis, struct_of, zeros_like_struct
 from .._combinators._sharding import replicated
 from .._combinators.groups import _swap_blocks
 from .._combinators.pad import Pad
-from .._combinators.reduce import AbstractReducer, Concat, Sum, join_chunks, zero_masked
+from .._combinators.reduce import (
+    AbstractReducer,
+    Concat,
+    Sum,
+    join_chunks,
+    wide_sums,
+    zero_masked,
+)
 from .._combinators.shard import Shard
 from .._plan.measure import divisor_below
 from .._plan.search import MemoryPlan
@@ -199,6 +207,7 @@ class Leaves(AbstractReducer):
     shard_local = _per_leaf("shard_local")
     shard_collect = _per_leaf("shard_collect")
     trim = _per_leaf("trim")
+    rounded = _per_leaf("rounded")
     is_additive = _per_leaf("is_additive", trees=0, join=all)
     compensates = _per_leaf("compensates", trees=0, join=all)
     can_mask = _per_leaf("can_mask", trees=0, join=all)
@@ -232,7 +241,9 @@ class Leaves(AbstractReducer):
 
     def finalize(self, carry: Tree, mean_n: Any, run_n: Any) -> Tree:
         """The result from the loop's carry: MEAN divides by `mean_n`, RUNNING_MEAN by `run_n`
-        (what was run; zero where nothing ran), a user's Accumulator finalizes."""
+        (what was run; zero where nothing ran), a user's Accumulator finalizes. A bfloat16/
+        float16 sum arrives in float32 (a `Wide` partial, from `wide_sums`): it is divided
+        there and rounded once, as `jnp.mean` rounds."""
 
         def leaf(kind, c):
             if kind not in (AccumulationType.MEAN, AccumulationType.RUNNING_MEAN):
@@ -246,9 +257,14 @@ class Leaves(AbstractReducer):
             n = mean_n if kind is AccumulationType.MEAN else run_n
             ran = n > 0  # nothing run: zeros, and zero gradients (no 0 / 0 under the where)
             safe = jnp.where(ran, n, 1)
-            return jax.tree_util.tree_map(lambda x: jnp.where(ran, x / safe, 0).astype(x.dtype), c)
 
-        return self.each_leaf(leaf, carry)
+            def mean(x):
+                total = x.value if isinstance(x, comp.Wide) else x
+                return jnp.where(ran, total / safe, 0).astype(x.dtype)
+
+            return jax.tree_util.tree_map(mean, c, is_leaf=lambda x: isinstance(x, comp.Wide))
+
+        return comp.narrow(self.each_leaf(leaf, carry))
 
 
 class RowFn(eqx.Module):
@@ -419,7 +435,8 @@ class Microbatched(eqx.Module):
         core = Shard(core, opts.mesh, in_axes=AXES) if opts.shard else core
         if plan is not None:  # an "auto" size: the plan of the loop's Chunk
             return plan_of(core, plan, pair, AXES, opts)
-        out = (Pad(core, mb, in_axes=AXES) if padded else core)(*pair)
+        # its sums stay wide: a bfloat16/float16 mean is divided in float32 (`finalize`)
+        out = wide_sums(Pad(core, mb, in_axes=AXES) if padded else core)(*pair)
         if not self.per_example:  # MEAN over the microbatches, RUNNING_MEAN over those run
             return leaves.finalize(out, k, k if r is None else r)
         return leaves.finalize(out, n, n if r is None else jnp.sum(jnp.arange(n) % k < r))
