@@ -633,8 +633,10 @@ def test_errors():
         chunkx.micro_vmap(g, (0,), microbatch_size=2)(x, w)
     with pytest.raises(ValueError, match=r"`micro_grad\(batch_argnums=\(3,\)\)`: batch_argnums must index the 3 arguments \(-3 <= i < 3\), got 3"):
         chunkx.micro_grad(sq_loss, batch_argnums=3)(*grad_data())
-    with pytest.raises(ValueError, match=r"`micro_vmap\(accumulator=MEAN\)`: MEAN and RUNNING_MEAN need floating-point outputs, got a leaf of dtype int"):
-        chunkx.micro_vmap(lambda i: i * 2, microbatch_size=2, accumulator=ours("MEAN"))(jnp.arange(4))
+    with pytest.raises(ValueError, match=r"`microbatch\(accumulator=MEAN\)`: MEAN and RUNNING_MEAN need floating-point outputs, got a leaf of dtype int"):
+        chunkx.microbatch(lambda i: i * 2, 0, 2, ours("MEAN"))(jnp.arange(4))
+    with pytest.raises(ValueError, match=r"MEAN and RUNNING_MEAN Accumulators require floating-point values"):
+        om.microbatch(lambda i: i * 2, 0, 2, theirs("MEAN"))(jnp.arange(4))  # optax refuses too
     with pytest.raises(ValueError, match=r"`micro_vmap\(accumulator=...\)`: every leaf of the accumulator tree must be"):
         chunkx.micro_vmap(g, (0, None), microbatch_size=2, accumulator="sum")(x, w)
     user = biggest(chunkx)
@@ -797,3 +799,23 @@ def test_narrow_float_means_divided_before_rounding(dtype):
         loss = lambda p, r: jnp.sum(p * r)  # noqa: E731  (its gradient in p: the row)
         got = chunkx.micro_grad(loss, microbatch_size=2, accumulator=ours)(jnp.ones((), dtype), x)
         assert float(got[0]) == float(want), (kind, got)  # (grad, outputs)
+
+
+@pytest.mark.parametrize("acc", ["MEAN", "RUNNING_MEAN"])
+def test_micro_vmap_mean_of_integer_and_boolean_outputs_as_optax(acc):
+    """optax's `micro_vmap` averages integer and boolean per-example outputs into a float
+    (`jnp.mean` of each microbatch); chunkx's does the same, at any microbatch size."""
+    f = lambda i: (i * 2, {"big": i > 1, "half": i * 0.5})  # noqa: E731
+    x = jnp.arange(8)
+    for m in (1, 2, 8):
+        got = chunkx.micro_vmap(f, microbatch_size=m, accumulator=ours(acc))(x)
+        want = om.micro_vmap(f, microbatch_size=m, accumulator=theirs(acc))(x)
+        for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            assert g.dtype == w.dtype
+            np.testing.assert_allclose(g, w, rtol=1e-6)
+    # a batch that the size does not divide (optax refuses it): the mean of every row
+    got = chunkx.micro_vmap(f, microbatch_size=3, accumulator=ours(acc))(x)
+    want = jax.tree_util.tree_map(jnp.mean, jax.vmap(f)(x))
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        assert g.dtype == w.dtype
+        np.testing.assert_allclose(g, w, rtol=1e-6)

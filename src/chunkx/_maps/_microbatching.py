@@ -189,6 +189,10 @@ def _per_leaf(method: str, trees: int = 1, join: Callable | None = None) -> Call
     return each
 
 
+def _is_wide(x: Any) -> bool:
+    return isinstance(x, comp.Wide)
+
+
 class Leaves(AbstractReducer):
     """One reducer per leaf of a pytree prefix (`treedef`) of the outputs, and what each leaf
     is (`kinds`: an AccumulationType, or the user's accumulator)."""
@@ -239,32 +243,50 @@ class Leaves(AbstractReducer):
         """`fn(kind, part)` on each leaf's part of `out`."""
         return self.treedef.unflatten(list(map(fn, self.kinds, self.treedef.flatten_up_to(out))))
 
-    def finalize(self, carry: Tree, mean_n: Any, run_n: Any) -> Tree:
+    def finalize(
+        self, carry: Tree, mean_n: Any, run_n: Any, rows: Callable[[], Tree] | None = None
+    ) -> Tree:
         """The result from the loop's carry: MEAN divides by `mean_n`, RUNNING_MEAN by `run_n`
         (what was run; zero where nothing ran), a user's Accumulator finalizes. A bfloat16/
         float16 sum arrives in float32 (a `Wide` partial, from `wide_sums`): it is divided
-        there and rounded once, as `jnp.mean` rounds."""
+        there and rounded once, as `jnp.mean` rounds. `rows` (per-example outputs, as optax's
+        `micro_vmap` takes them): the structs of one row's outputs, asked for only where a
+        MEAN or RUNNING_MEAN leaf is an integer sum, whose mean is then a float of the dtype
+        of `jnp.mean` of those rows (bool and int32 rows: float32). Without `rows`, such
+        outputs are refused, as optax refuses them."""
 
-        def leaf(kind, c):
+        def leaf(i, kind, c):
             if kind not in (AccumulationType.MEAN, AccumulationType.RUNNING_MEAN):
                 return c if isinstance(kind, AccumulationType) else kind.finalize(c)
-            for x in jax.tree_util.tree_leaves(c):
-                if not jnp.issubdtype(x.dtype, jnp.floating):
-                    raise ValueError(
-                        f"`{self.who}(accumulator={kind.name})`: MEAN and RUNNING_MEAN need "
-                        f"floating-point outputs, got a leaf of dtype {x.dtype}."
-                    )
+            xs, tree = jax.tree_util.tree_flatten(c, is_leaf=_is_wide)
+            dtypes = self._mean_dtypes(i, kind, xs, rows)
             n = mean_n if kind is AccumulationType.MEAN else run_n
             ran = n > 0  # nothing run: zeros, and zero gradients (no 0 / 0 under the where)
             safe = jnp.where(ran, n, 1)
+            totals = [x.value if _is_wide(x) else x for x in xs]
+            means = [jnp.where(ran, t / safe, 0).astype(d) for t, d in zip(totals, dtypes)]
+            return tree.unflatten(means)
 
-            def mean(x):
-                total = x.value if isinstance(x, comp.Wide) else x
-                return jnp.where(ran, total / safe, 0).astype(x.dtype)
+        sums = self.treedef.flatten_up_to(carry)
+        out = [leaf(i, k, c) for i, (k, c) in enumerate(zip(self.kinds, sums))]
+        return comp.narrow(self.treedef.unflatten(out))
 
-            return jax.tree_util.tree_map(mean, c, is_leaf=lambda x: isinstance(x, comp.Wide))
-
-        return comp.narrow(self.each_leaf(leaf, carry))
+    def _mean_dtypes(self, i: int, kind: Any, xs: list, rows: Callable[[], Tree] | None) -> list:
+        """The dtypes of the means of the sums `xs` (leaf `i` of the prefix): each floating
+        sum's own; an integer sum's, `jnp.mean`'s of its rows (where `rows` gives them)."""
+        ints = [not jnp.issubdtype(x.dtype, jnp.floating) for x in xs]
+        for x, is_int in zip(xs, ints):
+            if is_int and (rows is None or not jnp.issubdtype(x.dtype, jnp.integer)):
+                raise ValueError(
+                    f"`{self.who}(accumulator={kind.name})`: MEAN and RUNNING_MEAN need "
+                    f"floating-point outputs, got a leaf of dtype {x.dtype}."
+                )
+        if not any(ints):
+            return [x.dtype for x in xs]
+        structs = self.treedef.flatten_up_to(rows())[i]
+        means = jax.eval_shape(lambda t: jax.tree_util.tree_map(jnp.mean, t), structs)
+        return [m.dtype if is_int else x.dtype
+                for x, m, is_int in zip(xs, jax.tree_util.tree_leaves(means), ints)]
 
 
 class RowFn(eqx.Module):
@@ -439,7 +461,13 @@ class Microbatched(eqx.Module):
         out = wide_sums(Pad(core, mb, in_axes=AXES) if padded else core)(*pair)
         if not self.per_example:  # MEAN over the microbatches, RUNNING_MEAN over those run
             return leaves.finalize(out, k, k if r is None else r)
-        return leaves.finalize(out, n, n if r is None else jnp.sum(jnp.arange(n) % k < r))
+        run = n if r is None else jnp.sum(jnp.arange(n) % k < r)
+
+        def one_row():  # one row's outputs (structs; traced only for an integer mean)
+            first = [None if x is None else x[0] for x in rows]
+            return eqx.filter_eval_shape(body, first, fixed)
+
+        return leaves.finalize(out, n, run, one_row)
 
     def _check(self, n: int, mb: Any, d: int) -> None:
         who = self.opts.who
