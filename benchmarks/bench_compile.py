@@ -2,7 +2,7 @@
 
 Compile time is trace + lower + compile of `jax.jit(f)` with `jax.clear_caches()` before each
 compile (nothing is reused between compiles), interleaved over the variants, median of
-`--reps` rounds. The reference is the best hand-written loop: a `lax.scan` over `jax.vmap` at
+`--reps` rounds; the JSON also keeps each phase's median (trace, lower, XLA compile). The reference is the best hand-written loop: a `lax.scan` over `jax.vmap` at
 a chunk size that divides the rows (100 of 1000), or `jax.jacfwd`/`jax.jacrev` for Jacobians.
 A Jacobian is also timed against the same Jacobian written as a chunk loop by hand: a
 `lax.scan` over `jax.vmap` of the linearized JVP (of the VJP's pullback) at a size that divides
@@ -12,7 +12,8 @@ whoever writes it; `jax.jacfwd`/`jax.jacrev` compile no loop.
 Cases (float32):
 
 - `batch_jacfwd` of a 200-dim fixed-point map unrolled over 50 steps
-  (`z <- tanh(A z + x)`), columns in chunks of 16 (leaves 8 columns) and of 20 (divides);
+  (`z <- tanh(A z + x)`), columns in chunks of 16 (leaves 8 columns) and of 20 (divides),
+  and with `linearize=False` (a `jax.jvp` per chunk: one trace of the function, not two);
   and of a 50-step map whose steps differ (each its own activation, scale and skip), chunks
   of 16 (XLA compiles a loop body, any chunk loop's, more slowly than the same operations in
   straight-line code; how much depends on the steps);
@@ -138,6 +139,9 @@ def cases():
         "batch_jacfwd, 200-dim 50-step unrolled fixed-point map, size 16 (leaves columns)": (
             jac(16), ref_jac, loop_jac),
         "batch_jacfwd, the same, size 20 (divides)": (jac(20), ref_jac, loop_jac),
+        "batch_jacfwd(linearize=False), the fixed-point map, size 16": (
+            (lambda x: chunkx.batch_jacfwd(f, batch_size=16, linearize=False)(x), (x0,)),
+            ref_jac, loop_jac),
         "batch_jacfwd, a 50-step map whose steps differ, size 16": (
             (lambda x: chunkx.batch_jacfwd(g, batch_size=16)(x), (x0,)),
             (jax.jacfwd(g), (x0,)), (hand_jacfwd(g, 20), (x0,))),
@@ -176,11 +180,16 @@ def cases():
     }
 
 
-def compile_seconds(fn, args) -> float:
+def compile_seconds(fn, args) -> tuple[float, float, float]:
+    """Seconds to trace, lower and compile `jax.jit(fn)` on `args`, nothing cached."""
     jax.clear_caches()
     t0 = time.perf_counter()
-    jax.jit(fn).lower(*args).compile()
-    return time.perf_counter() - t0
+    traced = jax.jit(fn).trace(*args)
+    t1 = time.perf_counter()
+    lowered = traced.lower()
+    t2 = time.perf_counter()
+    lowered.compile()
+    return t1 - t0, t2 - t1, time.perf_counter() - t2
 
 
 def main():
@@ -197,13 +206,16 @@ def main():
                 times[name][kind].append(compile_seconds(*variant))
     rows = []
     for name, t in times.items():
-        c, r = statistics.median(t["chunkx"]), statistics.median(t["reference"])
+        total = {kind: [sum(p) for p in t[kind]] for kind in t}
+        phases = {kind: [statistics.median(p[i] for p in t[kind]) for i in range(3)] for kind in t}
+        c, r = statistics.median(total["chunkx"]), statistics.median(total["reference"])
         row = {"name": name, "chunkx_s": c, "reference_s": r, "ratio": c / r,
-               "chunkx_all": t["chunkx"], "reference_all": t["reference"]}
+               "chunkx_all": total["chunkx"], "reference_all": total["reference"],
+               "phases": phases}  # median trace, lower and XLA compile seconds per variant
         line = f"{name:75s} {c:7.3f} s {r:7.3f} s {c / r:5.2f}"
         if "loop" in t:  # a Jacobian: also against the hand-written chunk loop
-            h = statistics.median(t["loop"])
-            row.update(loop_s=h, loop_ratio=c / h, loop_all=t["loop"])
+            h = statistics.median(total["loop"])
+            row.update(loop_s=h, loop_ratio=c / h, loop_all=total["loop"])
             line += f"   hand chunk loop {h:7.3f} s {c / h:5.2f}"
         rows.append(row)
         print(line)
