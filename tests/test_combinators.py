@@ -161,6 +161,30 @@ def test_chunk_of_rows_sharded_along_another_axis_on_an_explicit_mesh(remainder)
         assert_tree_close(jax.jit(f)(xs), ref)
 
 
+@pytest.mark.parametrize("remainder", ["shift", "call"])
+@pytest.mark.parametrize("grad", ["recompute", "fused", "auto"])
+@pytest.mark.parametrize("compensated", [True, False])
+def test_sum_gradients_of_rows_sharded_along_another_axis_on_an_explicit_mesh(
+    remainder, grad, compensated
+):
+    """A chunked `Sum` of rows whose feature axis is split over an Explicit mesh: its running
+    sum, the fused gradient's basis and row Jacobians are laid out as the chunks' sums are;
+    values, `jax.grad` and `jax.jvp` as the unchunked sum's, eager and jit."""
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(AxisType.Explicit,))
+    x = rand(jax.random.PRNGKey(8), (10, 4), jnp.float64)
+    reducer = chunkx.Sum(compensated=compensated)
+    f = chunkx.Chunk(chunkx.Vmap(jnp.sin), 3, remainder=remainder, reducer=reducer, grad=grad)
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(x, NamedSharding(mesh, P(None, "d")))
+        loss = lambda w: jnp.sum(f(w) ** 2)  # noqa: E731
+        ref = lambda w: jnp.sum(jnp.sum(jnp.sin(w), 0) ** 2)  # noqa: E731
+        assert_tree_close(jax.jit(f)(xs), jnp.sum(jnp.sin(xs), 0))
+        assert_tree_close(jax.grad(loss)(xs), jax.grad(ref)(xs))
+        assert_tree_close(jax.jit(jax.grad(loss))(xs), jax.grad(ref)(xs))
+        t = jnp.ones_like(xs)
+        assert_tree_close(jax.jvp(loss, (xs,), (t,))[1], jax.jvp(ref, (xs,), (t,))[1])
+
+
 def test_shard_of_a_module_holding_arrays_made_on_an_explicit_mesh():
     """Arrays laid out on an Explicit mesh (made under `jax.set_mesh`, or put there) and held
     by the function (a Module's weights): `shard_map` cannot close over them, so they enter

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._types import AxisSpec
-from ._sharding import is_explicit, sharding_of
+from ._sharding import explicit_layout, is_explicit, sharding_of
 
 
 def _where(i: int, path: tuple, names: tuple[str, ...] | None = None) -> str:
@@ -143,7 +143,10 @@ def zeros_like_struct(tree):
 
     def zeros(t):
         kind = _weak_kind(t.dtype) if t.weak_type else None
-        return jnp.zeros(t.shape, t.dtype) if kind is None else jax.lax.full(t.shape, kind(0))
+        layout = explicit_layout(t)  # typed on an Explicit mesh as `t` is
+        if kind is None:
+            return jnp.zeros(t.shape, t.dtype, out_sharding=layout)
+        return jax.lax.full(t.shape, kind(0), sharding=layout)
 
     return jax.tree_util.tree_map(zeros, tree)
 

@@ -87,6 +87,19 @@ def is_explicit(mesh: Mesh | AbstractMesh) -> bool:
     return any(t == AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
 
 
+def explicit_layout(struct) -> NamedSharding | None:
+    """The layout of `struct` (an array or a `jax.ShapeDtypeStruct`) where it is typed on an
+    Explicit mesh (`None` elsewhere): what an array made to hold its values (zeros, a carry)
+    must be typed as too."""
+    if isinstance(struct, jax.ShapeDtypeStruct):
+        sharding = struct.sharding
+    else:  # an array or a tracer: the type it has in the trace
+        sharding = getattr(jax.typeof(struct), "sharding", None)
+    if isinstance(sharding, NamedSharding) and is_explicit(sharding.mesh):
+        return sharding
+    return None
+
+
 def place(x, mesh: Mesh | AbstractMesh, spec: P):
     """Lay `x` out as `spec` on `mesh` (works for Auto and Explicit mesh axes)."""
     sharding = NamedSharding(mesh, spec)

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._types import Tree
+from ._sharding import explicit_layout
 
 
 def carry_dtype(dtype: Any) -> Any:
@@ -106,9 +107,11 @@ def _start(struct: Any) -> Running:
     dtype = jnp.dtype(struct.dtype)  # a Wide partial: the dtype of its rows
     shape = struct.value.shape if _is_wide(struct) else struct.shape
     acc = carry_dtype(dtype)
+    layout = explicit_layout(struct.value if _is_wide(struct) else struct)
     if not jnp.issubdtype(dtype, jnp.inexact):
-        return Running((jnp.zeros(shape, acc),), dtype)
-    packed = jnp.zeros(shape, jnp.result_type(acc, jnp.complex64))  # the complex of its width
+        return Running((jnp.zeros(shape, acc, out_sharding=layout),), dtype)
+    packed = jnp.result_type(acc, jnp.complex64)  # the complex of its width
+    packed = jnp.zeros(shape, packed, out_sharding=layout)
     return Running((packed,) * (2 if jnp.issubdtype(dtype, jnp.complexfloating) else 1), dtype)
 
 

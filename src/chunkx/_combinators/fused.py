@@ -22,10 +22,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
+from jax.sharding import PartitionSpec as P
 
 from .._plan.auto import names
 from ._rows import IN_RANGE, join_args, rows
-from ._sharding import typed_like
+from ._sharding import explicit_layout, typed_like
 from .loop import chunk_loop, evaluate
 from .reduce import AbstractAccumulation, Sum, zero_masked
 
@@ -195,6 +196,9 @@ def _vjp_piece(lifted, whole_leaves, rmask, wmask):
         live_whole = [x for x, m in zip(whole_leaves, wmask) if m]
         vec, pull = jax.vjp(g, live_rows, live_whole)
         basis = jnp.eye(vec.size, dtype=vec.dtype)
+        layout = explicit_layout(vec)  # each row of the basis typed as the output is
+        if layout is not None:
+            basis = jax.sharding.reshard(basis, P(None, *layout.spec))
         if vec.size == 1:
             jr, jw = jax.tree_util.tree_map(lambda x: x[None], pull(basis[0]))
         else:
@@ -213,7 +217,8 @@ class _FusedAcc(AbstractAccumulation):
     sums: Sum  # `(vec, J_whole)` add up as a Sum's do
 
     def init(self, part, n):
-        jr = [jnp.zeros((j.shape[0], n) + j.shape[2:], j.dtype) for j in part[2]]
+        jr = [jnp.zeros((j.shape[0], n) + j.shape[2:], j.dtype, out_sharding=explicit_layout(j))
+              for j in part[2]]  # typed on an Explicit mesh as a chunk's row Jacobians are
         return (*self.sums.init(part[:2], n), jr)
 
     def accumulate(self, acc, part, start, index):
@@ -233,7 +238,7 @@ class _FusedAcc(AbstractAccumulation):
 def _contract(j, t):
     """`sum over t's axes of Re(j[k] * t)`, for every output element `k` (`t` may be a
     Python or NumPy scalar, as `jax.jvp` takes tangents)."""
-    return jnp.real(j * jnp.asarray(t)[None]).reshape(j.shape[0], -1).sum(axis=1)
+    return jnp.sum(jnp.real(j * jnp.asarray(t)[None]), axis=tuple(range(1, jnp.ndim(j))))
 
 
 def _flat(out) -> jax.Array:
