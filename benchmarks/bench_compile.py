@@ -2,8 +2,9 @@
 
 Compile time is trace + lower + compile of `jax.jit(f)` with `jax.clear_caches()` before each
 compile (nothing is reused between compiles), interleaved over the variants, median of
-`--reps` rounds; the JSON also keeps each phase's median (trace, lower, XLA compile). The reference is the best hand-written loop: a `lax.scan` over `jax.vmap` at
-a chunk size that divides the rows (100 of 1000), or `jax.jacfwd`/`jax.jacrev` for Jacobians.
+`--reps` rounds; the JSON also keeps each phase's median (trace, lower, XLA compile). The
+reference is the best hand-written loop: a `lax.scan` over `jax.vmap` at a chunk size that
+divides the rows (100 of 1000), or `jax.jacfwd`/`jax.jacrev` for Jacobians.
 A Jacobian is also timed against the same Jacobian written as a chunk loop by hand: a
 `lax.scan` over `jax.vmap` of the linearized JVP (of the VJP's pullback) at a size that divides
 the columns (rows), 20 of 200 (100 of 400). That loop is what a chunked Jacobian costs in XLA
