@@ -368,6 +368,21 @@ def test_boolean_partials_added_as_jnp_add(size):
 
 
 @pytest.mark.parametrize("kind", ["auto", "explicit"])
+def test_sharded_boolean_partials_joined_as_jnp_add(kind):
+    """Boolean partials under `Shard` join across devices as they join across chunks (a
+    logical or, `jnp.add` of booleans), not as a count of the devices."""
+    mesh = jax.make_mesh((4,), ("d",), axis_types=(getattr(AxisType, kind.capitalize()),))
+    x = jnp.arange(8.0)
+    for threshold in (4.0, 100.0, -1.0):
+        want = functools.reduce(jnp.add, [jnp.any(x[k : k + 1] > threshold) for k in range(8)])
+        inner = chunkx.Chunk(lambda r: jnp.any(r > threshold), 1, remainder="call",
+                             reducer=chunkx.Sum(presummed=True))
+        with jax.set_mesh(mesh):
+            got = jax.jit(chunkx.Shard(inner, mesh=mesh))(x)
+        assert got.dtype == want.dtype and bool(got) == bool(want), (threshold, got)
+
+
+@pytest.mark.parametrize("kind", ["auto", "explicit"])
 def test_sharded_narrow_float_sums_added_across_devices_in_float32(kind):
     """A float16 Sum under `Shard` adds the devices' partials in float32 and rounds once, as
     `jnp.sum` (and optax's micro_vmap) do: two devices' partials (120000, -110000) overflow

@@ -453,7 +453,11 @@ class Sum(AbstractReducer):
         return P()
 
     def shard_local(self, partial: Tree, axis: Any) -> Tree:
-        return jax.lax.psum(partial, axis)
+        # boolean partials (a pre-summed function's) join as `combine` joins them: a logical
+        # or (`psum` of booleans would count the devices)
+        return jax.tree_util.tree_map(
+            lambda x: jax.lax.pmax(x, axis) if x.dtype == bool else jax.lax.psum(x, axis), partial
+        )
 
     def shard_collect(self, gathered: Tree, mesh: Mesh | AbstractMesh) -> Tree:
         return gathered
