@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._types import AxisSpec
-from ._sharding import explicit_layout, is_explicit, sharding_of
+from ._sharding import explicit_layout, sharding_of
 
 
 def _where(i: int, path: tuple, names: tuple[str, ...] | None = None) -> str:
@@ -114,11 +114,8 @@ def where_rows(valid, x, y):
     """`x`'s rows where `valid` (a mask of the leading axis), `y`'s elsewhere (`x` and `y`
     of one shape, dtype and layout; `lax.select` traces no `jnp.where` wrapper). On an
     Explicit mesh the mask is laid out as `x` (whose other axes may be split)."""
-    sharding = sharding_of(x)
-    if sharding is not None and not is_explicit(sharding.mesh):
-        sharding = None
     valid = jnp.asarray(valid, bool)
-    mask = jax.lax.broadcast_in_dim(valid, jnp.shape(x), (0,), out_sharding=sharding)
+    mask = jax.lax.broadcast_in_dim(valid, jnp.shape(x), (0,), out_sharding=explicit_layout(x))
     return jax.lax.select(mask, x, y)
 
 

@@ -91,10 +91,7 @@ def explicit_layout(struct) -> NamedSharding | None:
     """The layout of `struct` (an array or a `jax.ShapeDtypeStruct`) where it is typed on an
     Explicit mesh (`None` elsewhere): what an array made to hold its values (zeros, a carry)
     must be typed as too."""
-    if isinstance(struct, jax.ShapeDtypeStruct):
-        sharding = struct.sharding
-    else:  # an array or a tracer: the type it has in the trace
-        sharding = getattr(jax.typeof(struct), "sharding", None)
+    sharding = struct.sharding if isinstance(struct, jax.ShapeDtypeStruct) else sharding_of(struct)
     if isinstance(sharding, NamedSharding) and is_explicit(sharding.mesh):
         return sharding
     return None

@@ -50,7 +50,7 @@ class Wide(eqx.Module):
     dtype: Any = eqx.field(static=True)
 
 
-def _is_wide(x: Any) -> bool:
+def is_wide(x: Any) -> bool:
     return isinstance(x, Wide)
 
 
@@ -62,7 +62,7 @@ def widen(total: jax.Array, dtype: Any) -> Any:
 def narrow(tree: Tree) -> Tree:
     """A partial result with its `Wide` leaves rounded to their own dtypes."""
     return jax.tree_util.tree_map(
-        lambda x: x.value.astype(x.dtype) if _is_wide(x) else x, tree, is_leaf=_is_wide
+        lambda x: x.value.astype(x.dtype) if is_wide(x) else x, tree, is_leaf=is_wide
     )
 
 
@@ -88,7 +88,7 @@ class Running(eqx.Module):
 
     def add(self, part: Any) -> "Running":
         """The running sum with `part` (an array or a `Wide` partial) added."""
-        x = jnp.asarray(part.value if _is_wide(part) else part)
+        x = jnp.asarray(part.value if is_wide(part) else part)
         if not jnp.issubdtype(self.dtype, jnp.inexact):  # jnp: booleans by a logical or
             return Running((jnp.add(self.sums[0], x.astype(self.sums[0].dtype)),), self.dtype)
         xs = (lax.real(x), lax.imag(x)) if jnp.iscomplexobj(x) else (x,)
@@ -105,9 +105,9 @@ class Running(eqx.Module):
 
 def _start(struct: Any) -> Running:
     dtype = jnp.dtype(struct.dtype)  # a Wide partial: the dtype of its rows
-    shape = struct.value.shape if _is_wide(struct) else struct.shape
+    shape = struct.value.shape if is_wide(struct) else struct.shape
     acc = carry_dtype(dtype)
-    layout = explicit_layout(struct.value if _is_wide(struct) else struct)
+    layout = explicit_layout(struct.value if is_wide(struct) else struct)
     if not jnp.issubdtype(dtype, jnp.inexact):
         return Running((jnp.zeros(shape, acc, out_sharding=layout),), dtype)
     packed = jnp.result_type(acc, jnp.complex64)  # the complex of its width
@@ -117,12 +117,12 @@ def _start(struct: Any) -> Running:
 
 def start(struct: Tree) -> Tree:
     """A zero running sum per leaf of `struct` (shape/dtype structs or arrays)."""
-    return jax.tree_util.tree_map(_start, struct, is_leaf=_is_wide)
+    return jax.tree_util.tree_map(_start, struct, is_leaf=is_wide)
 
 
 def add(acc: Tree, part: Tree) -> Tree:
     """`acc` (from `start`) with the partial result `part` added, leaf by leaf."""
-    return jax.tree_util.tree_map(lambda p, r: r.add(p), part, acc, is_leaf=_is_wide)
+    return jax.tree_util.tree_map(lambda p, r: r.add(p), part, acc, is_leaf=is_wide)
 
 
 def value(acc: Tree) -> Tree:

@@ -189,10 +189,6 @@ def _per_leaf(method: str, trees: int = 1, join: Callable | None = None) -> Call
     return each
 
 
-def _is_wide(x: Any) -> bool:
-    return isinstance(x, comp.Wide)
-
-
 class Leaves(AbstractReducer):
     """One reducer per leaf of a pytree prefix (`treedef`) of the outputs, and what each leaf
     is (`kinds`: an AccumulationType, or the user's accumulator)."""
@@ -258,12 +254,12 @@ class Leaves(AbstractReducer):
         def leaf(i, kind, c):
             if kind not in (AccumulationType.MEAN, AccumulationType.RUNNING_MEAN):
                 return c if isinstance(kind, AccumulationType) else kind.finalize(c)
-            xs, tree = jax.tree_util.tree_flatten(c, is_leaf=_is_wide)
+            xs, tree = jax.tree_util.tree_flatten(c, is_leaf=comp.is_wide)
             dtypes = self._mean_dtypes(i, kind, xs, rows)
             n = mean_n if kind is AccumulationType.MEAN else run_n
             ran = n > 0  # nothing run: zeros, and zero gradients (no 0 / 0 under the where)
             safe = jnp.where(ran, n, 1)
-            totals = [x.value if _is_wide(x) else x for x in xs]
+            totals = [x.value if comp.is_wide(x) else x for x in xs]
             means = [jnp.where(ran, t / safe, 0).astype(d) for t, d in zip(totals, dtypes)]
             return tree.unflatten(means)
 

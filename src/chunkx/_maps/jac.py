@@ -11,6 +11,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from .._checks import argnums_tuple, as_size, check_argnums, resolve_batch_size
+from .._combinators._rows import weakly_typed
 from .._public import public
 from .._types import Size
 from ._bind import Bound
@@ -45,11 +46,7 @@ def _like(x: Any, ref: jax.ShapeDtypeStruct) -> Any:
         return x
     x = jnp.zeros(ref.shape, ref.dtype) if x is None else jnp.reshape(x, ref.shape)
     x = jax.lax.convert_element_type(x, ref.dtype)
-    # a weak type (a Python scalar type's dtype): written into a weakly typed array of it
-    kind = {"i": int, "f": float, "c": complex}.get(x.dtype.kind)
-    if ref.weak_type and kind and jax.dtypes.canonicalize_dtype(kind) == x.dtype:
-        return jax.lax.full(x.shape, kind(0)).at[...].set(x)
-    return x
+    return weakly_typed(x) if ref.weak_type else x  # a Python scalar type's dtype: weak
 
 
 def _no_float0(tree: Any) -> list:
