@@ -367,6 +367,25 @@ def test_boolean_partials_added_as_jnp_add(size):
             assert got.dtype == want.dtype and bool(got) == bool(want), (pipe, got)
 
 
+def test_wide_sum_keeps_the_float32_sum_until_rounded():
+    """`Sum(wide=True)` of bfloat16 rows returns their float32 sum (against a float64 sum of
+    the same rows) for the layer around it; `rounded` gives `jnp.sum`'s bfloat16 result; a
+    float32 sum is the same either way."""
+    x = jnp.linspace(-3.0, 7.0, 1001, dtype=jnp.float32) ** 2
+    xb = x.astype(jnp.bfloat16)
+    want = np.sum(np.asarray(xb, np.float64))
+    for size in (7, 100, 1001):
+        wide = chunkx.Sum(wide=True)
+        part = jax.jit(chunkx.Chunk(chunkx.Vmap(lambda r: r), size, reducer=wide))(xb)
+        assert part.value.dtype == jnp.float32 and part.dtype == jnp.bfloat16
+        np.testing.assert_allclose(part.value, want, rtol=1e-7)
+        np.testing.assert_allclose(wide.rounded(part).value, want, rtol=1e-7)
+        assert chunkx.Sum().rounded(part).dtype == jnp.bfloat16
+        assert chunkx.Sum().rounded(part) == jnp.sum(xb)
+        same = chunkx.Chunk(chunkx.Vmap(lambda r: r), size, reducer=chunkx.Sum())(x)
+        assert chunkx.Chunk(chunkx.Vmap(lambda r: r), size, reducer=wide)(x) == same
+
+
 @pytest.mark.parametrize("kind", ["auto", "explicit"])
 def test_sharded_boolean_partials_joined_as_jnp_add(kind):
     """Boolean partials under `Shard` join across devices as they join across chunks (a
