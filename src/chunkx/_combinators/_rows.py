@@ -93,12 +93,22 @@ def struct_of(tree):
     return jax.tree_util.tree_map(struct, tree)
 
 
-def fresh_rows(size: int, start, index):
-    """The rows of chunk `index` (of `size` rows, starting at row `start`) that no earlier
-    chunk evaluated: all of them, unless a shifted last chunk starts before `index * size`."""
-    start, index = (jax.lax.convert_element_type(v, jnp.int32) for v in (start, index))
+def counted_rows(size: int, start, n: int):
+    """The rows of a chunk (of `size` rows from row `start`, in a loop over `n` rows whose
+    last chunk is shifted back to end at row `n`) whose evaluation counts: every row of the
+    last chunk, and every row of an earlier chunk that the last one does not evaluate again.
+    The last evaluation of a row is the one kept, so a loop that writes its chunks in place
+    writes each chunk whole (no read of what is there)."""
+    last = np.int32(n - size)
+    start = jax.lax.convert_element_type(start, jnp.int32)
     iota = jax.lax.iota(jnp.int32, size)  # lax, not jnp: no jnp wrapper to trace
-    return jax.lax.ge(jax.lax.add(iota, start), jax.lax.mul(index, np.int32(size)))
+    return jax.lax.bitwise_or(jax.lax.lt(jax.lax.add(iota, start), last), jax.lax.ge(start, last))
+
+
+def repeats_later(size: int, start: int, n: int) -> bool:
+    """Whether some rows of the chunk at the (static) row `start` are evaluated again by the
+    last chunk of the loop (shifted back to end at row `n`)."""
+    return start < n - size < start + size
 
 
 def moveaxis(x, src: int, dst: int):

@@ -79,10 +79,10 @@ class Chunk(eqx.Module):
     step slices its rows from the input (no copy of it, also at `size=1`). When `size` does
     not divide `n`, the last chunk is shifted back to end at row `n` (`remainder="shift"`, what
     the default does wherever the reducer allows it): it evaluates rows
-    `n - size .. (n // size) * size - 1` a second time, and those repeated rows are masked out
-    of a [`chunkx.Sum`][] (or a sum [`chunkx.Monoid`][]) and written again with the same
-    values by [`chunkx.Concat`][]. One compiled chunk shape, no remainder program, no fake
-    rows. `remainder="call"` evaluates the `n % size` leftover rows as one more call instead
+    `n - size .. (n // size) * size - 1` a second time, and those rows count there: the
+    earlier chunk's evaluation of them is masked out of a [`chunkx.Sum`][] (or a sum
+    [`chunkx.Monoid`][]) and written over by [`chunkx.Concat`][], which writes every chunk
+    whole. One compiled chunk shape, no remainder program, no fake rows. `remainder="call"` evaluates the `n % size` leftover rows as one more call instead
     (every row once: for functions with side effects, such as callbacks; a second compiled
     program); a Monoid that cannot mask and `Sum(presummed=True)` (unless its function masks
     rows itself, `mask_in_fn=True`) use it by default. To pad instead, wrap in

@@ -10,7 +10,7 @@ import numpy as np
 
 from .._progress import scan, ticker
 from .._types import RowMask
-from ._rows import fresh_rows, rows, struct_of, where_rows
+from ._rows import counted_rows, rows, struct_of, where_rows
 from .reduce import AbstractAccumulation, AbstractReducer
 
 
@@ -53,7 +53,7 @@ def chunk_loop(
     # as the loop's slicing makes them, traced only: an eager call slices nothing here
     mapped, valid = jax.eval_shape(lambda src: rows(src, 0, s), source)
     if shift and valid is None:
-        valid = jax.eval_shape(lambda: fresh_rows(s, 0, 0))
+        valid = jax.eval_shape(lambda: counted_rows(s, 0, n))
     step, part = _traced_once(piece, mapped, valid, call)
     reducer.check_chunk(part, s)
     acc = reducer.init(part, n)
@@ -92,22 +92,22 @@ def _at(piece, n, s, shift, remat):
         if shift:
             start = jax.lax.min(start, np.int32(n - s))
         mapped, valid = rows(source, start, s)
-        if shift:  # rows before i * s belong to the previous chunk: mask them out
-            fresh = fresh_rows(s, start, i)
-            valid = fresh if valid is None else valid & fresh
-            mapped = jax.tree_util.tree_map(lambda x: stop_repeated(x, fresh), mapped)
+        if shift:  # rows the shifted last chunk evaluates again count there, not here
+            counted = counted_rows(s, start, n)
+            valid = counted if valid is None else valid & counted
+            mapped = jax.tree_util.tree_map(lambda x: stop_repeated(x, counted), mapped)
         return piece(mapped, valid), start
 
     return jax.checkpoint(at, prevent_cse=False) if remat else at
 
 
-def stop_repeated(x, fresh):
-    """The rows of `x` that a shifted chunk repeats (not `fresh`) behind `stop_gradient`: their
-    outputs are masked or not written, so their zero cotangents meet no infinite derivative
-    (`0 * inf`) on the way back into the input."""
+def stop_repeated(x, counted):
+    """The rows of `x` whose evaluation does not count (a later chunk evaluates them again)
+    behind `stop_gradient`: their outputs are masked or written over, so their zero
+    cotangents meet no infinite derivative (`0 * inf`) on the way back into the input."""
     if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
         return x
-    return where_rows(fresh, x, jax.lax.stop_gradient(x))
+    return where_rows(counted, x, jax.lax.stop_gradient(x))
 
 
 def _traced_once(piece, mapped, valid, call):

@@ -27,7 +27,6 @@ from . import compensated as comp
 from ._rows import (
     IN_RANGE,
     call_with_valid,
-    fresh_rows,
     weakly_typed,
     where_rows,
     zeros_like_struct,
@@ -268,7 +267,7 @@ def _layout_like(y: Any, b: Any) -> Any:
 
 
 class _Buffer(eqx.Module):
-    """The output of a chunk loop with rows left over, written chunk by chunk in place;
+    """The output of a chunk loop, written chunk by chunk in place;
     `weak` says which of its leaves the chunks return weakly typed (the writes drop it)."""
 
     rows: Tree
@@ -313,19 +312,22 @@ class Concat(AbstractReducer):
 
     def init(self, part: Tree, n: int) -> Tree:
         leaves = jax.tree_util.tree_leaves(part)
-        if not leaves or n % leaves[0].shape[0] == 0:
-            return None  # whole chunks: stacked by the loop (no carried buffer, also in grad)
+        if not leaves:
+            return None
 
         def buffer(t):
-            b = jnp.zeros((n,) + tuple(t.shape[1:]), t.dtype)
+            # uninitialised where the backend allows it (an accelerator): the loop writes
+            # every row, and a zero fill would cost a pass over the whole output
+            shape = (n,) + tuple(t.shape[1:])
             # the sharding of a struct (`jax.eval_shape`'s) or of an array, traced or not
             is_struct = isinstance(t, jax.ShapeDtypeStruct)
             sharding = t.sharding if is_struct else getattr(jax.typeof(t), "sharding", None)
             mesh = getattr(sharding, "mesh", None)
             if mesh is None or not is_explicit(mesh):
-                return b
+                return jax.lax.empty(shape, t.dtype)
             # on a caller's Explicit mesh: the buffer lives on the rows' mesh (rows replicated)
-            return jax.sharding.reshard(b, NamedSharding(mesh, P(None, *tuple(sharding.spec)[1:])))
+            spec = NamedSharding(mesh, P(None, *tuple(sharding.spec)[1:]))
+            return jax.sharding.reshard(jax.lax.empty(shape, t.dtype), spec)
 
         weak = tuple(t.weak_type for t in leaves)
         return _Buffer(jax.tree_util.tree_map(buffer, part), weak)
@@ -334,19 +336,15 @@ class Concat(AbstractReducer):
         if acc is None:
             return None, part
 
-        def write(b, y):
+        def write(b, y):  # each chunk whole: a later chunk's rows are the ones that count
             y = _layout_like(y, b)
-            # rows a shifted chunk repeats keep the values the earlier chunk wrote (the
-            # repeated evaluation gets no cotangent, and none of its `0 * inf` either)
-            old = jax.lax.dynamic_slice_in_dim(b, start, y.shape[0], 0, **IN_RANGE)
-            y = where_rows(fresh_rows(y.shape[0], start, index), y, old)
             return jax.lax.dynamic_update_slice_in_dim(b, y, start, 0, **IN_RANGE)
 
         return _Buffer(jax.tree_util.tree_map(write, acc.rows, part), acc.weak), None
 
     def finish(self, acc: Tree, stacked: Tree) -> Tree:
         if acc is None:
-            return join_chunks(stacked)
+            return stacked
         leaves, tree = jax.tree_util.tree_flatten(acc.rows)
         weak = [weakly_typed(x) if w else x for x, w in zip(leaves, acc.weak)]
         return jax.tree_util.tree_unflatten(tree, weak)

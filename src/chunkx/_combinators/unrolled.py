@@ -11,7 +11,7 @@ from .._checks import as_in_axes, as_size, check_positive, zero_in_axes
 from .._progress import ticker
 from .._types import InAxes
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
-from ._rows import fresh_rows, map_mapped, mapped_length
+from ._rows import counted_rows, map_mapped, mapped_length, repeats_later
 from .loop import evaluate, stop_repeated
 from .reduce import AbstractReducer, Concat
 
@@ -47,8 +47,8 @@ class Unrolled(eqx.Module):
         for j, i in enumerate(starts):
             start = min(i, n - s)
             chunk = map_mapped(lambda x, a=start: x[a : a + s], args, axes)
-            valid = None if start == i else fresh_rows(s, start, j)
-            if valid is not None:  # repeated rows: no cotangent flows back through them
+            valid = counted_rows(s, start, n) if repeats_later(s, start, n) else None
+            if valid is not None:  # rows the last chunk repeats: no cotangent flows back here
                 chunk = map_mapped(lambda x: stop_repeated(x, valid), chunk, axes)
             part = evaluate(self.fn, reducer, chunk, valid, "Unrolled", chunk=True)
             acc = reducer.init(part, n) if j == 0 else acc

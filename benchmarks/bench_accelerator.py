@@ -1,0 +1,291 @@
+"""Chunked maps on any backend (a TPU or GPU above all): chunkx against `jax.vmap` where vmap
+fits, and against the peers (`jax.lax.map`, adv-jax-math, a hand-written loop, optax).
+
+Sections (float32; medians of interleaved rounds in one process; temp bytes are XLA's
+`memory_analysis()` of each compiled program):
+
+- `jac`: per-example Jacobians (`jax.jacrev` of a 64-256-256-64 tanh MLP), 65,536 rows, in
+  chunks of 4,096 and 16,384, and at a size that leaves rows over (the last chunk shifted);
+- `rows`: rows of a two-layer map (1,048,576 rows, 64 -> 256 -> 256), chunks of 16,384 and
+  131,072 (and a size that leaves rows over);
+- `sum`: the `Sum` of a cheap row function (1,048,576 rows x 32), chunks of 256, 4,096, 65,536;
+- `grad`: the fused `value_and_grad` of the mean local energy of an RBM (transverse-field Ising
+  chain, L=32), 262,144 samples in chunks of 16,384, against the plain `value_and_grad` of the
+  vmapped energy, a hand-fused `lax.scan` and optax's `microbatch`;
+- `jacfwd`: `batch_jacfwd` of a 2,048-dim map in chunks of 512 columns against `jax.jacfwd`;
+- `accuracy`: the float32 `Sum` of 100,000 rows against a float64 sum, beside `jnp.sum`.
+
+`--quick` shrinks every size by 64 (a CPU run in about a minute). The JSON goes to
+`benchmarks/results/accelerator_<platform>.json` (or `--out`), with the device kind in it;
+`docs/accelerators.md` is rendered from the TPU's.
+
+Run: `python benchmarks/bench_accelerator.py [--quick] [--reps 15] [--sections jac,rows,...]`.
+"""
+
+import argparse
+import json
+import pathlib
+import time
+
+import adv_jax_math as adv
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from _timing import MiB, Variant, prepare, spread, time_interleaved
+
+import chunkx
+
+SECTIONS = ("jac", "rows", "sum", "grad", "jacfwd", "accuracy")
+
+
+def report(name, variants, reps, base=None):
+    """Time `variants` interleaved; rows of (variant, ms, ratio to the first (or `base`), temp)."""
+    prepare(variants)
+    med = time_interleaved(variants, reps)
+    ref = med[base or variants[0].name]
+    rows = []
+    for v in variants:
+        r = dict(
+            variant=v.name, ms=med[v.name] * 1e3, ratio=med[v.name] / ref,
+            temp_mib=v.temp_bytes / MiB, spread=spread(v),
+        )
+        rows.append(r)
+        print(f"  {name:<12s} {v.name:<44s} {r['ms']:9.3f} ms {r['ratio']:6.2f}x "
+              f"temp {r['temp_mib']:9.1f} MiB", flush=True)
+    return rows
+
+
+# ---------------------------------------------------------------------------------- jac
+def mlp(x, ws):
+    for w in ws[:-1]:
+        x = jnp.tanh(x @ w)
+    return x @ ws[-1]
+
+
+def jac_row(x, ws):
+    return jax.jacrev(mlp)(x, ws)
+
+
+def hand_scan(f, s):
+    """A `lax.scan` over `jax.vmap(f)` of `s`-row chunks, stacking them (what lax.map does)."""
+
+    def g(x, *fixed):
+        n = x.shape[0]
+        body = lambda c, xs: (c, jax.vmap(f, (0,) + (None,) * len(fixed))(xs, *fixed))  # noqa: E731
+        _, ys = jax.lax.scan(body, 0, x.reshape((n // s, s) + x.shape[1:]))
+        return jax.tree_util.tree_map(lambda y: y.reshape((n,) + y.shape[2:]), ys)
+
+    return g
+
+
+def hand_fori(f, s):
+    """A `lax.fori_loop` writing each `s`-row chunk into a zero-filled output."""
+
+    def g(x, *fixed):
+        n = x.shape[0]
+        vf = jax.vmap(f, (0,) + (None,) * len(fixed))
+        out = jax.eval_shape(vf, x[:s], *fixed)
+        buf = jnp.zeros((n,) + out.shape[1:], out.dtype)
+
+        def body(i, buf):
+            y = vf(jax.lax.dynamic_slice_in_dim(x, i * s, s), *fixed)
+            return jax.lax.dynamic_update_slice_in_dim(buf, y, i * s, 0)
+
+        return jax.lax.fori_loop(0, n // s, body, buf)
+
+    return g
+
+
+def rows_variants(f, args, sizes, shift):
+    """The variants of a Concat section: vmap, then per size the peers and chunkx."""
+    fixed = (None,) * (len(args) - 1)
+    vs = [Variant("jax.vmap", lambda *a: jax.vmap(f, (0, *fixed))(*a), args)]
+    for j, s in enumerate(sizes):
+        if j == 0:  # the peers at the first size (they stack their chunks as the hand scan)
+            vs += [
+                Variant(f"lax.map, {s}", lambda x, *w, s=s: jax.lax.map(
+                    lambda r: f(r, *w), x, batch_size=s), args),
+                Variant(f"adv batch_vmap, {s}", lambda *a, s=s: adv.batch_vmap(
+                    f, (0, *fixed), batch_size=s)(*a), args),
+            ]
+        vs += [
+            Variant(f"hand scan, {s}", hand_scan(f, s), args),
+            Variant(f"hand fori_loop, {s}", hand_fori(f, s), args),
+            Variant(f"chunkx batch_vmap, {s}", lambda *a, s=s: chunkx.batch_vmap(
+                f, (0, *fixed), batch_size=s)(*a), args),
+        ]
+    s = shift
+    vs.append(Variant(f"chunkx batch_vmap, {s} (rows over)", lambda *a: chunkx.batch_vmap(
+        f, (0, *fixed), batch_size=s)(*a), args))
+    return vs
+
+
+def section_jac(q, reps):
+    k = jax.random.split(jax.random.key(0), 4)
+    dims = (64, 256, 256, 64)
+    ws = tuple(jax.random.normal(k[i], (dims[i], dims[i + 1])) / np.sqrt(dims[i]) for i in range(3))
+    x = jax.random.normal(k[3], (65_536 // q, 64))
+    return report("jac", rows_variants(jac_row, (x, ws), (4096 // q, 16_384 // q),
+                                       16_384 // q - 96 // q), reps)
+
+
+def section_rows(q, reps):
+    k = jax.random.split(jax.random.key(1), 3)
+    w1 = jax.random.normal(k[0], (64, 256)) / 8.0
+    w2 = jax.random.normal(k[1], (256, 256)) / 16.0
+    x = jax.random.normal(k[2], ((1 << 20) // q, 64))
+    f = lambda r, w1, w2: jnp.tanh(jnp.tanh(r @ w1) @ w2)  # noqa: E731
+    return report("rows", rows_variants(f, (x, w1, w2), (16_384 // q, 131_072 // q),
+                                        16_384 // q - 64 // q), reps)
+
+
+# ---------------------------------------------------------------------------------- sum
+def cheap(r):
+    return jnp.sum(jnp.sin(r) * r)
+
+
+def section_sum(q, reps):
+    y = jax.random.normal(jax.random.key(2), ((1 << 20) // q, 32))
+    out = {}
+    for s in (256, 4096 // q, 65_536 // q):
+
+        def fori(y, s=s):
+            def body(i, c):
+                return c + jnp.sum(jax.vmap(cheap)(jax.lax.dynamic_slice_in_dim(y, i * s, s)))
+
+            return jax.lax.fori_loop(0, y.shape[0] // s, body, jnp.float32(0))
+
+        vs = [
+            Variant("jnp.sum(jax.vmap)", lambda y: jnp.sum(jax.vmap(cheap)(y)), (y,)),
+            Variant("lax.map", lambda y, s=s: jnp.sum(jax.lax.map(cheap, y, batch_size=s)), (y,)),
+            Variant("hand fori_loop", fori, (y,)),
+            Variant("chunkx Sum()", lambda y, s=s: chunkx.batch_vmap(
+                cheap, batch_size=s, reducer=chunkx.Sum())(y), (y,)),
+            Variant("chunkx Sum(compensated=False)", lambda y, s=s: chunkx.batch_vmap(
+                cheap, batch_size=s, reducer=chunkx.Sum(compensated=False))(y), (y,)),
+        ]
+        if s == 4096 // q:
+            vs.insert(2, Variant("adv batch_vmap", lambda y, s=s: adv.batch_vmap(
+                cheap, batch_size=s, reduction=jnp.add, chunk_reduction=jnp.sum)(y), (y,)))
+        for u in (2, 4, 8) if s == 4096 // q else (4,):
+            vs.append(Variant(f"chunkx Chunk(Sum(), unroll={u})", lambda y, s=s, u=u: chunkx.Chunk(
+                chunkx.Vmap(cheap), s, reducer=chunkx.Sum(), unroll=u)(y), (y,)))
+        out[str(s)] = report(f"sum {s}", vs, reps * 2)
+    return out
+
+
+# ---------------------------------------------------------------------------------- grad
+L, FIELD = 32, 1.0
+
+
+def log_psi(params, s):
+    a, b, w = params
+    return s @ a + jnp.sum(jnp.log(jnp.cosh(b + s @ w)))
+
+
+def e_loc(params, s):
+    """Local energy of the transverse-field Ising chain with an RBM log-amplitude."""
+    flips = s[None, :] * (1.0 - 2.0 * jnp.eye(L))
+    ratios = jnp.exp(jax.vmap(log_psi, (None, 0))(params, flips) - log_psi(params, s))
+    return -jnp.sum(s * jnp.roll(s, 1)) - FIELD * jnp.sum(ratios)
+
+
+def section_grad(q, reps):
+    k = jax.random.split(jax.random.key(3), 4)
+    params = tuple(0.01 * jax.random.normal(k[i], shape) for i, shape in
+                   enumerate(((L,), (L,), (L, L))))
+    n, c = 262_144 // q, 16_384 // q
+    samples = jnp.where(jax.random.bernoulli(k[3], 0.5, (n, L)), 1.0, -1.0)
+
+    def plain(p, s):
+        return jax.value_and_grad(lambda p: jnp.mean(jax.vmap(e_loc, (None, 0))(p, s)))(p)
+
+    def hand(p, s):  # a lax.scan of per-chunk value_and_grad, summed
+        def body(acc, xs):
+            v, g = jax.value_and_grad(lambda p: jnp.sum(jax.vmap(e_loc, (None, 0))(p, xs)))(p)
+            return jax.tree_util.tree_map(jnp.add, acc, (v, g)), None
+
+        zero = (jnp.zeros(()), jax.tree_util.tree_map(jnp.zeros_like, p))
+        tot, _ = jax.lax.scan(body, zero, s.reshape(n // c, c, L))
+        return jax.tree_util.tree_map(lambda t: t / n, tot)
+
+    def micro(p, s):
+        vg = jax.value_and_grad(lambda p, s: jnp.sum(jax.vmap(e_loc, (None, 0))(p, s)))
+        tot = optax.microbatching.microbatch(vg, argnums=1, microbatch_size=c)(p, s)
+        return jax.tree_util.tree_map(lambda t: t / n, tot)
+
+    def chunked(**kw):
+        loss = chunkx.batch_vmap(e_loc, (None, 0), batch_size=c, reducer=chunkx.Sum(**kw))
+        return lambda p, s: jax.value_and_grad(lambda p: loss(p, s) / n)(p)
+
+    vs = [
+        Variant("plain value_and_grad", plain, (params, samples)),
+        Variant("hand-fused scan", hand, (params, samples)),
+        Variant("optax microbatch", micro, (params, samples)),
+        Variant("chunkx fused", chunked(), (params, samples)),
+        Variant("chunkx fused, compensated=False", chunked(compensated=False), (params, samples)),
+    ]
+    return report("grad", vs, reps, base="hand-fused scan")
+
+
+# ---------------------------------------------------------------------------------- jacfwd
+def section_jacfwd(q, reps):
+    d = 2048 // q
+    a = jax.random.normal(jax.random.key(4), (d, d)) / np.sqrt(d)
+    x = jax.random.normal(jax.random.key(5), (d,))
+    f = lambda x: jnp.tanh(a @ jnp.tanh(x))  # noqa: E731
+    vs = [
+        Variant("jax.jacfwd", jax.jacfwd(f), (x,)),
+        Variant("adv batch_jacfwd", adv.batch_jacfwd(f, batch_size=512 // q), (x,)),
+        Variant("chunkx batch_jacfwd", chunkx.batch_jacfwd(f, batch_size=512 // q), (x,)),
+    ]
+    return report("jacfwd", vs, reps)
+
+
+# ---------------------------------------------------------------------------------- accuracy
+def section_accuracy(q, reps):
+    n = 100_000
+    x = jax.random.normal(jax.random.key(6), (n, 16)) + 1.0
+    ref = float(np.sum(np.asarray(x, np.float64) ** 2))
+    rel = lambda v: abs(float(v) - ref) / abs(ref)  # noqa: E731
+    row = lambda r: jnp.sum(r * r)  # noqa: E731
+    out = {"jnp.sum": rel(jax.jit(lambda x: jnp.sum(jax.vmap(row)(x)))(x))}
+    for s in (7, 1000, 16_384):
+        out[f"chunkx Sum(), {s}"] = rel(jax.jit(chunkx.batch_vmap(
+            row, batch_size=s, reducer=chunkx.Sum()))(x))
+        out[f"Sum(compensated=False), {s}"] = rel(jax.jit(chunkx.batch_vmap(
+            row, batch_size=s, reducer=chunkx.Sum(compensated=False)))(x))
+    for k, v in out.items():
+        print(f"  accuracy     {k:<44s} {v:.2e}", flush=True)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="every size / 64 (a CPU check)")
+    ap.add_argument("--reps", type=int, default=11)
+    ap.add_argument("--sections", default=",".join(SECTIONS))
+    ap.add_argument("--out", default=None,
+                    help="JSON path (default: results/accelerator_<platform>.json)")
+    args = ap.parse_args()
+    q = 64 if args.quick else 1
+    dev = jax.devices()[0]
+    res = dict(
+        platform=dev.platform, device_kind=dev.device_kind, jax=jax.__version__,
+        quick=args.quick, reps=args.reps, sections={},
+    )
+    t0 = time.perf_counter()
+    here = pathlib.Path(__file__).parent
+    out = pathlib.Path(args.out or here / "results" / f"accelerator_{dev.platform}.json")
+    for name in args.sections.split(","):  # the file is written after every section
+        print(f"== {name}", flush=True)
+        res["sections"][name] = globals()[f"section_{name}"](q, args.reps)
+        res["bytes_limit"] = (dev.memory_stats() or {}).get("bytes_limit")
+        res["seconds"] = time.perf_counter() - t0
+        out.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"wrote {out} ({res['seconds']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
