@@ -67,11 +67,12 @@ class Chunk(eqx.Module):
     The semantics as a plain loop (`rows(i, j)` slices every mapped argument):
 
     ```python
-    parts = [reducer.reduce_rows(fn(*rows(i, min(i + size, n))), None)
-             for i in range(0, n, size)]
-    result = parts[0]
-    for p in parts[1:]:
-        result = reducer.combine(result, p)
+    parts = []
+    for i in range(0, n, size):              # one jax.lax.scan of ceil(n / size) steps
+        j = max(0, min(i, n - size))         # the last chunk shifted back to end at row n
+        out = fn(*rows(j, j + size))[i - j :]   # rows before i: done by the step before
+        parts.append(reducer.reduce_rows(out, None))
+    result = functools.reduce(reducer.combine, parts)
     ```
 
     Every chunk runs in one `jax.lax.scan`, so compile time does not grow with the number of

@@ -175,6 +175,9 @@ class Pullback(eqx.Module):
         pipe = chunkx.Chunk(chunkx.Pullback(vg), 256, checkpoint=False)
         y = jnp.linspace(0.0, 1.0, 1000)
         tangent_out = jax.jvp(pipe, (y,), (jnp.ones_like(y),))[1]   # forward mode works
+        assert jnp.allclose(tangent_out, 3 * jnp.sin(y) ** 2 * jnp.cos(y))
+        grad = jax.grad(lambda y: jnp.sum(pipe(y)))(y)               # one block per row
+        assert jnp.allclose(grad, jax.grad(lambda y: jnp.sum(vg(y)))(y))
         ```
     """
 

@@ -136,19 +136,22 @@ def batch_vmap(
 
     ```python
     def g(*args):
-        parts = [chunk_reduction(jax.vmap(f, in_axes)(*rows(i, min(i + B, n))))
-                 for i in range(0, n, B)]
-        out = parts[0]
-        for p in parts[1:]:
-            out = reduction(out, p)          # reduction=None: concatenate along axis 0
-        return out
+        parts = []
+        for i in range(0, n, B):               # one jax.lax.scan of ceil(n / B) steps
+            j = max(0, min(i, n - B))          # the last chunk shifted back to end at row n
+            y = jax.vmap(f, in_axes)(*rows(j, j + B))
+            parts.append(y[i - j :])           # rows before i were done by the step before
+        if reduction is None:
+            return chunk_reduction(concatenate(parts))
+        return functools.reduce(reduction, map(chunk_reduction, parts))
     ```
 
-    Every chunk runs in one `jax.lax.scan` (one compiled program): where `batch_size` leaves
-    rows, the last chunk is shifted back to end at row `n`, and the rows
-    `n - B .. (n // B)·B - 1` it evaluates twice are masked out of a sum or written again with
-    the same values (no padding); a `reduction` other than a sum evaluates the leftover rows
-    in one more call.
+    Every step evaluates `B` rows in one compiled program: where `B` does not divide `n`, the
+    last step evaluates rows `n - B .. n - 1`, and the rows `n - B .. (n // B)·B - 1` it
+    repeats are masked out of a sum or written again with the same values (no padding, no
+    second program). A `reduction` that cannot mask rows (any but `reduction=jnp.add` with
+    `chunk_reduction=jnp.sum`, or `reducer=chunkx.Sum()`; a lambda is opaque) runs
+    `n // B` steps and the `n % B` leftover rows in one more call instead.
     Reverse mode keeps one chunk of residuals instead of all of them: a small sum (a loss,
     `reduction=jnp.add`) computes each chunk's value and gradient in one pass (`grad="fused"`),
     anything else reruns one chunk at a time (`grad="recompute"`); see [`chunkx.Chunk`][].
@@ -201,10 +204,11 @@ def batch_vmap(
         f = lambda x, w: jnp.tanh(x @ w)
         g = chunkx.batch_vmap(f, (0, None), batch_size=128)
         x, w = jnp.linspace(-1.0, 1.0, 8000).reshape(1000, 8), jnp.ones((8, 4))
-        y = g(x, w)   # (1000, 4): 7 chunks of 128 rows and one of 104
+        y = g(x, w)   # (1000, 4): 8 steps of 128 rows, the last one rows 872..999
         assert jnp.allclose(y, jax.vmap(f, (0, None))(x, w))
         total = chunkx.batch_vmap(f, (0, None), batch_size=128, reduction=jnp.add,
                                   chunk_reduction=lambda out: out.sum(0))(x, w)   # (4,)
+        # (a lambda cannot mask rows: 7 steps of 128 rows, then one call on the last 104)
         assert jnp.allclose(total, y.sum(0))
         ```
     """
@@ -242,11 +246,23 @@ def batch_map(
     """`chunk_reduction(fun(fun_input))` computed in chunks; `fun` is *not* vmapped.
 
     `fun` must be natively vectorised over the leading axis of every leaf of `fun_input` and
-    work for `batch_size` rows (every chunk has that many: the last one is shifted back over
-    rows already done, as in [`chunkx.batch_vmap`][]; with a `reduction` other than a sum, the
-    leftover rows are one more call, so `fun` then sees `n % batch_size` rows once).
-    As a loop: `reduce(reduction, [chunk_reduction(fun(rows(i, i + B))) for i in ...])`, or the
-    concatenation of `fun(rows(i, i + B))` when `reduction` is `None`.
+    work for `batch_size` rows: every call of `fun` gets that many, the last one shifted back
+    over rows already done. As a plain loop (`rows(i, j)` slices every array leaf):
+
+    ```python
+    parts = []
+    for i in range(0, n, B):                   # one jax.lax.scan of ceil(n / B) steps
+        j = max(0, min(i, n - B))              # the last chunk shifted back to end at row n
+        parts.append(fun(rows(j, j + B))[i - j :])   # rows before i: done the step before
+    if reduction is None:
+        out = chunk_reduction(concatenate(parts))
+    else:
+        out = functools.reduce(reduction, map(chunk_reduction, parts))
+    ```
+
+    A `reduction` that cannot mask rows (as in [`chunkx.batch_vmap`][]: any but
+    `reduction=jnp.add` with `chunk_reduction=jnp.sum`) runs `n // B` steps and calls `fun`
+    once more on the `n % B` leftover rows.
 
     **Rows:** `batch_size` counts global rows; with `shard=True`, rows per device.
 
@@ -273,10 +289,10 @@ def batch_map(
         import jax.numpy as jnp, chunkx
         x = {"a": jnp.arange(10.0), "b": jnp.ones((10, 2))}
         fun = lambda t: t["a"] ** 2 + t["b"].sum(-1)      # vectorised over the rows
-        y = chunkx.batch_map(fun, x, 4)                   # fun sees 4, 4, then 2 rows
+        y = chunkx.batch_map(fun, x, 4)                   # fun sees rows 0-3, 4-7, 6-9
         assert jnp.allclose(y, fun(x))
         total = chunkx.batch_map(fun, x, 4, reduction=jnp.add,
-                                 chunk_reduction=lambda out: out.sum(0))
+                                 chunk_reduction=lambda out: out.sum(0))   # 0-3, 4-7, 8-9
         assert jnp.allclose(total, fun(x).sum())
         ```
     """

@@ -177,17 +177,20 @@ def chunk_map(
     """Evaluate an already-batched `f` in chunks of `chunk_size` rows per device (quantax 0.4.0).
 
     With `D` devices (`mesh.size`; without a `mesh`, those of the mesh set with `jax.set_mesh`
-    or of the mesh the inputs are laid out on, else all devices) and `b = n / D` rows per
-    device, the loop is
+    or of the mesh the inputs are laid out on, else all devices) and `b = ceil(n / D)` rows per
+    device (the rows padded to `D * b` with copies of a real row), the loop is
 
     ```python
-    for k in range(ceil(b / c)):       # c = chunk_size
+    for k in range(ceil(b / c)):       # c = chunk_size; use_scan=True: one lax.scan
         rows_k = [rows(d * b + k * c, d * b + (k + 1) * c) for d in range(D)]
         out_k = f(*concatenate(rows_k))  # D * c rows per call (c per device)
     ```
 
-    with each device's last chunk padded (with copies of a real row, never zeros) and the padded
-    outputs cut off, so the result equals `f(*args)` row for row.
+    where each device's last chunk is filled up to `c` rows: with `shard_batch=True` or on one
+    device it is shifted back over rows already done (`f` sees `c` rows of its device); over the
+    blocks of several devices (`shard_batch=False`) each block is padded with copies of a real
+    row (never zeros). Padded and repeated rows are cut off the output, so the result equals
+    `f(*args)` row for row, in one compiled program.
 
     **Rows:** `chunk_size` counts rows **per device** (quantax's convention): on `D` devices one
     call evaluates `D * chunk_size` rows. [Choosing a map](../choosing.md) compares the

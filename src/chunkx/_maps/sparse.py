@@ -129,11 +129,19 @@ def sparse_pullback(
     As a plain loop (`rows(i, j)` slices every leaf of `y`; `fn` is not vmapped):
 
     ```python
-    parts = [chunk_reduction(Pullback(fn)(rows(i, min(i + B, n)))) for i in range(0, n, B)]
-    out = parts[0]
-    for p in parts[1:]:
-        out = reduction(out, p)          # reduction=None: concatenate along axis 0
+    parts = []
+    for i in range(0, n, B):                 # one jax.lax.scan of ceil(n / B) steps
+        j = max(0, min(i, n - B))            # the last chunk shifted back to end at row n
+        parts.append(Pullback(fn)(rows(j, j + B))[i - j :])   # rows before i: done already
+    if reduction is None:
+        out = chunk_reduction(concatenate(parts))
+    else:
+        out = functools.reduce(reduction, map(chunk_reduction, parts))
     ```
+
+    `fn` gets `B` rows at every call, in one compiled program; a `reduction` that cannot mask
+    rows runs `n // B` steps and calls `fn` once more on the `n % B` leftover rows (see
+    [`chunkx.batch_map`][]).
 
     **Rows:** `batch_size` counts global rows; with `shard=True`, rows per device.
 
@@ -170,7 +178,7 @@ def sparse_pullback(
         fn = lambda y: jnp.sum(jnp.tanh(y) ** 2, axis=-1)       # (n, 3) -> (n,), per row
         y = jnp.linspace(-1.0, 1.0, 30).reshape(10, 3)
         loss = lambda y: jnp.sum(chunkx.sparse_pullback(fn, y, 4) ** 2)
-        grad = jax.jit(jax.grad(loss))(y)                       # chunks of 4, 4 and 2 rows
+        grad = jax.jit(jax.grad(loss))(y)                       # rows 0-3, 4-7, then 6-9
         assert jnp.allclose(grad, jax.grad(lambda y: jnp.sum(fn(y) ** 2))(y))
         jac = jax.jit(jax.jacrev(lambda y: chunkx.sparse_pullback(fn, y, 4)))(y)   # (10, 10, 3)
         assert jnp.allclose(jac, jax.jacrev(fn)(y))
@@ -207,9 +215,8 @@ def sparse_pullback_map(
 
     `sparse_pullback_map(fn, y)(z)` is `fn(z)` for `z` shaped like `y`, with the derivatives of
     [`chunkx.Pullback`][] (same contract). Calling it on differently shaped input raises
-    equinox's closure-conversion error, as in adv-jax-math.
-
-    **Rows:** `batch_size` counts global rows; with `shard=True`, rows per device.
+    equinox's closure-conversion error, as in adv-jax-math. It takes no chunk size and no
+    `shard`: it evaluates `fn` on all rows at once ([`chunkx.sparse_pullback`][] chunks).
 
     **Arguments:**
 
