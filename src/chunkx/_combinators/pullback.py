@@ -125,6 +125,8 @@ def check_contract(who: str, y_struct: Tree, out_struct: Any) -> int:
         )
     s = tuple(out_struct.shape)
     for x in jax.tree_util.tree_leaves(y_struct):
+        if not hasattr(x, "dtype"):  # no array (a Python number): passed whole, no block
+            continue
         if jnp.issubdtype(x.dtype, jnp.inexact) and tuple(x.shape[: len(s)]) != s:
             raise ValueError(
                 f"`{who}(fn=...)`: fn's output shape {s} must be a leading part of the shape of "

@@ -79,7 +79,7 @@ class BatchVmap(AbstractChunkedVmap):
         other leaves whole, as `eqx.if_array(k)` does; keywords pass whole. Nothing is moved
         here: the lengths are checked on the mapped leaves' structs with their axis in front."""
         who = self._who
-        axes, leaves, at, treedef, names = by_argument(who, self.in_axes, args, kwargs)
+        axes, leaves, at, treedef, names = by_argument(who, self.in_axes, args, kwargs, True)
         if all(a is None for a in axes):
             raise ValueError(
                 f"`{who}(in_axes={self.in_axes!r})`: at least one argument must be mapped; "
@@ -93,16 +93,24 @@ class BatchVmap(AbstractChunkedVmap):
 def by_argument(
     who: str, in_axes: Any, args: tuple, kwargs: dict, arrays_only: bool = False
 ) -> tuple:
-    """`(axes, leaves, at, treedef, names)`: adv's and quantax's `in_axes` (one int, `None` or
-    `eqx.if_array(k)` per positional argument, as `in_axes_tuple` checks it), each entry as an
-    int or `None` (`axes`), read by the shared resolver (`resolve`'s four) with every entry `k`
-    as `eqx.if_array(k)`: the argument's array leaves mapped along `k`, its other leaves and
-    the keywords passed whole. `arrays_only` (netket's and `jax.vmap`'s rule): every leaf of
-    an argument mapped along `k` must be an array (a Python number is refused)."""
-    axes = tuple(getattr(a, "axis", a) for a in in_axes_tuple(who, in_axes, len(args)))
-    mapped = (lambda a: a) if arrays_only else eqx.if_array
-    spec = (tuple(None if a is None else mapped(a) for a in axes), None)
-    return axes, *resolve(who, spec, (args, kwargs), "the arguments", in_axes)
+    """`(axes, leaves, at, treedef, names)`: adv's, netket's and quantax's `in_axes` (one int,
+    `None` or `eqx.if_array(k)` per positional argument, as `in_axes_tuple` checks it), each
+    entry as an int or `None` (`axes`), read by the shared resolver (`resolve`'s four); the
+    keywords pass whole. An entry `eqx.if_array(k)` maps the argument's array leaves along `k`
+    and passes its other leaves whole. An int entry `k` does the same (quantax's `chunk_map`
+    broadcasts a Python number), or with `arrays_only` (`jax.vmap`'s rule, which adv, netket
+    and quantax's `jit_chunk_vmap` follow) maps every leaf, which must be an array: a Python
+    number is refused (`resolve`)."""
+    entries = in_axes_tuple(who, in_axes, len(args))
+    axes = tuple(getattr(a, "axis", a) for a in entries)
+
+    def spec(entry, axis):
+        if axis is None or (arrays_only and not isinstance(entry, eqx.if_array)):
+            return axis
+        return eqx.if_array(axis)
+
+    mapped = (tuple(map(spec, entries, axes)), None)
+    return axes, *resolve(who, mapped, (args, kwargs), "the arguments", in_axes)
 
 
 def _in_front(x: Any, axis: int) -> jax.ShapeDtypeStruct:
@@ -162,9 +170,12 @@ def batch_vmap(
     **Arguments:**
 
     - `f`: the per-example function.
-    - `in_axes`: an int (every argument, like `jax.vmap`) or one int/`None` per argument;
-      an entry `eqx.if_array(k)` is `k` (non-array leaves pass through either way). For
-      pytree prefixes and `out_axes`, see [`chunkx.vmap`][] and [`chunkx.filter_vmap`][].
+    - `in_axes`: an int (every argument, like `jax.vmap`) or one int/`None` per argument.
+      An int maps every leaf of its argument, which must be an array, as in `jax.vmap` (a
+      Python number there is a `ValueError` naming it; `None` passes it whole); an entry
+      `eqx.if_array(k)` maps the array leaves along `k` and passes the others (numbers,
+      strings) whole. For pytree prefixes and `out_axes`, see [`chunkx.vmap`][] and
+      [`chunkx.filter_vmap`][].
     - `batch_size`: rows per chunk (per device with `shard=True`); `None`: no chunking.
       `chunk_size=` is accepted as an alias when `batch_size` is `None`.
     - `reduction`: binary associative fold of chunk results, or `None` to concatenate.
@@ -269,7 +280,8 @@ def batch_map(
     **Arguments:**
 
     - `fun`: a vectorised function of one pytree.
-    - `fun_input`: the pytree whose leaves are chunked along axis 0.
+    - `fun_input`: the pytree whose array leaves are chunked along axis 0 (other leaves, such
+      as Python numbers, reach every call of `fun` whole).
     - `batch_size`, `reduction`, `chunk_reduction`, `reducer`, `shard`, `mesh`, `checkpoint`,
       `chunk_size`, `memory_budget`, `progress`: as in [`chunkx.batch_vmap`][].
     - `grad`, `grad_batch_size`: as in [`chunkx.batch_vmap`][]. With `batch_size="auto"`

@@ -114,7 +114,7 @@ def _layout(
     in_axes: InAxes, args: tuple, who: str = "chunk_map", arrays_only: bool = False
 ) -> tuple:
     """`(at, moved, zero, n)`: each leaf's mapped axis (non-negative; `None` where it passes
-    whole), read by `by_argument` (every entry `k` as `eqx.if_array(k)`); the
+    whole), read by `by_argument` (an int entry as `eqx.if_array(k)` unless `arrays_only`); the
     arguments with those axes moved to the front; one axis (0 or None) per argument; the
     mapped arrays' common length (`mapped_length`: an error where there is none).
     `arrays_only`: a mapped argument's leaves must all be arrays (`by_argument`)."""
@@ -273,7 +273,11 @@ def jit_chunk_vmap(
 
     **Rows:** `chunk_size` counts rows **per device**, as in [`chunkx.chunk_map`][].
 
-    **Arguments:** as in [`chunkx.chunk_map`][]; `f` is a per-example function.
+    **Arguments:** as in [`chunkx.chunk_map`][]; `f` is a per-example function. An int
+    `in_axes` entry maps every leaf of its argument, which must be an array, as
+    `eqx.filter_vmap` (and quantax's `jit_chunk_vmap`) map it: a Python number there is a
+    `ValueError` naming it (`chunk_map` broadcasts it, as quantax's does); an entry
+    `eqx.if_array(k)` passes the leaves that are not arrays whole.
 
     **Returns:** a jitted callable.
 
@@ -288,10 +292,9 @@ def jit_chunk_vmap(
         ```
     """
     in_axes = as_in_axes(in_axes)  # a list works like a tuple
-    array_axes = jax.tree_util.tree_map(eqx.if_array, in_axes)  # other leaves pass whole
-    vmapped = eqx.filter_vmap(f, in_axes=array_axes, out_axes=out_axes)
+    vmapped = eqx.filter_vmap(f, in_axes=in_axes, out_axes=out_axes)
     mapped = chunk_map(vmapped, in_axes, out_axes, chunk_size, True, shard_batch, False, mesh)
-    return eqx.filter_jit(Checked(mapped, in_axes, "jit_chunk_vmap"))
+    return eqx.filter_jit(Checked(mapped, in_axes, "jit_chunk_vmap", arrays_only=True))
 
 
 class Checked(eqx.Module):

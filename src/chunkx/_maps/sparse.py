@@ -149,7 +149,8 @@ def sparse_pullback(
 
     - `fn`: a natively vectorised function of one pytree returning one array whose shape is a
       leading part of every floating leaf's shape.
-    - `y`: the pytree whose leaves are chunked along axis 0.
+    - `y`: the pytree whose array leaves are chunked along axis 0 (other leaves reach every
+      call of `fn` whole).
     - `batch_size`: rows per chunk (per device with `shard=True`); `None`: no chunking.
       `chunk_size=` is accepted as an alias when `batch_size` is `None`.
     - `reduction`, `chunk_reduction`, `shard`, `mesh`: as in [`chunkx.batch_map`][].
@@ -194,7 +195,8 @@ def sparse_pullback(
     n = mapped_length((y,), (0,), who)
     if n:
         rows = n if opts.size in (None, "auto") else min(n, opts.size)  # the first chunk
-        head = jax.tree_util.tree_map(lambda x: x[0] if strip_dim0 else x[:rows], y)
+        head = jax.tree_util.tree_map(  # leaves that are no arrays pass whole, as in batch_map
+            lambda x: (x[0] if strip_dim0 else x[:rows]) if eqx.is_array(x) else x, y)
         check_contract(who, head, jax.eval_shape(fn, head))
     guard = identity
     if check_block_diagonal and n:  # outside jit this raises before the pipeline runs
