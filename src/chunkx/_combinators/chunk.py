@@ -11,6 +11,7 @@ from .._checks import (
     check_budget,
     check_callable,
     check_choice,
+    check_instance,
     check_positive,
     zero_in_axes,
 )
@@ -56,6 +57,7 @@ class Reduce(eqx.Module):
 
     def __check_init__(self):
         check_callable("Reduce", "fn", self.fn, "a batched function")
+        check_instance("Reduce", "reducer", self.reducer, AbstractReducer)
 
     def __call__(self, *args: Any, valid: RowMask | None = None) -> Any:
         return evaluate(self.fn, self.reducer, args, valid, "Reduce")
@@ -181,14 +183,16 @@ class Chunk(eqx.Module):
 
     def __check_init__(self):
         check_callable("Chunk", "fn", self.fn, "a batched function")
+        check_instance("Chunk", "reducer", self.reducer, AbstractReducer)
+        check_instance("Chunk", "progress", self.progress, bool)
         if self.size != "auto":
-            check_positive("Chunk", "size", self.size)
+            check_positive("Chunk", "size", self.size, auto=True)
         check_positive("Chunk", "unroll", self.unroll, allow_none=False)
         if self.remainder is not None:
             check_choice("Chunk", "remainder", self.remainder, ("call", "shift"))
         check_choice("Chunk", "grad", self.grad, ("auto", "fused", "recompute", "store"))
         if self.grad_size != "auto":
-            check_positive("Chunk", "grad_size", self.grad_size)
+            check_positive("Chunk", "grad_size", self.grad_size, auto=True)
         check_budget("Chunk", "memory_budget", self.memory_budget)
         if self.grad_size is not None and self.grad == "store":
             raise ValueError(
