@@ -79,6 +79,20 @@ PIPELINES = {
     "jit_chunk_vmap": (lambda c, ax: chunkx.jit_chunk_vmap(_example, ax, chunk_size=c),
                        True, False),
 }
+# maps with `jax.vmap`'s rule: an int axis maps every leaf of its argument, which must be an
+# array (a string there is refused: tests/test_user_inputs.py), so `d`'s non-array leaf passes
+# through the spelling that passes it, `eqx.if_array(k)`
+VMAP_RULE = {"batch_vmap", "batch_vmap_shard", "batch_vmap_sum", "jit_chunk_vmap"}
+
+
+def _spelled(name, axes):
+    """`axes` as `name` takes them: `d`'s entry `eqx.if_array(k)` for a map with `VMAP_RULE`."""
+    if name not in VMAP_RULE:
+        return axes
+    spelled = [*axes[:2], eqx.if_array(axes[2])]
+    return spelled if isinstance(axes, list) else tuple(spelled)
+
+
 TRANSFORMS = ["eager", "jit", "filter_jit", "grad", "vmap"]
 SWEEP_SIZES = [(10, 3), (3, 5), (0, 3), (7, 2)]  # n % c != 0, n < c, n == 0; none divisible by 4
 SWEEP_DTYPES = [jnp.float32, jnp.float64, jnp.complex64, jnp.bfloat16, jnp.int32]
@@ -149,7 +163,7 @@ def test_case_table(name, transform, size, dtype, axes, place):
     host = jax.device_get((x, w, {"b": d["b"]}))
     ref_transform = "jit" if transform == "eager" else transform  # the reference need not be eager
     want = _run(lambda x, w, d: ref(x, w, d), ref_transform, *host[:2], {**host[2], "tag": "abc"})
-    got = _run(build(c, axes), transform, x, w, d)  # no context mesh: the inputs' is used
+    got = _run(build(c, _spelled(name, axes)), transform, x, w, d)  # the inputs' mesh is used
     t = tol(dtype) if transform != "grad" else max(tol(dtype), 1e-5)
     assert_tree_close(got, want, rtol=t, atol=t)
 

@@ -161,3 +161,95 @@ def test_jit_chunk_vmap_errors_name_it():
     with pytest.raises(ValueError, match=r"`jit_chunk_vmap`: no mapped array to chunk: in_axes "
                        r"maps argument\(s\) \[0\]"):
         chunkx.jit_chunk_vmap(lambda a, b: b, (0, None), chunk_size=2)({}, jnp.ones(3))
+
+
+# -- option errors with the fix, in one line --------------------------------------------------
+
+_AUTO = r"must be a positive int, 'auto' or None, got 'Auto' \(str\); did you mean 'auto'\?$"
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda: chunkx.batch_vmap(jnp.sin, batch_size="Auto"), rf"^`batch_vmap\(batch_size='Auto'\)`: batch_size {_AUTO}"),
+    (lambda: chunkx.batch_map(jnp.sin, jnp.ones(4), "Auto"), rf"^`batch_map\(batch_size='Auto'\)`: batch_size {_AUTO}"),
+    (lambda: chunkx.batch_map(jnp.sin, jnp.ones(4), chunk_size="Auto"), rf"^`batch_map\(chunk_size='Auto'\)`: chunk_size {_AUTO}"),
+    (lambda: chunkx.sparse_pullback(jnp.sin, jnp.ones(4), "Auto"), rf"^`sparse_pullback\(batch_size='Auto'\)`: batch_size {_AUTO}"),
+    (lambda: chunkx.chunk_map(jnp.sin, chunk_size="Auto"), rf"^`chunk_map\(chunk_size='Auto'\)`: chunk_size {_AUTO}"),
+    (lambda: chunkx.Chunk(jnp.sin, "Auto"), rf"^`Chunk\(size='Auto'\)`: size {_AUTO}"),
+    (lambda: chunkx.Chunk(jnp.sin, 2, grad_size="Auto"), rf"^`Chunk\(grad_size='Auto'\)`: grad_size {_AUTO}"),
+    (lambda: chunkx.micro_vmap(jnp.sin, microbatch_size=2, grad_microbatch_size=0),
+     r"^`micro_vmap\(grad_microbatch_size=0\)`: grad_microbatch_size must be a positive int, 'auto' or None, got 0 \(int\)\.$"),
+])
+def test_a_wrong_size_is_told_auto_where_the_size_takes_it(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+    # where "auto" is no size (the Jacobians), the message does not offer it
+    with pytest.raises(ValueError, match=r"^`batch_jacfwd\(batch_size='Auto'\)`: batch_size must be a positive int or None, got 'Auto' \(str\)\.$"):
+        chunkx.batch_jacfwd(jnp.sin, batch_size="Auto")
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda: chunkx.batch_vmap(jnp.sin, batch_size=2, reducer=chunkx.Sum),
+     r"^`batch_vmap\(reducer=Sum\)`: reducer must be an AbstractReducer or None, got the class Sum; pass an instance, e\.g\. Sum\(\)\.$"),
+    (lambda: chunkx.vmap(jnp.sin, batch_size=2, reducer=chunkx.Concat),
+     r"^`chunkx\.vmap\(reducer=Concat\)`: reducer must be an AbstractReducer or None, got the class Concat; pass an instance, e\.g\. Concat\(\)\.$"),
+    (lambda: chunkx.batch_map(jnp.sin, jnp.ones(4), 2, reducer=chunkx.Sum),
+     r"^`batch_map\(reducer=Sum\)`: reducer must be an AbstractReducer or None, got the class Sum; pass an instance, e\.g\. Sum\(\)\.$"),
+    (lambda: chunkx.batch_vmap(jnp.sin, batch_size=2, progress="yes"),
+     r"^`batch_vmap\(progress='yes'\)`: progress must be a bool \(True or False\), got 'yes' \(str\)\.$"),
+    (lambda: chunkx.chunk_map(jnp.sin, chunk_size=2, progress=1),
+     r"^`chunk_map\(progress=1\)`: progress must be a bool \(True or False\), got 1 \(int\)\.$"),
+    (lambda: chunkx.batch_vmap(jnp.sin, grad="fuse"),
+     r"^`batch_vmap\(grad='fuse'\)`: grad must be 'auto', 'fused', 'recompute' or 'store', got 'fuse' \(str\)\.$"),
+    (lambda: chunkx.micro_vmap(jnp.sin, microbatch_size="AUTO"),
+     r"^`micro_vmap\(microbatch_size='AUTO'\)`: microbatch_size must be an int, 'auto' or None, got 'AUTO' \(str\); did you mean 'auto'\?$"),
+    (lambda: chunkx.filter_vmap(jnp.sin, mesh="cpu"),
+     r"^`chunkx\.filter_vmap\(mesh='cpu'\)`: mesh must be a Mesh or None, got 'cpu' \(str\)\.$"),
+])
+def test_a_wrong_kind_of_option_is_told_what_to_pass(call, match):
+    """beartype still checks the public maps' arguments; what it refuses is told in one line:
+    what the parameter takes, what arrived, and for a class the instance to pass."""
+    with pytest.raises(TypeError, match=match):
+        call()
+
+
+def test_the_combinators_ask_for_an_instance_and_a_bool():
+    """Equinox Modules are not type-checked when built (the suite's jaxtyping import hook
+    does check them, with beartype's account): without the hook, a class where a reducer
+    belongs and a progress that is no bool are refused when the combinator is built, as the
+    public maps refuse them."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import json, jax.numpy as jnp, chunkx\n"
+        "calls = [lambda: chunkx.Chunk(jnp.sin, 2, reducer=chunkx.Sum),\n"
+        "         lambda: chunkx.Reduce(jnp.sin, chunkx.Sum),\n"
+        "         lambda: chunkx.Shard(jnp.sin, reducer=chunkx.Sum),\n"
+        "         lambda: chunkx.Pad(jnp.sin, 2, reducer=chunkx.Concat),\n"
+        "         lambda: chunkx.Chunk(jnp.sin, 2, progress='yes')]\n"
+        "out = []\n"
+        "for call in calls:\n"
+        "    try:\n"
+        "        call(); out.append(None)\n"
+        "    except TypeError as e:\n"
+        "        out.append(str(e))\n"
+        "print(json.dumps(out))\n"
+    )
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         check=True)
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    instance = "got the class {0}; pass an instance, e.g. {0}()."
+    assert got == [
+        "`Chunk(reducer=Sum)`: reducer must be an AbstractReducer, " + instance.format("Sum"),
+        "`Reduce(reducer=Sum)`: reducer must be an AbstractReducer, " + instance.format("Sum"),
+        "`Shard(reducer=Sum)`: reducer must be an AbstractReducer or None, "
+        + instance.format("Sum"),
+        "`Pad(reducer=Concat)`: reducer must be an AbstractReducer or None, "
+        + instance.format("Concat"),
+        "`Chunk(progress='yes')`: progress must be a bool (True or False), got 'yes' (str).",
+    ]
+    with pytest.raises(TypeError, match="reducer"):  # in this process: the hook's account
+        chunkx.Chunk(jnp.sin, 2, reducer=chunkx.Sum)

@@ -62,11 +62,11 @@ def test_budget_as_an_integral_float_or_numpy_number(budget):
      r"^`plan_chunk_size\(budget_bytes='1GB'\)`: budget_bytes must be a positive number of "
      r"bytes \(an int or an integral float such as 64e6\), got '1GB' \(str\)\.$"),
     (lambda: chunkx.batch_vmap(jnp.sin, batch_size="big"),
-     r"^`batch_vmap\(batch_size='big'\)`: batch_size must be a positive int or None, got 'big' "
+     r"^`batch_vmap\(batch_size='big'\)`: batch_size must be a positive int, 'auto' or None, got 'big' "
      r"\(str\)\.$"),
     (lambda: chunkx.chunk_map(jnp.sin, chunk_size=np.float32(2.0)),
-     r"^`chunk_map\(chunk_size=np\.float32\(2\.0\)\)`: chunk_size must be a positive int or "
-     r"None, got np\.float32\(2\.0\) \(float32\)\.$"),
+     r"^`chunk_map\(chunk_size=np\.float32\(2\.0\)\)`: chunk_size must be a positive int, "
+     r"'auto' or None, got np\.float32\(2\.0\) \(float32\)\.$"),
     (lambda: chunkx.vjp_chunked(jnp.sin, jnp.ones(4), chunk_argnums=0, chunk_size=np.int64(0)),
      r"^`vjp_chunked\(chunk_size=np\.int64\(0\)\)`: chunk_size must be a positive int or None"),
 ])

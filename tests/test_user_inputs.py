@@ -132,19 +132,86 @@ def test_list_in_axes_under_jit():
 
 
 def test_non_array_leaves_pass_through():
+    """The combinators, and the maps with `jax.vmap`'s rule given `eqx.if_array(k)` entries,
+    pass a mapped argument's non-array leaves whole to every row."""
     x = jnp.linspace(0.0, 1.0, 5)
     f = lambda d: d["u"] * d["k"] if d["name"] == "abc" else None  # noqa: E731
     tree = {"u": x, "k": 2.0, "name": "abc"}
     want = jax.vmap(lambda u: f({"u": u, "k": 2.0, "name": "abc"}))(x)
+    arrays = (eqx.if_array(0),)
     maps = [
-        chunkx.batch_vmap(f), chunkx.batch_vmap(f, batch_size=2),
-        chunkx.batch_vmap(f, batch_size=2, shard=True), chunkx.Vmap(f),
+        chunkx.batch_vmap(f, arrays), chunkx.batch_vmap(f, arrays, batch_size=2),
+        chunkx.batch_vmap(f, arrays, batch_size=2, shard=True), chunkx.Vmap(f),
         chunkx.Chunk(chunkx.Vmap(f), 2), chunkx.Pad(chunkx.Vmap(f), 4),
-        chunkx.jit_chunk_vmap(f, chunk_size=2),
+        chunkx.jit_chunk_vmap(f, arrays, chunk_size=2),
     ]
     for g in maps:
         assert_tree_close(g(tree), want)
     assert_tree_close(chunkx.Vmap(lambda d: d["u"] * d["k"])({"u": x, "k": 2.0}), 2.0 * x)
+
+
+_NUMBER = r"is mapped along axis 0 but is a float, not an array; map arrays only"
+
+
+@pytest.mark.parametrize("size", [2, None])
+def test_a_number_where_jax_vmap_maps_is_refused(size):
+    """The maps with `jax.vmap`'s rule refuse a Python number in a mapped position, as
+    `jax.vmap` does (not broadcast it to every row), eagerly and under `jit`; the message names
+    the map, the argument's path and its type. Unmapped, the number passes."""
+    x = jnp.linspace(0.0, 1.0, 6)
+    with pytest.raises(ValueError, match="vmap was requested to map its argument along axis 0"):
+        jax.vmap(lambda a, b: a * b, (0, 0))(x, 3.0)
+    refused = {
+        r"`batch_vmap\(in_axes=\.\.\.\)`: args\[1\] ": lambda x: chunkx.batch_vmap(
+            lambda a, b: a * b, (0, 0), batch_size=size)(x, 3.0),
+        r"`batch_vmap\(in_axes=\.\.\.\)`: args\[0\]\['s'\] ": lambda x: chunkx.batch_vmap(
+            lambda d: d["x"] * d["s"], batch_size=size)({"x": x, "s": 3.0}),
+        r"`micro_vmap\(in_axes=\.\.\.\)`: args\[1\] ": lambda x: chunkx.micro_vmap(
+            lambda a, b: a * b, in_axes=(0, 0), microbatch_size=size)(x, 3.0),
+        r"`jit_chunk_vmap\(in_axes=\.\.\.\)`: args\[1\] ": lambda x: chunkx.jit_chunk_vmap(
+            lambda a, b: a * b, (0, 0), chunk_size=size)(x, 3.0),
+    }
+    for where, run in refused.items():
+        for call in (run, jax.jit(run)):
+            with pytest.raises(ValueError, match=rf"^{where}{_NUMBER} \(in_axes None passes it whole\)\.(\n|$)"):
+                call(x)
+    grad = chunkx.micro_grad(lambda w, a, b: jnp.sum(w * a * b), batch_argnums=(1, 2),
+                             microbatch_size=size)
+    with pytest.raises(ValueError, match=rf"^`micro_grad\(batch_argnums=\.\.\.\)`: args\[2\] {_NUMBER} \(an argument left out of batch_argnums passes whole\)\.$"):
+        grad(1.0, x, 3.0)
+    want = jax.vmap(lambda a, b: a * b, (0, None))(x, 3.0)
+    assert_tree_close(chunkx.batch_vmap(lambda a, b: a * b, (0, None), batch_size=size)(x, 3.0),
+                      want)
+    assert_tree_close(jax.jit(lambda x: chunkx.micro_vmap(
+        lambda a, b: a * b, in_axes=(0, None), microbatch_size=size)(x, 3.0))(x), want)
+    assert_tree_close(chunkx.jit_chunk_vmap(lambda a, b: a * b, (0, None), chunk_size=size)(
+        x, 3.0), want)
+    g, _ = chunkx.micro_grad(lambda w, a, b: jnp.sum(w * a * b), batch_argnums=1,
+                             microbatch_size=size)(1.0, x, 3.0)
+    assert_tree_close(g, jnp.asarray(jnp.sum(x * 3.0)))
+
+
+def test_a_number_where_a_batched_function_gets_rows_passes_whole():
+    """Where the peer slices a batched function's input (quantax's `chunk_map` broadcasts a
+    number; `batch_map`, `sparse_pullback`, `microbatch` and `chunkx.map` hand `fun` the rows
+    of the arrays), a Python number among the mapped leaves reaches every call whole."""
+    from quantax.utils import chunk_map as quantax_chunk_map
+
+    x = jnp.linspace(0.0, 1.0, 8)
+    mul = jax.vmap(lambda a, b: a * b, (0, None))
+    ours = chunkx.chunk_map(lambda a, b: mul(a, b), (0, 0), chunk_size=2, use_scan=True)
+    theirs = quantax_chunk_map(lambda a, b: mul(a, b), (0, 0), chunk_size=2, use_scan=True)
+    assert_tree_close(ours(x, 3.0), theirs(x, 3.0))
+    fun = lambda d: jnp.sin(d["x"]) * d["s"]  # noqa: E731
+    tree = {"x": x, "s": 3.0}
+    for out in (chunkx.batch_map(fun, tree, 3), chunkx.sparse_pullback(fun, tree, 3),
+                chunkx.map(lambda d: jnp.sin(d["x"]) * d["s"], tree, batch_size=3)):
+        assert_tree_close(out, fun(tree))
+    assert_tree_close(
+        jax.grad(lambda x: jnp.sum(chunkx.sparse_pullback(fun, {"x": x, "s": 3.0}, 3) ** 2))(x),
+        jax.grad(lambda x: jnp.sum(fun({"x": x, "s": 3.0}) ** 2))(x))
+    step = chunkx.microbatch(lambda a, b: jnp.sum(a * b), argnums=(0, 1), microbatch_size=2)
+    assert_tree_close(step(x, 3.0), jnp.sum(x * 3.0))
 
 
 # -- 6. padding keeps infinite gradients infinite -----------------------------------------------

@@ -4,9 +4,12 @@ Every public function and combinator validates through these, so one kind of arg
 always checked, and reported, the same way.
 """
 
+import collections.abc
 import math
 import operator
-from typing import Any
+import types
+import typing
+from typing import Any, Literal
 
 import equinox as eqx
 import numpy as np
@@ -32,11 +35,12 @@ def as_size(value: Any) -> Any:
 
 def check_positive(
     who: str, name: str, value: Any, *, allow_none: bool = True, in_bytes: bool = False,
-    least: int = 1,
+    least: int = 1, auto: bool = False,
 ) -> Any:
     """Raise unless `value` is an integer of any integer type (`operator.index`) of at least
     `least` (a positive one by default), or `None` where allowed; return it as a Python int.
-    With `in_bytes` (see `check_budget`) integral floats are accepted too."""
+    With `in_bytes` (see `check_budget`) integral floats are accepted too. `auto`: the size
+    also takes `"auto"` (checked by the caller), so the message offers it."""
     if value is None and allow_none:
         return None
     size = as_size(value)
@@ -45,10 +49,11 @@ def check_positive(
     if isinstance(size, bool) or not isinstance(size, int) or size < least:
         kind = ("a positive number of bytes (an int or an integral float such as 64e6)"
                 if in_bytes else "a positive int" if least > 0 else "a non-negative int")
+        kind += (", 'auto'" if allow_none else " or 'auto'") if auto else ""
         kind += " or None" if allow_none else ""
         raise ValueError(
             f"`{who}({name}={value!r})`: {name} must be {kind}, got {value!r} "
-            f"({type(value).__name__})."
+            f"({type(value).__name__}){_spelled(value, ('auto',) if auto else ()) or '.'}"
         )
     return size
 
@@ -106,6 +111,78 @@ def check_callable(who: str, name: str, value: Any, what: str) -> None:
             f"`{who}({name}={value!r})`: {name} must be callable ({what}), got "
             f"{type(value).__name__}."
         )
+
+
+def check_instance(who: str, name: str, value: Any, cls: type, *, allow_none: bool = False) -> None:
+    """Raise unless `value` is an instance of `cls` (or `None` where allowed): a class where
+    an instance belongs (`reducer=chunkx.Sum`) is told to pass an instance (`Sum()`)."""
+    if not (isinstance(value, cls) or (allow_none and value is None)):
+        hint = cls | None if allow_none else cls
+        raise TypeError(wrong_kind(who, name, value, hint))
+
+
+def wrong_kind(who: str, name: str, value: Any, hint: Any) -> str:
+    """The one-line message for an argument `name` whose `value` is not of the type `hint`: what
+    the annotation allows, what arrived, and for a class where an instance of it belongs, the
+    instance to pass."""
+    shown = _shown(value)
+    head = f"`{who}({name}={shown})`: {name} must be {allowed(hint)}, got "
+    if not isinstance(value, type):
+        words = [v for m in _members(hint) if typing.get_origin(m) is Literal
+                 for v in typing.get_args(m)]
+        return head + f"{shown} ({type(value).__name__}){_spelled(value, words) or '.'}"
+    wanted = [c for c in _members(hint) if isinstance(c, type) and issubclass(value, c)]
+    if wanted:
+        return head + f"the class {value.__name__}; pass an instance, e.g. {value.__name__}()."
+    return head + f"the class {value.__name__}."
+
+
+def allowed(hint: Any) -> str:
+    """A type annotation in words: `int | Literal["auto"] | None` is "an int, 'auto' or None"."""
+    words, none = [], False
+    for member in _members(hint):
+        if member is None or member is type(None):
+            none = True
+        elif typing.get_origin(member) is Literal:
+            words += [repr(v) for v in typing.get_args(member)]
+        elif member is bool:
+            words.append("a bool (True or False)")
+        elif member is Any:
+            words.append("anything")
+        elif typing.get_origin(member) is collections.abc.Callable or member is typing.Callable:
+            words.append("a callable")
+        elif isinstance(member, type) or isinstance(typing.get_origin(member), type):
+            name = (typing.get_origin(member) or member).__name__  # tuple[...]: "a tuple"
+            words.append(f"{'an' if name[0].lower() in 'aeiou' else 'a'} {name}")
+        else:
+            words.append(str(member).replace("collections.abc.", "").replace("typing.", ""))
+    words = list(dict.fromkeys(words)) + (["None"] if none else [])
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def _spelled(value: Any, words: tuple | list) -> str:
+    """"; did you mean 'auto'?" where the string `value` is one of `words` spelled otherwise."""
+    for word in words:
+        if isinstance(value, str) and isinstance(word, str) and value != word and (
+                value.strip().lower() == word.lower()):
+            return f"; did you mean {word!r}?"
+    return ""
+
+
+def _members(hint: Any) -> tuple:
+    """The members of a union annotation (the annotation itself if it is none)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return typing.get_args(hint)
+    return (hint,)
+
+
+def _shown(value: Any) -> str:
+    """`value` as a message shows it: a class by name, a short literal as it is, else `...`."""
+    if isinstance(value, type):
+        return value.__name__
+    if value is None or isinstance(value, bool | int | float | str) and len(repr(value)) <= 40:
+        return repr(value)
+    return "..."
 
 
 def check_budget(who: str, name: str, value: Any, *, allow_none: bool = True) -> Any:
@@ -213,7 +290,7 @@ def resolve_batch_size(
             "positive int or None (plan one with chunkx.plan_chunk_size)."
         )
     if batch_size != "auto":
-        batch_size = check_positive(who, name, batch_size)
+        batch_size = check_positive(who, name, batch_size, auto=auto)
     if memory_budget is not None:
         check_budget(who, "memory_budget", memory_budget)
         if batch_size != "auto":

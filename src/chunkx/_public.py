@@ -7,7 +7,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 from beartype import beartype
-from jaxtyping import jaxtyped
+from beartype.door import is_bearable
+from jaxtyping import TypeCheckError, jaxtyped
+
+from ._checks import wrong_kind
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -49,10 +52,28 @@ def public(fn: F) -> F: ...
 def public(*, name: str) -> Callable[[F], F]: ...
 
 
+def _misfit(sig: inspect.Signature, bound: inspect.BoundArguments) -> tuple | None:
+    """`(name, value, annotation)` of the first argument given whose value its annotation does
+    not admit (each of `*args`/`**kwargs` against theirs), or `None`."""
+    for name, value in bound.arguments.items():
+        param = sig.parameters[name]
+        if param.annotation is param.empty:
+            continue
+        values = {inspect.Parameter.VAR_POSITIONAL: lambda: value,
+                  inspect.Parameter.VAR_KEYWORD: lambda: value.values()}.get(
+                      param.kind, lambda: (value,))()
+        for v in values:
+            if not is_bearable(v, param.annotation):
+                return name, v, param.annotation
+    return None
+
+
 def public(fn: F | None = None, *, name: str | None = None) -> Any:
     """`jaxtyped(typechecker=beartype)`, with a wrong set of arguments (missing, surplus,
     unexpected) reported in the function's name (`name`, default `fn.__name__`) before any
-    check runs. `@public` or `@public(name="chunkx.vmap")`."""
+    check runs, and an argument of the wrong kind, which beartype refuses, reported in one
+    line that says what to pass (`wrong_kind`) instead of beartype's account of every
+    parameter. `@public` or `@public(name="chunkx.vmap")`."""
     if fn is None:
         return functools.partial(public, name=name)
     checked = jaxtyped(typechecker=beartype)(fn)
@@ -61,10 +82,16 @@ def public(fn: F | None = None, *, name: str | None = None) -> Any:
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
-            sig.bind(*args, **kwargs)
+            bound = sig.bind(*args, **kwargs)
         except TypeError as error:
             raise TypeError(f"`{who}`: {_what(error, sig, len(args))}; the signature is "
                             f"`{who}{_plain(sig)}`.") from None
-        return checked(*args, **kwargs)
+        try:
+            return checked(*args, **kwargs)
+        except TypeCheckError:
+            misfit = _misfit(sig, bound)  # beartype refused an argument: say it in one line
+            if misfit is None:  # raised further in (not by this function's arguments)
+                raise
+            raise TypeError(wrong_kind(who, *misfit)) from None
 
     return call

@@ -11,6 +11,7 @@ from .._checks import (
     check_budget,
     check_callable,
     check_choice,
+    check_instance,
     check_positive,
     zero_in_axes,
 )
@@ -56,6 +57,7 @@ class Reduce(eqx.Module):
 
     def __check_init__(self):
         check_callable("Reduce", "fn", self.fn, "a batched function")
+        check_instance("Reduce", "reducer", self.reducer, AbstractReducer)
 
     def __call__(self, *args: Any, valid: RowMask | None = None) -> Any:
         return evaluate(self.fn, self.reducer, args, valid, "Reduce")
@@ -67,11 +69,12 @@ class Chunk(eqx.Module):
     The semantics as a plain loop (`rows(i, j)` slices every mapped argument):
 
     ```python
-    parts = [reducer.reduce_rows(fn(*rows(i, min(i + size, n))), None)
-             for i in range(0, n, size)]
-    result = parts[0]
-    for p in parts[1:]:
-        result = reducer.combine(result, p)
+    parts = []
+    for i in range(0, n, size):              # one jax.lax.scan of ceil(n / size) steps
+        j = max(0, min(i, n - size))         # the last chunk shifted back to end at row n
+        out = fn(*rows(j, j + size))[i - j :]   # rows before i: done by the step before
+        parts.append(reducer.reduce_rows(out, None))
+    result = functools.reduce(reducer.combine, parts)
     ```
 
     Every chunk runs in one `jax.lax.scan`, so compile time does not grow with the number of
@@ -180,14 +183,16 @@ class Chunk(eqx.Module):
 
     def __check_init__(self):
         check_callable("Chunk", "fn", self.fn, "a batched function")
+        check_instance("Chunk", "reducer", self.reducer, AbstractReducer)
+        check_instance("Chunk", "progress", self.progress, bool)
         if self.size != "auto":
-            check_positive("Chunk", "size", self.size)
+            check_positive("Chunk", "size", self.size, auto=True)
         check_positive("Chunk", "unroll", self.unroll, allow_none=False)
         if self.remainder is not None:
             check_choice("Chunk", "remainder", self.remainder, ("call", "shift"))
         check_choice("Chunk", "grad", self.grad, ("auto", "fused", "recompute", "store"))
         if self.grad_size != "auto":
-            check_positive("Chunk", "grad_size", self.grad_size)
+            check_positive("Chunk", "grad_size", self.grad_size, auto=True)
         check_budget("Chunk", "memory_budget", self.memory_budget)
         if self.grad_size is not None and self.grad == "store":
             raise ValueError(

@@ -21,6 +21,7 @@ from .._checks import (
     as_size,
     check_callable,
     check_choice,
+    check_instance,
     check_positive,
     zero_in_axes,
 )
@@ -129,6 +130,7 @@ class Pad(eqx.Module):
 
     def __check_init__(self):
         check_callable("Pad", "fn", self.fn, "a batched function")
+        check_instance("Pad", "reducer", self.reducer, AbstractReducer, allow_none=True)
         check_positive("Pad", "multiple", self.multiple, allow_none=False)
         check_choice("Pad", "fill", self.fill, ("edge", "zero"))
         reducer_of("Pad", self.fn, self.reducer)

@@ -125,6 +125,8 @@ def check_contract(who: str, y_struct: Tree, out_struct: Any) -> int:
         )
     s = tuple(out_struct.shape)
     for x in jax.tree_util.tree_leaves(y_struct):
+        if not hasattr(x, "dtype"):  # no array (a Python number): passed whole, no block
+            continue
         if jnp.issubdtype(x.dtype, jnp.inexact) and tuple(x.shape[: len(s)]) != s:
             raise ValueError(
                 f"`{who}(fn=...)`: fn's output shape {s} must be a leading part of the shape of "
@@ -175,6 +177,9 @@ class Pullback(eqx.Module):
         pipe = chunkx.Chunk(chunkx.Pullback(vg), 256, checkpoint=False)
         y = jnp.linspace(0.0, 1.0, 1000)
         tangent_out = jax.jvp(pipe, (y,), (jnp.ones_like(y),))[1]   # forward mode works
+        assert jnp.allclose(tangent_out, 3 * jnp.sin(y) ** 2 * jnp.cos(y))
+        grad = jax.grad(lambda y: jnp.sum(pipe(y)))(y)               # one block per row
+        assert jnp.allclose(grad, jax.grad(lambda y: jnp.sum(vg(y)))(y))
         ```
     """
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from .._checks import as_in_axes, check_callable, check_choice, zero_in_axes
+from .._checks import as_in_axes, check_callable, check_choice, check_instance, zero_in_axes
 from .._types import InAxes, RowMask, ShardRemainder
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._rows import call_with_valid, compiled_if_eager, map_mapped, mapped_length
@@ -84,6 +84,7 @@ class Shard(eqx.Module):
 
     def __check_init__(self):
         check_callable("Shard", "fn", self.fn, "a batched function")
+        check_instance("Shard", "reducer", self.reducer, AbstractReducer, allow_none=True)
         if self.remainder is not None:
             check_choice("Shard", "remainder", self.remainder, ("call", "pad"))
         self.pads()  # the reducer agrees with fn's, and remainder="pad" is possible

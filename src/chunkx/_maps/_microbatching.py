@@ -396,18 +396,23 @@ class Microbatched(eqx.Module):
         return plan_call(self._call, self.opts, "grad_memory_plan", args, kwargs)
 
     def _resolve(self, args: tuple, kwargs: dict) -> tuple:
-        """`resolve` of `(args, kwargs)`: each batch argument's array leaves along its axis (the
-        other leaves, and the other arguments, passed whole)."""
+        """`resolve` of `(args, kwargs)`: each batch argument's leaves along its axis, the other
+        arguments passed whole. A per-example map follows `jax.vmap`'s rule (every leaf of a
+        batch argument is mapped: a Python number there is refused, in the name of the
+        argument that maps it); `microbatch` passes a batch argument's non-array leaves whole
+        to every microbatch."""
         who, nums, names = self.opts.who, self.argnums, self.argnames
         name = "batch_argnums" if self.per_example else "argnums"  # None: every positional one
+        maps = "in_axes" if nums is None else name  # what maps the batch arguments
         nums = range(len(args)) if nums is None else check_argnums(who, name, nums, len(args))
         axes = in_axes_tuple(who, self.in_axes, len(nums) + len(names or ()))
         if names is None:  # keywords map along axis 0
             names, axes = tuple(kwargs), axes + (0,) * len(kwargs)
         at = dict(zip([*(i % len(args) for i in nums), *names], axes))
         spec = tuple(at.get(i) for i in range(len(args))), {k: at.get(k) for k in kwargs}
-        spec = jax.tree_util.tree_map(eqx.if_array, spec)  # an entry `k` maps array leaves only
-        return resolve(who, spec, (args, kwargs), "the arguments")
+        if not self.per_example:  # an entry `k` maps array leaves only
+            spec = jax.tree_util.tree_map(eqx.if_array, spec)
+        return resolve(who, spec, (args, kwargs), "the arguments", name=maps)
 
     def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
         """`fun` on the batch `(args, kwargs)`; with `plan` (`"memory_plan"`,

@@ -91,27 +91,39 @@ def flat_axes(who: str, name: str, spec: Any, tree: Any, what: str, shown: Any =
     return out
 
 
-def resolve(who: str, spec: Any, tree: Any, what: str, shown: Any = None) -> tuple:
+#: How a leaf that is no array is kept out of the mapped ones, by the argument that maps it.
+WHOLE = {"in_axes": "in_axes None passes it whole",
+         "batch_argnums": "an argument left out of batch_argnums passes whole"}
+
+
+def resolve(
+    who: str, spec: Any, tree: Any, what: str, shown: Any = None, name: str = "in_axes"
+) -> tuple:
     """`(leaves, axes, treedef, names)` of an `(args, kwargs)` pair mapped by `spec`.
 
     The one reading of `in_axes` every map shares: `axes` holds one entry per leaf, `None`
     or the non-negative axis its rows run along (`flat_axes`, then `in_axis`); `names` are
-    the leaves' names in messages, `args[0]['a']`-style.
+    the leaves' names in messages, `args[0]['a']`-style. An int entry maps every leaf of its
+    subtree, which must be an array (`jax.vmap`'s rule: a Python number is refused, in the
+    name of the argument `name` that maps it); a callable entry such as `eqx.if_array(0)`
+    says per leaf.
     """
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
     leaves = [x for _, x in flat]
     names = [("args", "kwargs")[path[0].idx] + jax.tree_util.keystr(path[1:]) for path, _ in flat]
     axes = flat_axes(who, "in_axes", spec, tree, what, shown)
-    axes = [a if a is None else in_axis(who, nm, x, a) for nm, x, a in zip(names, leaves, axes)]
+    axes = [a if a is None else in_axis(who, nm, x, a, name)
+            for nm, x, a in zip(names, leaves, axes)]
     return leaves, axes, treedef, names
 
 
-def in_axis(who: str, where: str, leaf: Any, axis: int) -> int:
-    """A mapped input leaf's axis as a non-negative int (negative axes count from the end)."""
+def in_axis(who: str, where: str, leaf: Any, axis: int, name: str = "in_axes") -> int:
+    """A mapped input leaf's axis as a non-negative int (negative axes count from the end);
+    a leaf that is no array is refused in the name of the argument `name` that maps it."""
     if not eqx.is_array(leaf):
         raise ValueError(
-            f"`{who}(in_axes=...)`: {where} is mapped along axis {axis} but is a "
-            f"{type(leaf).__name__}, not an array; map arrays only (in_axes None passes it whole)."
+            f"`{who}({name}=...)`: {where} is mapped along axis {axis} but is a "
+            f"{type(leaf).__name__}, not an array; map arrays only ({WHOLE[name]})."
         )
     where = f"{where} is mapped along axis {axis}, out of range for its shape {np.shape(leaf)}"
     return _within(who, "in_axes", axis, np.ndim(leaf), where)

@@ -79,7 +79,7 @@ class BatchVmap(AbstractChunkedVmap):
         other leaves whole, as `eqx.if_array(k)` does; keywords pass whole. Nothing is moved
         here: the lengths are checked on the mapped leaves' structs with their axis in front."""
         who = self._who
-        axes, leaves, at, treedef, names = by_argument(who, self.in_axes, args, kwargs)
+        axes, leaves, at, treedef, names = by_argument(who, self.in_axes, args, kwargs, True)
         if all(a is None for a in axes):
             raise ValueError(
                 f"`{who}(in_axes={self.in_axes!r})`: at least one argument must be mapped; "
@@ -93,16 +93,24 @@ class BatchVmap(AbstractChunkedVmap):
 def by_argument(
     who: str, in_axes: Any, args: tuple, kwargs: dict, arrays_only: bool = False
 ) -> tuple:
-    """`(axes, leaves, at, treedef, names)`: adv's and quantax's `in_axes` (one int, `None` or
-    `eqx.if_array(k)` per positional argument, as `in_axes_tuple` checks it), each entry as an
-    int or `None` (`axes`), read by the shared resolver (`resolve`'s four) with every entry `k`
-    as `eqx.if_array(k)`: the argument's array leaves mapped along `k`, its other leaves and
-    the keywords passed whole. `arrays_only` (netket's and `jax.vmap`'s rule): every leaf of
-    an argument mapped along `k` must be an array (a Python number is refused)."""
-    axes = tuple(getattr(a, "axis", a) for a in in_axes_tuple(who, in_axes, len(args)))
-    mapped = (lambda a: a) if arrays_only else eqx.if_array
-    spec = (tuple(None if a is None else mapped(a) for a in axes), None)
-    return axes, *resolve(who, spec, (args, kwargs), "the arguments", in_axes)
+    """`(axes, leaves, at, treedef, names)`: adv's, netket's and quantax's `in_axes` (one int,
+    `None` or `eqx.if_array(k)` per positional argument, as `in_axes_tuple` checks it), each
+    entry as an int or `None` (`axes`), read by the shared resolver (`resolve`'s four); the
+    keywords pass whole. An entry `eqx.if_array(k)` maps the argument's array leaves along `k`
+    and passes its other leaves whole. An int entry `k` does the same (quantax's `chunk_map`
+    broadcasts a Python number), or with `arrays_only` (`jax.vmap`'s rule, which adv, netket
+    and quantax's `jit_chunk_vmap` follow) maps every leaf, which must be an array: a Python
+    number is refused (`resolve`)."""
+    entries = in_axes_tuple(who, in_axes, len(args))
+    axes = tuple(getattr(a, "axis", a) for a in entries)
+
+    def spec(entry, axis):
+        if axis is None or (arrays_only and not isinstance(entry, eqx.if_array)):
+            return axis
+        return eqx.if_array(axis)
+
+    mapped = (tuple(map(spec, entries, axes)), None)
+    return axes, *resolve(who, mapped, (args, kwargs), "the arguments", in_axes)
 
 
 def _in_front(x: Any, axis: int) -> jax.ShapeDtypeStruct:
@@ -136,19 +144,22 @@ def batch_vmap(
 
     ```python
     def g(*args):
-        parts = [chunk_reduction(jax.vmap(f, in_axes)(*rows(i, min(i + B, n))))
-                 for i in range(0, n, B)]
-        out = parts[0]
-        for p in parts[1:]:
-            out = reduction(out, p)          # reduction=None: concatenate along axis 0
-        return out
+        parts = []
+        for i in range(0, n, B):               # one jax.lax.scan of ceil(n / B) steps
+            j = max(0, min(i, n - B))          # the last chunk shifted back to end at row n
+            y = jax.vmap(f, in_axes)(*rows(j, j + B))
+            parts.append(y[i - j :])           # rows before i were done by the step before
+        if reduction is None:
+            return chunk_reduction(concatenate(parts))
+        return functools.reduce(reduction, map(chunk_reduction, parts))
     ```
 
-    Every chunk runs in one `jax.lax.scan` (one compiled program): where `batch_size` leaves
-    rows, the last chunk is shifted back to end at row `n`, and the rows
-    `n - B .. (n // B)·B - 1` it evaluates twice are masked out of a sum or written again with
-    the same values (no padding); a `reduction` other than a sum evaluates the leftover rows
-    in one more call.
+    Every step evaluates `B` rows in one compiled program: where `B` does not divide `n`, the
+    last step evaluates rows `n - B .. n - 1`, and the rows `n - B .. (n // B)·B - 1` it
+    repeats are masked out of a sum or written again with the same values (no padding, no
+    second program). A `reduction` that cannot mask rows (any but `reduction=jnp.add` with
+    `chunk_reduction=jnp.sum`, or `reducer=chunkx.Sum()`; a lambda is opaque) runs
+    `n // B` steps and the `n % B` leftover rows in one more call instead.
     Reverse mode keeps one chunk of residuals instead of all of them: a small sum (a loss,
     `reduction=jnp.add`) computes each chunk's value and gradient in one pass (`grad="fused"`),
     anything else reruns one chunk at a time (`grad="recompute"`); see [`chunkx.Chunk`][].
@@ -159,9 +170,12 @@ def batch_vmap(
     **Arguments:**
 
     - `f`: the per-example function.
-    - `in_axes`: an int (every argument, like `jax.vmap`) or one int/`None` per argument;
-      an entry `eqx.if_array(k)` is `k` (non-array leaves pass through either way). For
-      pytree prefixes and `out_axes`, see [`chunkx.vmap`][] and [`chunkx.filter_vmap`][].
+    - `in_axes`: an int (every argument, like `jax.vmap`) or one int/`None` per argument.
+      An int maps every leaf of its argument, which must be an array, as in `jax.vmap` (a
+      Python number there is a `ValueError` naming it; `None` passes it whole); an entry
+      `eqx.if_array(k)` maps the array leaves along `k` and passes the others (numbers,
+      strings) whole. For pytree prefixes and `out_axes`, see [`chunkx.vmap`][] and
+      [`chunkx.filter_vmap`][].
     - `batch_size`: rows per chunk (per device with `shard=True`); `None`: no chunking.
       `chunk_size=` is accepted as an alias when `batch_size` is `None`.
     - `reduction`: binary associative fold of chunk results, or `None` to concatenate.
@@ -201,10 +215,11 @@ def batch_vmap(
         f = lambda x, w: jnp.tanh(x @ w)
         g = chunkx.batch_vmap(f, (0, None), batch_size=128)
         x, w = jnp.linspace(-1.0, 1.0, 8000).reshape(1000, 8), jnp.ones((8, 4))
-        y = g(x, w)   # (1000, 4): 7 chunks of 128 rows and one of 104
+        y = g(x, w)   # (1000, 4): 8 steps of 128 rows, the last one rows 872..999
         assert jnp.allclose(y, jax.vmap(f, (0, None))(x, w))
         total = chunkx.batch_vmap(f, (0, None), batch_size=128, reduction=jnp.add,
                                   chunk_reduction=lambda out: out.sum(0))(x, w)   # (4,)
+        # (a lambda cannot mask rows: 7 steps of 128 rows, then one call on the last 104)
         assert jnp.allclose(total, y.sum(0))
         ```
     """
@@ -242,18 +257,31 @@ def batch_map(
     """`chunk_reduction(fun(fun_input))` computed in chunks; `fun` is *not* vmapped.
 
     `fun` must be natively vectorised over the leading axis of every leaf of `fun_input` and
-    work for `batch_size` rows (every chunk has that many: the last one is shifted back over
-    rows already done, as in [`chunkx.batch_vmap`][]; with a `reduction` other than a sum, the
-    leftover rows are one more call, so `fun` then sees `n % batch_size` rows once).
-    As a loop: `reduce(reduction, [chunk_reduction(fun(rows(i, i + B))) for i in ...])`, or the
-    concatenation of `fun(rows(i, i + B))` when `reduction` is `None`.
+    work for `batch_size` rows: every call of `fun` gets that many, the last one shifted back
+    over rows already done. As a plain loop (`rows(i, j)` slices every array leaf):
+
+    ```python
+    parts = []
+    for i in range(0, n, B):                   # one jax.lax.scan of ceil(n / B) steps
+        j = max(0, min(i, n - B))              # the last chunk shifted back to end at row n
+        parts.append(fun(rows(j, j + B))[i - j :])   # rows before i: done the step before
+    if reduction is None:
+        out = chunk_reduction(concatenate(parts))
+    else:
+        out = functools.reduce(reduction, map(chunk_reduction, parts))
+    ```
+
+    A `reduction` that cannot mask rows (as in [`chunkx.batch_vmap`][]: any but
+    `reduction=jnp.add` with `chunk_reduction=jnp.sum`) runs `n // B` steps and calls `fun`
+    once more on the `n % B` leftover rows.
 
     **Rows:** `batch_size` counts global rows; with `shard=True`, rows per device.
 
     **Arguments:**
 
     - `fun`: a vectorised function of one pytree.
-    - `fun_input`: the pytree whose leaves are chunked along axis 0.
+    - `fun_input`: the pytree whose array leaves are chunked along axis 0 (other leaves, such
+      as Python numbers, reach every call of `fun` whole).
     - `batch_size`, `reduction`, `chunk_reduction`, `reducer`, `shard`, `mesh`, `checkpoint`,
       `chunk_size`, `memory_budget`, `progress`: as in [`chunkx.batch_vmap`][].
     - `grad`, `grad_batch_size`: as in [`chunkx.batch_vmap`][]. With `batch_size="auto"`
@@ -273,10 +301,10 @@ def batch_map(
         import jax.numpy as jnp, chunkx
         x = {"a": jnp.arange(10.0), "b": jnp.ones((10, 2))}
         fun = lambda t: t["a"] ** 2 + t["b"].sum(-1)      # vectorised over the rows
-        y = chunkx.batch_map(fun, x, 4)                   # fun sees 4, 4, then 2 rows
+        y = chunkx.batch_map(fun, x, 4)                   # fun sees rows 0-3, 4-7, 6-9
         assert jnp.allclose(y, fun(x))
         total = chunkx.batch_map(fun, x, 4, reduction=jnp.add,
-                                 chunk_reduction=lambda out: out.sum(0))
+                                 chunk_reduction=lambda out: out.sum(0))   # 0-3, 4-7, 8-9
         assert jnp.allclose(total, fun(x).sum())
         ```
     """

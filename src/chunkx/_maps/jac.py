@@ -106,7 +106,7 @@ class BatchJacfwd(_Jacobian):
         jac = chunkx.batch_jacfwd(lambda x: jnp.sin(x) * x[0], batch_size=3)
         assert isinstance(jac, chunkx.BatchJacfwd)
         x = jnp.linspace(0.1, 1.0, 7)
-        J = eqx.filter_jit(jac)(x)     # 7 columns: two chunks of 3 and one of 1
+        J = eqx.filter_jit(jac)(x)     # 7 columns, 3 a step: 0-2, 3-5, 4-6
         assert jnp.allclose(J, jax.jacfwd(lambda x: jnp.sin(x) * x[0])(x))
         ```
     """
@@ -220,6 +220,10 @@ def batch_jacfwd(
         return unravel(stack(cols, axis=-1))  # as jax.jacfwd(fun, argnums)(*args)
     ```
 
+    The `n` columns take one `jax.lax.scan` of `ceil(n / B)` steps of `B` columns, the last
+    step shifted back to end at column `n` (its repeated columns are written again with the
+    same values): one compiled program.
+
     `linearize=False` pushes each chunk through `jax.jvp` instead (`jax.jvp(f, primals, e_i)`
     per column): the primal is part of every chunk's program (XLA hoists the parts that do
     not depend on the tangents out of the loop), and no residuals are stored between chunks;
@@ -285,6 +289,9 @@ def batch_jacrev(
         rows = [pullback(e_j) for e_j in basis(y)]          # B at a time
         return unravel(stack(rows, axis=0))  # as jax.jacrev(fun, argnums)(*args)
     ```
+
+    The `m` rows take one `jax.lax.scan` of `ceil(m / B)` steps of `B` rows, the last step
+    shifted back to end at row `m`, as in [`chunkx.batch_jacfwd`][].
 
     The result has exactly `jax.jacrev`'s pytree structure, shapes and dtypes, and the same
     errors (dtype checks come from `jax.jacrev` itself, evaluated with `jax.eval_shape`).

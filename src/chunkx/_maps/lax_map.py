@@ -44,16 +44,20 @@ def map(
     As a plain loop (`xs[i:j]` slices every array leaf of `xs` along its leading axis):
 
     ```python
-    parts = [jax.vmap(f)(xs[i : min(i + b, n)]) for i in range(0, n, b)]
+    parts = []
+    for i in range(0, n, b):                 # one lax.scan of ceil(n / b) steps
+        j = max(0, min(i, n - b))            # the last chunk shifted back to end at row n
+        parts.append(jax.vmap(f)(xs[j : j + b])[i - j :])   # rows before i: done already
     ys = tree_map(lambda *p: jnp.concatenate(p), *parts)
     ```
 
     with `b = n` for `batch_size=0`, as `jax.lax.map` runs it; `batch_size=None` is
     `[f(xs[i]) for i in range(n)]` stacked, `f` itself on one row at a time (not vmapped: a
-    `lax.cond` stays a branch), as in `jax.lax.map`. It is `Chunk(Vmap(f), b)(xs)`: full
-    chunks in one `lax.scan`, the leftover rows in one more call, and each chunk rematerialised
-    in reverse mode, so `jax.grad` keeps one chunk's residuals where `jax.lax.map` keeps every
-    chunk's.
+    `lax.cond` stays a branch), as in `jax.lax.map`. It is `Chunk(Vmap(f), b)(xs)`: every
+    step in one `lax.scan`, the last one shifted back over rows already done (where
+    `jax.lax.map` calls `f` once more on the leftover rows: one compiled program here), and
+    each chunk rematerialised in reverse mode, so `jax.grad` keeps one chunk's residuals where
+    `jax.lax.map` keeps every chunk's.
 
     **Arguments:**
 

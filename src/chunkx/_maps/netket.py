@@ -77,13 +77,16 @@ def apply_chunked(
 
     ```python
     def g(*args):
-        parts = [f(*rows(i, min(i + chunk_size, n))) for i in range(0, n, chunk_size)]
+        c, parts = chunk_size, []
+        for i in range(0, n, c):             # one jax.lax.scan of ceil(n / c) steps
+            j = max(0, min(i, n - c))        # the last chunk shifted back to end at row n
+            parts.append(f(*rows(j, j + c))[i - j :])   # rows before i: done the step before
         return tree_map(lambda *p: jnp.concatenate(p), *parts)
     ```
 
-    Full chunks run in one `jax.lax.scan`, the `n % chunk_size` rest in one more call; in reverse
-    mode each chunk is recomputed (see [`chunkx.Chunk`][]), so `jax.grad` keeps one chunk of
-    residuals.
+    `f` gets `chunk_size` rows at every call (fewer only where the batch has fewer), all in
+    one compiled program; in reverse mode each chunk is recomputed (see [`chunkx.Chunk`][]),
+    so `jax.grad` keeps one chunk of residuals.
 
     **Rows:** `chunk_size` counts global rows; with `axis_0_is_sharded=True`, each device's rows.
 
@@ -110,7 +113,8 @@ def apply_chunked(
         ```python
         import jax, jax.numpy as jnp, chunkx
         g = chunkx.apply_chunked(jax.vmap(jnp.sin), chunk_size=3, axis_0_is_sharded=False)
-        y = g(jnp.arange(10.0))   # == jnp.sin(jnp.arange(10.0))
+        x = jnp.arange(10.0)
+        assert jnp.allclose(g(x), jnp.sin(x))   # rows 0-2, 3-5, 6-8, then 7-9
         ```
     """
     return _apply("apply_chunked", None, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums)
@@ -131,8 +135,10 @@ def vmap_chunked(
 
     ```python
     def g(*args):
-        parts = [jax.vmap(f, in_axes)(*rows(i, min(i + chunk_size, n)))
-                 for i in range(0, n, chunk_size)]
+        c, parts = chunk_size, []
+        for i in range(0, n, c):             # one jax.lax.scan of ceil(n / c) steps
+            j = max(0, min(i, n - c))        # the last chunk shifted back to end at row n
+            parts.append(jax.vmap(f, in_axes)(*rows(j, j + c))[i - j :])
         return tree_map(lambda *p: jnp.concatenate(p), *parts)
     ```
 
@@ -156,9 +162,11 @@ def vmap_chunked(
     !!! Example
 
         ```python
-        import jax.numpy as jnp, chunkx
-        g = chunkx.vmap_chunked(lambda x, w: x @ w, (0, None), chunk_size=4)
-        y = g(jnp.ones((10, 3)), jnp.ones((3, 2)))   # (10, 2)
+        import jax, jax.numpy as jnp, chunkx
+        f = lambda x, w: jnp.tanh(x @ w)
+        g = chunkx.vmap_chunked(f, (0, None), chunk_size=4)
+        x, w = jnp.linspace(-1.0, 1.0, 30).reshape(10, 3), jnp.ones((3, 2))
+        assert jnp.allclose(g(x, w), jax.vmap(f, (0, None))(x, w))   # (10, 2)
         ```
     """
     return _apply("vmap_chunked", Vmap, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums)
@@ -356,15 +364,16 @@ def vjp_chunked(
 
     ```python
     def pullback(ct):
-        ys, rows, sums = [], [], 0
-        for i in range(0, n, chunk_size):
-            args = [p[i : i + chunk_size] if k in chunk_argnums else p
-                    for k, p in enumerate(primals)]
+        ys, rows, sums, c = [], [], 0, chunk_size
+        for i in range(0, n, c):                   # one jax.lax.scan of ceil(n / c) steps
+            j = max(0, min(i, n - c))              # the last chunk shifted back to end at n
+            args = [p[j : j + c] if k in chunk_argnums else p for k, p in enumerate(primals)]
             y_i, pull_i = vjp(fun, *args)          # one forward pass per chunk
-            g_i = pull_i(ct[i : i + chunk_size])   # {k: cotangent} for k not in nondiff_argnums
-            ys.append(y_i)
-            rows.append({k: g for k, g in g_i.items() if k in chunk_argnums})        # Concat
-            sums = sums + {k: g for k, g in g_i.items() if k not in chunk_argnums}   # Sum
+            ct_i = ct[j : j + c].at[: i - j].set(0)   # rows before i: done, no cotangent
+            g_i = pull_i(ct_i)                     # {k: cotangent} for k not in nondiff_argnums
+            ys.append(y_i[i - j :])
+            rows.append({k: g[i - j :] for k, g in g_i.items() if k in chunk_argnums})  # Concat
+            sums = sums + {k: g for k, g in g_i.items() if k not in chunk_argnums}       # Sum
         grads = tuple((concatenate(rows) | sums)[k] for k in sorted(g_i))
         return (concatenate(ys), grads) if return_forward else grads
     ```
@@ -411,7 +420,8 @@ def vjp_chunked(
         f = jax.vmap(lambda w, x: jnp.tanh(x @ w), in_axes=(None, 0))
         w, x = jnp.ones(3), jnp.ones((10, 3))
         pullback = chunkx.vjp_chunked(f, w, x, chunk_argnums=1, chunk_size=4, nondiff_argnums=1)
-        (g_w,) = pullback(jnp.ones(10))   # == jax.vjp(f, w, x)[1](jnp.ones(10))[0]
+        (g_w,) = pullback(jnp.ones(10))
+        assert jnp.allclose(g_w, jax.vjp(f, w, x)[1](jnp.ones(10))[0])
         ```
     """
     chunk_size = check_positive(_VJP, "chunk_size", chunk_size)

@@ -148,7 +148,8 @@ def micro_vmap(
 
     - `fun`: the per-example function.
     - `in_axes`: an int (every positional argument), `None`, or one int/`None` per positional
-      argument; any axis, negative too.
+      argument; any axis, negative too. Every leaf of a mapped argument must be an array, as
+      in `jax.vmap` (a Python number there is a `ValueError` naming it).
     - `out_axes`: `0` (the only value).
     - `microbatch_size`: rows per microbatch, `"auto"`, or `None` for one microbatch.
     - `vmap_fn`: called as `vmap_fn(f, in_axes, 0)` to vectorise one microbatch. One other
@@ -261,7 +262,8 @@ def micro_grad(
     **Arguments:**
 
     - `fun`, `has_aux`, `argnums`: as for `jax.value_and_grad`.
-    - `batch_argnums`: the positional arguments with a batch axis (axis 0).
+    - `batch_argnums`: the positional arguments with a batch axis (axis 0); their leaves
+      must be arrays (a Python number there is a `ValueError` naming it).
     - `keep_batch_dim`: give `fun` each example with a batch axis of length 1.
     - `microbatch_size`, `accumulator`, `num_real_microbatches`, `grad_microbatch_size`,
       `memory_budget`, `shard`, `mesh`, `compensated`: see [`chunkx.micro_vmap`][].

@@ -100,7 +100,7 @@ def check_options(
         check_mesh_1d(who, rest.get("mesh"))
     check_choice(who, "grad", grad, ("auto", "fused", "recompute", "store"))
     if not (grad_auto and grad_size == "auto"):
-        grad_size = check_positive(who, grad_name, grad_size)
+        grad_size = check_positive(who, grad_name, grad_size, auto=grad_auto)
     if grad_size is not None and size is None:
         raise ValueError(
             f"`{who}({grad_name}={grad_size!r})`: a backward chunk size needs a "

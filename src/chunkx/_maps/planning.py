@@ -93,8 +93,10 @@ def plan_chunk_size(
     through the two and takes the largest size within 95% of the budget above `a`: two
     compilations where the two measurements bracket the answer (one fits, one does not), more
     only where they do not (then the answer is a measured size, as [`chunkx.fit_memory`][]
-    gives). The size is for `batch_vmap(batch_size=B)`, whose leftover rows are one more call:
-    a size dividing `n` within 10% of the line's answer, else a measured size that fits. Plans
+    gives). The size is for `batch_vmap(batch_size=B)`, whose last chunk is shifted back over
+    rows already done (where its reduction cannot mask rows, its leftover rows are one more
+    call): a size that leaves rows over costs more than the line says, so a size dividing `n`
+    within 10% of the line's answer is taken, else a size measured within the budget. Plans
     are cached per fingerprint of the compiled program, in this process and on disk (see
     [`chunkx.clear_plan_cache`][]).
 

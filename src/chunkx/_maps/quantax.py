@@ -114,7 +114,7 @@ def _layout(
     in_axes: InAxes, args: tuple, who: str = "chunk_map", arrays_only: bool = False
 ) -> tuple:
     """`(at, moved, zero, n)`: each leaf's mapped axis (non-negative; `None` where it passes
-    whole), read by `by_argument` (every entry `k` as `eqx.if_array(k)`); the
+    whole), read by `by_argument` (an int entry as `eqx.if_array(k)` unless `arrays_only`); the
     arguments with those axes moved to the front; one axis (0 or None) per argument; the
     mapped arrays' common length (`mapped_length`: an error where there is none).
     `arrays_only`: a mapped argument's leaves must all be arrays (`by_argument`)."""
@@ -177,17 +177,20 @@ def chunk_map(
     """Evaluate an already-batched `f` in chunks of `chunk_size` rows per device (quantax 0.4.0).
 
     With `D` devices (`mesh.size`; without a `mesh`, those of the mesh set with `jax.set_mesh`
-    or of the mesh the inputs are laid out on, else all devices) and `b = n / D` rows per
-    device, the loop is
+    or of the mesh the inputs are laid out on, else all devices) and `b = ceil(n / D)` rows per
+    device (the rows padded to `D * b` with copies of a real row), the loop is
 
     ```python
-    for k in range(ceil(b / c)):       # c = chunk_size
+    for k in range(ceil(b / c)):       # c = chunk_size; use_scan=True: one lax.scan
         rows_k = [rows(d * b + k * c, d * b + (k + 1) * c) for d in range(D)]
         out_k = f(*concatenate(rows_k))  # D * c rows per call (c per device)
     ```
 
-    with each device's last chunk padded (with copies of a real row, never zeros) and the padded
-    outputs cut off, so the result equals `f(*args)` row for row.
+    where each device's last chunk is filled up to `c` rows: with `shard_batch=True` or on one
+    device it is shifted back over rows already done (`f` sees `c` rows of its device); over the
+    blocks of several devices (`shard_batch=False`) each block is padded with copies of a real
+    row (never zeros). Padded and repeated rows are cut off the output, so the result equals
+    `f(*args)` row for row, in one compiled program.
 
     **Rows:** `chunk_size` counts rows **per device** (quantax's convention): on `D` devices one
     call evaluates `D * chunk_size` rows. [Choosing a map](../choosing.md) compares the
@@ -270,7 +273,11 @@ def jit_chunk_vmap(
 
     **Rows:** `chunk_size` counts rows **per device**, as in [`chunkx.chunk_map`][].
 
-    **Arguments:** as in [`chunkx.chunk_map`][]; `f` is a per-example function.
+    **Arguments:** as in [`chunkx.chunk_map`][]; `f` is a per-example function. An int
+    `in_axes` entry maps every leaf of its argument, which must be an array, as
+    `eqx.filter_vmap` (and quantax's `jit_chunk_vmap`) map it: a Python number there is a
+    `ValueError` naming it (`chunk_map` broadcasts it, as quantax's does); an entry
+    `eqx.if_array(k)` passes the leaves that are not arrays whole.
 
     **Returns:** a jitted callable.
 
@@ -285,10 +292,9 @@ def jit_chunk_vmap(
         ```
     """
     in_axes = as_in_axes(in_axes)  # a list works like a tuple
-    array_axes = jax.tree_util.tree_map(eqx.if_array, in_axes)  # other leaves pass whole
-    vmapped = eqx.filter_vmap(f, in_axes=array_axes, out_axes=out_axes)
+    vmapped = eqx.filter_vmap(f, in_axes=in_axes, out_axes=out_axes)
     mapped = chunk_map(vmapped, in_axes, out_axes, chunk_size, True, shard_batch, False, mesh)
-    return eqx.filter_jit(Checked(mapped, in_axes, "jit_chunk_vmap"))
+    return eqx.filter_jit(Checked(mapped, in_axes, "jit_chunk_vmap", arrays_only=True))
 
 
 class Checked(eqx.Module):

@@ -129,11 +129,19 @@ def sparse_pullback(
     As a plain loop (`rows(i, j)` slices every leaf of `y`; `fn` is not vmapped):
 
     ```python
-    parts = [chunk_reduction(Pullback(fn)(rows(i, min(i + B, n)))) for i in range(0, n, B)]
-    out = parts[0]
-    for p in parts[1:]:
-        out = reduction(out, p)          # reduction=None: concatenate along axis 0
+    parts = []
+    for i in range(0, n, B):                 # one jax.lax.scan of ceil(n / B) steps
+        j = max(0, min(i, n - B))            # the last chunk shifted back to end at row n
+        parts.append(Pullback(fn)(rows(j, j + B))[i - j :])   # rows before i: done already
+    if reduction is None:
+        out = chunk_reduction(concatenate(parts))
+    else:
+        out = functools.reduce(reduction, map(chunk_reduction, parts))
     ```
+
+    `fn` gets `B` rows at every call, in one compiled program; a `reduction` that cannot mask
+    rows runs `n // B` steps and calls `fn` once more on the `n % B` leftover rows (see
+    [`chunkx.batch_map`][]).
 
     **Rows:** `batch_size` counts global rows; with `shard=True`, rows per device.
 
@@ -141,7 +149,8 @@ def sparse_pullback(
 
     - `fn`: a natively vectorised function of one pytree returning one array whose shape is a
       leading part of every floating leaf's shape.
-    - `y`: the pytree whose leaves are chunked along axis 0.
+    - `y`: the pytree whose array leaves are chunked along axis 0 (other leaves reach every
+      call of `fn` whole).
     - `batch_size`: rows per chunk (per device with `shard=True`); `None`: no chunking.
       `chunk_size=` is accepted as an alias when `batch_size` is `None`.
     - `reduction`, `chunk_reduction`, `shard`, `mesh`: as in [`chunkx.batch_map`][].
@@ -170,7 +179,7 @@ def sparse_pullback(
         fn = lambda y: jnp.sum(jnp.tanh(y) ** 2, axis=-1)       # (n, 3) -> (n,), per row
         y = jnp.linspace(-1.0, 1.0, 30).reshape(10, 3)
         loss = lambda y: jnp.sum(chunkx.sparse_pullback(fn, y, 4) ** 2)
-        grad = jax.jit(jax.grad(loss))(y)                       # chunks of 4, 4 and 2 rows
+        grad = jax.jit(jax.grad(loss))(y)                       # rows 0-3, 4-7, then 6-9
         assert jnp.allclose(grad, jax.grad(lambda y: jnp.sum(fn(y) ** 2))(y))
         jac = jax.jit(jax.jacrev(lambda y: chunkx.sparse_pullback(fn, y, 4)))(y)   # (10, 10, 3)
         assert jnp.allclose(jac, jax.jacrev(fn)(y))
@@ -186,7 +195,8 @@ def sparse_pullback(
     n = mapped_length((y,), (0,), who)
     if n:
         rows = n if opts.size in (None, "auto") else min(n, opts.size)  # the first chunk
-        head = jax.tree_util.tree_map(lambda x: x[0] if strip_dim0 else x[:rows], y)
+        head = jax.tree_util.tree_map(  # leaves that are no arrays pass whole, as in batch_map
+            lambda x: (x[0] if strip_dim0 else x[:rows]) if eqx.is_array(x) else x, y)
         check_contract(who, head, jax.eval_shape(fn, head))
     guard = identity
     if check_block_diagonal and n:  # outside jit this raises before the pipeline runs
@@ -207,9 +217,8 @@ def sparse_pullback_map(
 
     `sparse_pullback_map(fn, y)(z)` is `fn(z)` for `z` shaped like `y`, with the derivatives of
     [`chunkx.Pullback`][] (same contract). Calling it on differently shaped input raises
-    equinox's closure-conversion error, as in adv-jax-math.
-
-    **Rows:** `batch_size` counts global rows; with `shard=True`, rows per device.
+    equinox's closure-conversion error, as in adv-jax-math. It takes no chunk size and no
+    `shard`: it evaluates `fn` on all rows at once ([`chunkx.sparse_pullback`][] chunks).
 
     **Arguments:**
 

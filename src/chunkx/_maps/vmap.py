@@ -162,8 +162,11 @@ class AbstractChunkedVmap(eqx.Module):
             return jax.tree_util.tree_unflatten(treedef, kept), (treedef, axes)
 
         probe = eqx.filter_vmap(sort, in_axes=AXES, out_axes=None)
-        try:  # traced, as _call always is
-            kept, (treedef, axes) = probe(jax.tree_util.tree_map(lambda x: x[:1], rows), fixed)
+        one = jax.tree_util.tree_map(lambda x: x[:1], rows)
+        try:  # traced, as _call always is; only the outputs kept need one row's values
+            kept, (treedef, axes) = eqx.filter_eval_shape(probe, one, fixed)
+            if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(kept)):
+                kept, _ = probe(one, fixed)
         except ValueError as e:
             if "got axis spec None but output was batched" not in str(e):
                 raise
@@ -290,8 +293,11 @@ def vmap(
 
     ```python
     def g(*args, **kwargs):
-        parts = [jax.vmap(fun, in_axes, 0)(*take(i, min(i + B, n)))
-                 for i in range(0, n, B)]
+        parts = []
+        for i in range(0, n, B):             # one jax.lax.scan of ceil(n / B) steps
+            j = max(0, min(i, n - B))        # the last chunk shifted back to end at row n
+            y = jax.vmap(fun, in_axes, 0)(*take(j, j + B))
+            parts.append(y[i - j :])         # rows before i were done by the step before
         out = concatenate(parts, axis=0)     # or reducer's fold, e.g. a sum
         return moveaxis(out, 0, out_axes)    # per output leaf, as jax.vmap places it
     ```
@@ -300,9 +306,11 @@ def vmap(
     positional arguments (a tuple, one entry per argument) / of the output, with int (negative
     counts from the end) or `None` leaves; keyword arguments are mapped along axis 0. An
     output with out_axes `None` must not depend on a mapped row (as in `jax.vmap`); an output
-    with an int axis that does not depend on one is broadcast. Every chunk runs in one
-    `jax.lax.scan` (one compiled program): the last chunk is shifted back to end at row `n`,
-    rewriting rows `n - B .. (n // B)·B - 1` with the same values.
+    with an int axis that does not depend on one is broadcast. Every step evaluates `B` rows
+    in one compiled program: where `B` does not divide `n`, the last step rewrites rows
+    `n - B .. (n // B)·B - 1` with the same values (a sum masks them out). A reducer that
+    cannot mask rows (a [`chunkx.Monoid`][] other than a sum) runs `n // B` steps and the
+    `n % B` leftover rows in one more call.
 
     **Arguments:**
 
@@ -391,7 +399,7 @@ def filter_vmap(
         ensemble = eqx.filter_vmap(lambda k: eqx.nn.MLP(3, 2, 8, 2, key=k))(keys)
         x = jnp.ones(3)
         run = chunkx.filter_vmap(lambda m, x: m(x), in_axes=(eqx.if_array(0), None),
-                                 batch_size=4)   # 4 models at a time: 4, 4, then 2
+                                 batch_size=4)   # 4 models a step: 0-3, 4-7, 6-9
         ref = eqx.filter_vmap(lambda m, x: m(x), in_axes=(eqx.if_array(0), None))
         assert jnp.allclose(run(ensemble, x), ref(ensemble, x))
         ```

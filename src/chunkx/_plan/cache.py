@@ -48,8 +48,16 @@ def clear_plan_cache() -> None:
     !!! Example
 
         ```python
-        import chunkx
+        import jax, jax.numpy as jnp, chunkx
+        row = lambda r: jnp.sort(jnp.outer(r, r), axis=0)[-1]   # a (16, 16) temporary per row
+        f = chunkx.batch_vmap(row, batch_size="auto", memory_budget=2**16)
+        x = jnp.ones((4096, 16))
         chunkx.clear_plan_cache()   # the next "auto" map measures again
+        plan = f.memory_plan(x)
+        fixed = chunkx.batch_vmap(row, batch_size=plan.chunk_size)
+        assert plan.chunk_size < 4096 and chunkx.compiled_temp_bytes(fixed, x) <= 2**16
+        chunkx.clear_plan_cache()
+        assert f.memory_plan(x).points == plan.points    # measured again, alike
         ```
     """
     _MEMO.clear()
