@@ -15,6 +15,7 @@ from .._checks import (
     zero_in_axes,
 )
 from .._plan.auto import auto_call, default_grad_wrt, forward_plan, planned_tree, reverse_plan
+from .._plan.recover import Eager
 from .._plan.search import MemoryPlan
 from .._types import GradPolicy, InAxes, Remainder, RowMask
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
@@ -209,7 +210,17 @@ class Chunk(eqx.Module):
 
     def __call__(self, *args: Any, valid: RowMask | None = None) -> Any:
         with on_inputs_mesh(args):  # eager inputs on an Explicit mesh: the buffers join them
-            return compiled_if_eager(Chunk._call, self, args, valid)
+            return compiled_if_eager(Chunk._call, self, args, valid, eager=self._eager(args, valid))
+
+    def _eager(self, args: tuple, valid: RowMask | None) -> Eager:
+        """What an eager call on `args` runs, for its out-of-memory answer (`recover.py`): in
+        the name of the map that built it (its `owner`) or `Chunk`."""
+        who, arg = ("Chunk", "size") if self.owner is None else self.owner[:2]
+
+        def plans() -> tuple:
+            return (self.memory_plan(*args, valid=valid),) if self.size == "auto" else ()
+
+        return Eager(who, arg, self.size, plans)
 
     def remainder_policy(self) -> str:
         """`"shift"` or `"call"`: what this Chunk does with rows that its size leaves over
