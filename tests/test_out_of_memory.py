@@ -301,3 +301,39 @@ def test_auto_without_a_budget_runs_on_the_cpu(fresh_cache):
     assert plan.budget_source.startswith("host memory: 50% of MemAvailable")
     assert plan.chunk_size == 128  # a few MB: the whole batch fits the host's memory
 
+
+
+@pytest.mark.slow  # two fresh processes with gloo collectives
+def test_two_processes_back_off_to_the_same_size(tmp_path):
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    worker = os.path.join(os.path.dirname(__file__), "oom_worker.py")
+    out = str(tmp_path / "oom")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    procs = [subprocess.Popen([sys.executable, worker, port, str(i), out,
+                               str(tmp_path / f"plans{i}")], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    got = [json.loads(open(f"{out}.{i}.json").read()) for i in range(2)]
+    # process 0 refused the whole batch when compiling, then both processes backed off
+    # together from what process 1 could not run, and used the same sizes throughout
+    assert got[0]["sizes"] == got[1]["sizes"] and got[0]["sizes"][-1] <= 48
+    assert got[0]["sizes"][0] < 256 and len(got[0]["sizes"]) >= 2
+    assert all("planning again at most" in w for w in got[0]["warned"]) and got[0]["warned"]
+    assert all("with process 0" in w for w in got[1]["warned"]) and got[1]["warned"]
+    assert not got[0]["again"] and not got[1]["again"]  # the second call: no plan made
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 64)).astype(np.float32)
+    w = (rng.normal(size=(64, 64)) / 64).astype(np.float32)
+    ref = jnp.sum(jax.vmap(energy, (0, None))(jnp.asarray(x), jnp.asarray(w)))
+    for r in got:
+        close(r["value"], ref)
+        close(r["second"], ref)
