@@ -268,22 +268,45 @@ def default_grad_wrt(tree: tuple, axes: tuple) -> tuple[bool, ...]:
 
 
 def auto_call(chunk: Any, args: tuple, valid: Any, axes: tuple, n: int) -> Any:
-    """A Chunk with an "auto" size called on `args`: plan, then run at the planned sizes."""
+    """A Chunk with an "auto" size called on `args`: plan, then run at the planned sizes.
+
+    With `grad_size="auto"` too, the forward size is planned only where it runs: when the call
+    is not differentiated, or where its reverse pass runs the forward loop
+    (`Chunk.reverse_runs_forward`); a fused value-and-gradient runs at the backward size alone,
+    and its forward size is the whole batch (one call, never run)."""
     from .agree import agreed_size
 
     tree = planned_tree(chunk, args, valid)
-    size = chunk.size
     who = names(chunk)["who"]
     sig: dict = {}  # the program's fingerprint, traced once for both passes
-    if size == "auto":
-        size = agreed_size(lambda: _forward(chunk, tree, n, sig)[0].chunk_size, who, "chunk size")
+    sizes: dict = {}
+
+    def forward(t: Any) -> int:  # planned on the tree of the trace it runs in
+        if "forward" not in sizes:
+            sizes["forward"] = chunk.size if chunk.size != "auto" else agreed_size(
+                lambda: _forward(chunk, t, n, sig)[0].chunk_size, who, "chunk size")
+        return sizes["forward"]
+
     if chunk.grad_size != "auto":
-        return at_sizes(chunk, chunk.fn, size, chunk.grad_size)(*args, valid=valid)
-    run = _AtSize(_template(chunk), size)
+        return at_sizes(chunk, chunk.fn, forward(tree), chunk.grad_size)(*args, valid=valid)
+
+    def forward_of_reverse(t: Any) -> int:
+        if chunk.size != "auto":
+            return chunk.size
+        if "reverse" not in sizes:
+            runs = at_sizes(chunk, t[0], n, None).reverse_runs_forward(t[1], t[2])
+            sizes["reverse"] = forward(t) if runs else n
+        return sizes["reverse"]
+
+    def run(t: Any, g: int | None) -> Any:
+        size = forward(t) if g is None else forward_of_reverse(t)
+        return _AtSize(_template(chunk), size)(t, g)
 
     def plan(t: Any, wrt: tuple) -> int:
+        size = min(forward_of_reverse(t) or n, n)
+
         def backward() -> int:
-            return _search(chunk, t, n, min(size or n, n), (wrt, axes), sig)[0].chunk_size
+            return _search(chunk, t, n, size, (wrt, axes), sig)[0].chunk_size
 
         return agreed_size(backward, who, "backward chunk size")
 
