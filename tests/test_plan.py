@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 import chunkx
 from chunkx import MemoryPlan, fit_memory, plan_chunk_size, plan_memory
-from chunkx._plan.measure import DEFAULT_BUDGET_FRACTION, default_budget, temp_bytes_of
+from chunkx._plan import measure
+from chunkx._plan.measure import default_budget, temp_bytes_of
 
 S = jax.ShapeDtypeStruct
 f32 = jnp.float32
@@ -137,12 +138,13 @@ def test_auto_matches_explicit_size_and_vmap():
     np.testing.assert_allclose(auto, ref, rtol=1e-6)
 
 
-def test_auto_errors():
+def test_auto_errors(monkeypatch):
     x = jnp.ones((10, 3), f32)
-    with pytest.raises(
-        ValueError, match=r"`batch_vmap\(batch_size='auto'\)`: memory_budget must be given on"
-    ):
-        chunkx.batch_vmap(jnp.sin, batch_size="auto")(x)
+    with monkeypatch.context() as m:  # a host whose available memory is unknown
+        m.setattr(measure, "host_available_bytes", lambda: None)
+        with pytest.raises(ValueError, match=r"`batch_vmap\(batch_size='auto'\)`: memory_budget "
+                                             r"must be given on the 'cpu' backend here"):
+            chunkx.batch_vmap(jnp.sin, batch_size="auto")(x)
     with pytest.raises(
         ValueError, match=r"`batch_vmap\(memory_budget=1000\)`: memory_budget is only used with"
     ):
@@ -164,9 +166,14 @@ def test_default_budget_from_device_memory():
         def memory_stats(self):
             return {"bytes_limit": 1000, "bytes_in_use": 10}
 
-    assert default_budget("batch_vmap", device=Gpu()) == int(DEFAULT_BUDGET_FRACTION * 1000)
-    with pytest.raises(ValueError, match=r"`chunk_map\(chunk_size='auto'\)`: memory_budget must"):
-        default_budget("chunk_map", "chunk_size", device=jax.devices("cpu")[0])
+    # 1000 - 10 in use - 100 of margin (10% of the limit) = 890 = 0b1101111010, rounded down
+    # to four significant bits: 0b1101000000 = 832
+    budget = default_budget("batch_vmap", device=Gpu())
+    assert budget.bytes == 832 and "bytes_limit 1000 - bytes_in_use 10" in budget.source
+    # less what the program's outputs hold: 890 - 90 = 800 = 0b1100100000 -> 768
+    assert default_budget("batch_vmap", device=Gpu(), held=90).bytes == 768
+    with pytest.raises(ValueError, match=r"`chunk_map\(chunk_size='auto'\)`: no memory is free"):
+        default_budget("chunk_map", "chunk_size", device=Gpu(), held=900)
 
 
 # -- the search on synthetic memory profiles (no compilation) -----------------------------------

@@ -110,11 +110,18 @@ def test_batch_vmap_logs_one_line_per_plan_and_a_reused_plan_nothing(caplog):
     with caplog.at_level(logging.DEBUG, logger="chunkx"):
         jax.jit(jax.value_and_grad(f))(W, X)
     info = _info(caplog)
-    assert len(info) == 2 and all(t.startswith("batch_vmap(batch_size='auto')") for t in info)
-    assert "backward chunk size" in info[1] and "of 1000 rows" in info[0]
+    # value and gradient fused: one pass at the backward size, the only plan made
+    assert len(info) == 1 and info[0].startswith("batch_vmap(batch_size='auto')")
+    assert "backward chunk size" in info[0]
     debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
     assert any("compiled chunk size" in t for t in debug)  # measurements: DEBUG
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="chunkx"):
+        jax.jit(f)(W, X)  # the forward pass alone: its plan
+    info = _info(caplog)
+    assert len(info) == 1 and "of 1000 rows" in info[0] and "backward" not in info[0]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="chunkx"):
         jax.jit(jax.value_and_grad(lambda w, x: 2 * f(w, x)))(W, X)  # a new trace, same plans
+        jax.jit(lambda w, x: 2 * f(w, x))(W, X)
     assert _info(caplog) == []

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._plan.recover import run_eager
 from .._types import AxisSpec
 from ._sharding import explicit_layout, sharding_of
 
@@ -134,10 +135,12 @@ def is_eager(tree) -> bool:
     return not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
 
 
-def compiled_if_eager(fn, *args):
+def compiled_if_eager(fn, *args, eager=None):
     """`fn(*args)`; called eagerly, as one compiled program (`eqx.filter_jit`, cached for
-    repeated calls of the same `fn` on the same structures), not op by op."""
-    return eqx.filter_jit(fn)(*args) if is_eager(args) else fn(*args)
+    repeated calls of the same `fn` on the same structures), not op by op. `eager` says what
+    it runs (`recover.Eager`): an "auto" size backs off if the device runs out of memory, a
+    fixed size that runs out fails in the map's name (`recover.run_eager`)."""
+    return run_eager(fn, args, eager) if is_eager(args) else fn(*args)
 
 
 def call_with_valid(fn, args: tuple, valid):

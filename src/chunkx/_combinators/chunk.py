@@ -15,7 +15,15 @@ from .._checks import (
     check_positive,
     zero_in_axes,
 )
-from .._plan.auto import auto_call, default_grad_wrt, forward_plan, planned_tree, reverse_plan
+from .._plan.auto import (
+    at_sizes,
+    auto_call,
+    default_grad_wrt,
+    forward_plan,
+    planned_tree,
+    reverse_plan,
+)
+from .._plan.recover import Eager
 from .._plan.search import MemoryPlan
 from .._types import GradPolicy, InAxes, Remainder, RowMask
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
@@ -140,7 +148,8 @@ class Chunk(eqx.Module):
       `jax.debug.callback`), and say when planning compiles; off, nothing is added to the
       program.
     - `memory_budget`: with an `"auto"` size, bytes of XLA temp memory per device; `None`:
-      half the device's memory where the backend reports it (a CPU needs a budget).
+      what the device has free when the plan is made, less the Chunk's outputs and a margin
+      (on the CPU, a share of the host's available memory); see "Choose a chunk size".
     - `owner`: `(map, size argument, budget argument, what)`, the public map that built
       this Chunk, named in its planning and `grad` messages; `None`: the Chunk itself.
 
@@ -214,7 +223,17 @@ class Chunk(eqx.Module):
 
     def __call__(self, *args: Any, valid: RowMask | None = None) -> Any:
         with on_inputs_mesh(args):  # eager inputs on an Explicit mesh: the buffers join them
-            return compiled_if_eager(Chunk._call, self, args, valid)
+            return compiled_if_eager(Chunk._call, self, args, valid, eager=self._eager(args, valid))
+
+    def _eager(self, args: tuple, valid: RowMask | None) -> Eager:
+        """What an eager call on `args` runs, for its out-of-memory answer (`recover.py`): in
+        the name of the map that built it (its `owner`) or `Chunk`."""
+        who, arg = ("Chunk", "size") if self.owner is None else self.owner[:2]
+
+        def plans() -> tuple:
+            return (self.memory_plan(*args, valid=valid),) if self.size == "auto" else ()
+
+        return Eager(who, arg, self.size, plans)
 
     def remainder_policy(self) -> str:
         """`"shift"` or `"call"`: what this Chunk does with rows that its size leaves over
@@ -257,15 +276,30 @@ class Chunk(eqx.Module):
                 f"`Chunk(grad_size={self.grad_size!r}).grad_memory_plan`: only a Chunk with "
                 "grad_size='auto' has a gradient plan."
             )
-        size = self.memory_plan(*args, valid=valid).chunk_size if self.size == "auto" else self.size
-
         def plan(args, valid):
             axes = zero_in_axes("Chunk", self.in_axes, len(args))
             n = mapped_length(args, axes, "Chunk")
             tree = planned_tree(self, args, valid)
+            size = self.size
+            if size == "auto":  # as a differentiated call plans: see `reverse_runs_forward`
+                size = n
+                if at_sizes(self, tree[0], n, None).reverse_runs_forward(args, valid):
+                    size = forward_plan(self, tree, n).chunk_size
             return reverse_plan(self, tree, size, n, default_grad_wrt(tree, axes), axes)
 
         return eqx.filter_eval_shape(plan, args, valid)
+
+    def reverse_runs_forward(self, args: tuple, valid: RowMask | None = None) -> bool:
+        """Whether this Chunk's reverse pass on `args` runs its forward loop (at `size`): not
+        where it fuses value and gradient (`grad="fused"`, or `"auto"` on a small additive
+        output), whose one pass runs at `grad_size`. A differentiated `size="auto"` plans its
+        forward size only where this is true."""
+        if self.grad in ("recompute", "store"):
+            return True
+        axes = zero_in_axes("Chunk", self.in_axes, len(args))
+        n = mapped_length(args, axes, "Chunk")
+        mapped, fixed, static = split_args(args, axes)
+        return grad_policy(self, mapped, fixed, static, max(n, 1))[0] != "fused"
 
     def _call(self, args: tuple, valid: RowMask | None) -> Any:
         axes = zero_in_axes("Chunk", self.in_axes, len(args))

@@ -197,7 +197,7 @@ def batch_vmap(
       the forward program and, separately and only when the map is differentiated, for the
       reverse program (`jax.vjp` of the map with respect to its unmapped floating arguments):
       see `BatchVmap.grad_memory_plan`.
-      `None`: half the device's memory where the backend reports it (a CPU needs a budget).
+      `None`: what the device has free (see "Choose a chunk size" in the docs).
     - `progress`: show a progress bar over the chunks (also under `jit`; see
       [`chunkx.Chunk`][]). The bar is cleared when the loop finishes, so a map called at every
       step of a training loop leaves no line behind per call. Off, nothing is added to the

@@ -68,7 +68,7 @@ def map(
       and the reverse pass (see [`chunkx.Chunk`][]; plan it ahead with
       `chunkx.Chunk(chunkx.Vmap(f), "auto", memory_budget=B).memory_plan(xs)`).
     - `memory_budget`: with `batch_size="auto"`: bytes of XLA temp memory per device (an int
-      or an integral float such as `64e6`); `None`: half the device's memory.
+      or an integral float such as `64e6`); `None`: what the device has free.
 
     **Returns:**
 

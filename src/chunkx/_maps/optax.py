@@ -75,7 +75,7 @@ def microbatch(
     - `in_axes`: the batch axis of each of `argnums + argnames` (an int: all of them).
     - `num_real_microbatches`: run only this many microbatches (an int or a traced value).
     - `memory_budget`: with `microbatch_size="auto"`, bytes of XLA temp memory per device (an
-      int or an integral float such as `64e6`; `None`: half the device's memory).
+      int or an integral float such as `64e6`; `None`: what the device has free).
     - `compensated`: SUM, MEAN and RUNNING_MEAN add the microbatch results with
       compensation (see [`chunkx.Sum`][]); `False`: a plain running sum, so SUM and MEAN
       have optax's bits (RUNNING_MEAN divides that sum once, where optax updates a running
@@ -163,8 +163,8 @@ def micro_vmap(
       within `memory_budget` when the map is differentiated); `None`: the forward size, or
       with `microbatch_size="auto"` its own plan.
     - `memory_budget`: bytes of XLA temp memory per device for the `"auto"` sizes (an int or
-      an integral float such as `64e6`; `None`: half the device's memory where the backend
-      reports it).
+      an integral float such as `64e6`; `None`: what the device has
+      free).
     - `shard`, `mesh`: split the rows over the devices of `mesh` (default: see
       [`chunkx.Shard`][]); `microbatch_size` must be a multiple of the device count.
     - `compensated`: SUM, MEAN and RUNNING_MEAN add the microbatches' sums with

@@ -163,7 +163,8 @@ def compose(inner: Callable, axes: InAxes, reducer: AbstractReducer, opts: Optio
         piece = Reduce(inner, reducer)
     else:
         size, grad_size, budget = opts.names
-        owner = (opts.who, size if opts.size == "auto" else grad_size, budget, what)
+        only_backward = opts.grad_size == "auto" and opts.size != "auto"
+        owner = (opts.who, grad_size if only_backward else size, budget, what)
         piece = Chunk(
             inner, opts.size, reducer=reducer, in_axes=axes, checkpoint=opts.checkpoint,
             progress=opts.progress, grad=opts.grad, grad_size=opts.grad_size,

@@ -211,7 +211,7 @@ def chunk_map(
     - `memory_budget`: with `chunk_size="auto"`, bytes of XLA temp memory per device; the
       size is planned at trace time (see [`chunkx.plan_chunk_size`][]); with `use_scan=True`
       the reverse pass gets its own size, planned when the map is differentiated (see
-      [`chunkx.batch_vmap`][]). `None`: half the device's memory where the backend reports it.
+      [`chunkx.batch_vmap`][]). `None`: what the device has free.
     - `progress`: show a progress bar over the chunks (see [`chunkx.Chunk`][]); it is
       cleared when the loop finishes (one live bar per call, no line left behind).
     - `chunk_size_bwd`: rows per device per chunk of the reverse pass (netket's name; see

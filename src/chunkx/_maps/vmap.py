@@ -20,6 +20,7 @@ from .._combinators._rows import compiled_if_eager, is_eager, moveaxis
 from .._combinators._sharding import on_inputs_mesh
 from .._combinators.reduce import AbstractReducer, Concat, Monoid
 from .._combinators.vmap import Vmap
+from .._plan.recover import Eager
 from .._plan.search import MemoryPlan
 from .._public import public
 from .._types import Budget, GradPolicy
@@ -97,7 +98,11 @@ class AbstractChunkedVmap(eqx.Module):
         the chunk loop and the outputs' moves compile together; repeated calls reuse it)."""
         if is_eager((self, args, kwargs)):
             self._resolve(args, kwargs)  # argument errors raised here, not from inside a jit
-        return compiled_if_eager(AbstractChunkedVmap._call, self, args, kwargs)
+        # a sharded map's plan is made inside `shard_map`: not backed off from here
+        eager = None if self.opts.shard else Eager(
+            self.opts.who, self.opts.names[0], self.opts.size,
+            lambda: (self.memory_plan(*args, **kwargs),))
+        return compiled_if_eager(AbstractChunkedVmap._call, self, args, kwargs, eager=eager)
 
     def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
         """The map's value, or with `plan` (`"memory_plan"`, `"grad_memory_plan"`) the plan

@@ -49,3 +49,15 @@ def agreed_size(plan: Callable[[], int], who: str, what: str = "chunk size") -> 
     logger.debug("%s: process %d uses %s %d", who, jax.process_index(), what, got)
     return got
 
+
+
+def worst_over_processes(code: int) -> int:
+    """The largest of every process's `code` (each process calls this at the same point)."""
+    from jax.experimental import multihost_utils
+
+    devices = np.array(jax.devices()).reshape(jax.process_count(), jax.local_device_count())
+    mesh = Mesh(devices, ("processes", "local"))
+    x = multihost_utils.host_local_array_to_global_array(
+        np.full((1,), code, np.int64), mesh, P("processes"))
+    worst = jax.jit(jnp.max, out_shardings=NamedSharding(mesh, P()))(x)
+    return int(np.asarray(worst.addressable_data(0)))

@@ -12,12 +12,16 @@ map hands it. Every public `"auto"` is this one mechanism.
   differentiated, at two backward sizes (the forward size and a divisor near `1/8` of it if
   the whole batch ran as one chunk, else divisors near `1/8` and `1/2` of it): two compilations.
 
-Measurements are kept per fingerprint of the program (see `cache.py`), so a second trace, a
-second map over the same program or a second process plans without compiling; in a
-multi-process run process 0 plans and the others use its sizes (`agree.py`).
+A probe the device refuses as out of memory (XLA's `RESOURCE_EXHAUSTED`, see `recover.py`) is
+a measurement above any budget: the search goes on below it. Measurements are kept per
+fingerprint of the program (see `cache.py`), so a second trace, a second map over the same
+program or a second process plans without compiling; in a multi-process run process 0 plans
+and the others use its sizes (`agree.py`). A size refused when it ran caps later plans of the
+program (`cache.lower_cap`).
 """
 
 import dataclasses
+import hashlib
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -26,10 +30,17 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from .cache import first_time, logger, measured
-from .measure import _struct, compiled_temp_bytes, default_budget, divisor_below, fingerprint
+from .cache import entry, first_time, logger, measured
+from .measure import (
+    _struct,
+    default_budget,
+    divisor_below,
+    fingerprint_and_outputs,
+    probe_temp_bytes,
+)
+from .recover import is_oom, refused_value, reported_bytes
 from .reverse import ClosedOver, VjpProgram, planned_on_differentiation
-from .search import MemoryPlan, proportional_size, search_sizes
+from .search import MemoryPlan, below_refused, proportional_size, search_sizes
 
 
 def _no_fn(*args: Any) -> Any:
@@ -86,13 +97,14 @@ def names(chunk: Any, reverse: bool = False) -> dict:
     return {"who": who, "arg": arg, "name": name, "what": what}
 
 
-def _budget(chunk: Any, tree: Any = None) -> int:
-    """The budget the Chunk plans for: its own, divided by the size of an enclosing `jax.vmap`
+def _budget(chunk: Any, tree: Any = None, held: int = 0) -> tuple[int, str]:
+    """The budget the Chunk plans for, and where it came from: its own, else what the device
+    has free less `held` bytes (its outputs); divided by the size of an enclosing `jax.vmap`
     (whose batched program holds that many copies of the planned one)."""
     who = names(chunk)
-    budget = chunk.memory_budget
+    budget, source = chunk.memory_budget, f"{who['name']}={chunk.memory_budget}"
     if budget is None:
-        budget = default_budget(who["who"], who["arg"])
+        budget, source = default_budget(who["who"], who["arg"], held=held)
     factor = _outer_batch(tree)
     if factor > 1:
         warnings.warn(
@@ -103,7 +115,8 @@ def _budget(chunk: Any, tree: Any = None) -> int:
             "divide the budget yourself there.", stacklevel=2,
         )
         budget = max(1, budget // factor)
-    return budget
+        source = f"{source}, / {factor} (an enclosing jax.vmap)"
+    return budget, source
 
 
 def _outer_batch(tree: Any) -> int:
@@ -130,9 +143,16 @@ def _outer_batch(tree: Any) -> int:
 
 def forward_plan(chunk: Any, tree: tuple, n: int) -> MemoryPlan:
     """The forward chunk size of a `Chunk(size="auto")` called on `tree = (fn, args, valid)`."""
+    return _forward(chunk, tree, n)[0]
+
+
+def _forward(chunk: Any, tree: tuple, n: int, sig: dict | None = None) -> tuple[MemoryPlan, Any]:
+    """`forward_plan` and the fingerprint it was kept under (`None` where nothing was planned);
+    `sig` keeps the program's fingerprint for a reverse plan of the same call."""
     if n < 1:
-        return MemoryPlan(0, _budget(chunk, tree), (), 0.0, 0.0, 1, 1)
-    return _search(chunk, tree, n, n)
+        budget, source = _budget(chunk, tree)
+        return MemoryPlan(0, budget, (), 0.0, 0.0, 1, 1, budget_source=source), None
+    return _search(chunk, tree, n, n, sig=sig)
 
 
 def reverse_plan(
@@ -140,44 +160,85 @@ def reverse_plan(
 ) -> MemoryPlan:
     """The backward chunk size of a Chunk at forward size `size`, for differentiating the array
     leaves of `tree` marked in `wrt`."""
-    return _search(chunk, tree, n, min(size, n), (wrt, axes))
+    return _search(chunk, tree, n, min(size, n), (wrt, axes))[0]
 
 
-def _search(chunk: Any, tree: tuple, n: int, size: int, reverse: tuple | None = None) -> MemoryPlan:
-    """`search_sizes(quick=True)` for one pass of the Chunk on `tree` (`n` rows): the forward
-    pass (sizes up to `size = n`), or with `reverse = (wrt, axes)` the VJP at forward size
-    `size` (backward sizes up to `size`). Measurements are kept under a fingerprint of the
-    program and the options; a new plan is logged once at INFO."""
-    backward = reverse is not None
-    wrt, axes = reverse if backward else (None, ())
-    budget = _budget(chunk, tree)
-    template = _template(chunk)
-    probe = _AtSize(template, max(1, (n + 1) // 2))  # a loop and a remainder: all parts
+def _signature(chunk: Any, tree: tuple, n: int, sig: dict | None) -> tuple[str, int]:
+    """The fingerprint of the Chunk's program on `tree` (`n` rows) with its options, and the
+    bytes of its outputs: traced once per call (kept in `sig`, shared by both passes)."""
+    if sig is not None and "key" in sig:
+        return sig["key"], sig["out"]
+    probe = _AtSize(_template(chunk), max(1, (n + 1) // 2))  # a loop and a remainder: all parts
     options = (chunk.in_axes, chunk.remainder, chunk.checkpoint, chunk.grad, chunk.unroll,
                chunk.progress, type(chunk.reducer).__name__)
-    key = fingerprint(probe, tree, extra=(backward, options, n, size, wrt, budget))
+    key, out = fingerprint_and_outputs(probe, tree, extra=(options, n))
+    if sig is not None:
+        sig.update(key=key, out=out)
+    return key, out
+
+
+def _search(
+    chunk: Any, tree: tuple, n: int, size: int, reverse: tuple | None = None,
+    sig: dict | None = None,
+) -> tuple[MemoryPlan, str]:
+    """`search_sizes(quick=True)` for one pass of the Chunk on `tree` (`n` rows): the forward
+    pass (sizes up to `size = n`), or with `reverse = (wrt, axes)` the VJP at forward size
+    `size` (backward sizes up to `size`); at most the cap that run-time refusals left (see
+    `recover.py`). Measurements are kept under a fingerprint of the program and the options
+    (not the budget: what XLA measures does not depend on it); a new plan is logged once at
+    INFO. Returns the plan and its fingerprint."""
+    backward = reverse is not None
+    wrt, axes = reverse if backward else (None, ())
+    program, out = _signature(chunk, tree, n, sig)
+    key = hashlib.sha256(repr((program, size, wrt)).encode()).hexdigest() if backward else program
+    budget, source = _budget(chunk, tree, out)
+    template = _template(chunk)
     run = _AtSize(template, size)
     held = _held_bytes(tree, wrt, axes) if backward else 0
 
     def measure(g: int) -> int:
         program = VjpProgram(run, g, wrt) if backward else _AtSize(template, g)
-        return compiled_temp_bytes(program, tree, who="Chunk") + held
+        try:
+            return probe_temp_bytes(program, tree, who="Chunk") + held
+        except jax.errors.JaxRuntimeError as err:
+            if not is_oom(err):
+                raise
+            return refused_value(reported_bytes(str(err)))  # above any budget
 
     who = names(chunk, backward)
     label = f"{who['who']} (reverse pass)" if backward else f"{who['who']}({who['arg']}='auto')"
     kind = "backward " if backward else ""
     notice = f"chunkx: planning the {kind or 'forward '}chunk size (compiling)..."
     m = measured(key, measure, label, notice if chunk.progress else None)
-    # reverse: far below the answer, as the forward size is the budget's
-    base = size if size >= n else divisor_below(n, size // 8)
-    first = (base, proportional_size(base, m(base), size, budget, n, _shift(chunk)))
-    plan = search_sizes(m, size, budget, n, first, quick=True, shift=_shift(chunk),
-                        who=who["who"], what=who["what"], name=who["name"])
-    if first_time((key, plan.chunk_size)):
+    plan = search_sizes(m, *_limits(m, entry(key).cap, size, n, budget, _shift(chunk)),
+                        quick=True, shift=_shift(chunk), who=who["who"], what=who["what"],
+                        name=who["name"])
+    plan = dataclasses.replace(plan, budget_source=source, fingerprint=key)
+    if first_time((key, budget, plan.chunk_size)):
         rows = f"(forward {size} of {n} rows)" if backward else f"of {n} rows"
         logger.info("%s(%s='auto'): %schunk size %d %s for %s (budget %d bytes)", who["who"],
                     who["arg"], kind, plan.chunk_size, rows, who["what"], budget)
-    return plan
+    return plan, key
+
+
+def _limits(m, cap: int | None, size: int, n: int, budget: int, shift: bool) -> tuple:
+    """`(largest size, budget, rows, first sizes)` of a search up to `size` (or `cap`, where
+    sizes above it ran out of memory when they ran: the search starts there).
+
+    The first size is the whole batch where `size >= n`; for a reverse pass whose forward
+    size is below `n`, a divisor near 1/8 of it (far below the answer, as the forward size is
+    the budget's). The second is proportional to what the first measured (`proportional_size`),
+    or below it where the device refused it (`below_refused`)."""
+    if cap is not None and cap < size:
+        size = base = cap if shift else divisor_below(n, cap)
+    else:
+        base = size if size >= n else divisor_below(n, size // 8)
+    value = m(base)
+    if value < 0:
+        second = below_refused(base, -1 - value, budget, n, shift)
+    else:
+        second = proportional_size(base, value, size, budget, n, shift)
+    return size, budget, n, (base, second)
 
 
 def _mask(tree: Any, spec: Any) -> tuple[bool, ...]:
@@ -207,21 +268,46 @@ def default_grad_wrt(tree: tuple, axes: tuple) -> tuple[bool, ...]:
 
 
 def auto_call(chunk: Any, args: tuple, valid: Any, axes: tuple, n: int) -> Any:
-    """A Chunk with an "auto" size called on `args`: plan, then run at the planned sizes."""
+    """A Chunk with an "auto" size called on `args`: plan, then run at the planned sizes.
+
+    With `grad_size="auto"` too, the forward size is planned only where it runs: when the call
+    is not differentiated, or where its reverse pass runs the forward loop
+    (`Chunk.reverse_runs_forward`); a fused value-and-gradient runs at the backward size alone,
+    and its forward size is the whole batch (one call, never run)."""
     from .agree import agreed_size
 
     tree = planned_tree(chunk, args, valid)
-    size = chunk.size
     who = names(chunk)["who"]
-    if size == "auto":
-        size = agreed_size(lambda: forward_plan(chunk, tree, n).chunk_size, who, "chunk size")
+    sig: dict = {}  # the program's fingerprint, traced once for both passes
+    sizes: dict = {}
+
+    def forward(t: Any) -> int:  # planned on the tree of the trace it runs in
+        if "forward" not in sizes:
+            sizes["forward"] = chunk.size if chunk.size != "auto" else agreed_size(
+                lambda: _forward(chunk, t, n, sig)[0].chunk_size, who, "chunk size")
+        return sizes["forward"]
+
     if chunk.grad_size != "auto":
-        return at_sizes(chunk, chunk.fn, size, chunk.grad_size)(*args, valid=valid)
-    run = _AtSize(_template(chunk), size)
+        return at_sizes(chunk, chunk.fn, forward(tree), chunk.grad_size)(*args, valid=valid)
+
+    def forward_of_reverse(t: Any) -> int:
+        if chunk.size != "auto":
+            return chunk.size
+        if "reverse" not in sizes:
+            runs = at_sizes(chunk, t[0], n, None).reverse_runs_forward(t[1], t[2])
+            sizes["reverse"] = forward(t) if runs else n
+        return sizes["reverse"]
+
+    def run(t: Any, g: int | None) -> Any:
+        size = forward(t) if g is None else forward_of_reverse(t)
+        return _AtSize(_template(chunk), size)(t, g)
 
     def plan(t: Any, wrt: tuple) -> int:
-        return agreed_size(lambda: reverse_plan(chunk, t, size or n, n, wrt, axes).chunk_size,
-                           who, "backward chunk size")
+        size = min(forward_of_reverse(t) or n, n)
+
+        def backward() -> int:
+            return _search(chunk, t, n, size, (wrt, axes), sig)[0].chunk_size
+
+        return agreed_size(backward, who, "backward chunk size")
 
     return planned_on_differentiation(run, plan, tree)
-

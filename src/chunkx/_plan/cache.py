@@ -1,6 +1,12 @@
 """The plan cache: measurements (chunk size -> XLA temp bytes) kept per program fingerprint, in
 this process and on disk, so that a plan made once costs no compilation again.
 
+A measurement is XLA's temp bytes at a chunk size, or, for a size the device refused as out of
+memory when it was compiled, a negative number: `-1 - b`, where `b` is the number of bytes
+XLA's message reported (0 where it reported none). Beside the measurements an entry keeps its
+`cap`: the largest chunk size the planner may choose after sizes were refused when they ran
+(see `recover.py`; `None`: none refused).
+
 On disk each fingerprint is one small JSON file under `plan_cache_dir()`. A file is written to a
 temporary name and renamed into place, so concurrent writers never leave a partial file (the
 last complete one wins); an entry that cannot be read, or that is not a chunkx plan entry of
@@ -22,8 +28,18 @@ logger = logging.getLogger("chunkx")
 
 #: Programs whose measurements the in-process cache keeps (least recently used dropped first).
 MEMO_SIZE = 256
-_FORMAT = 1
-_MEMO: "OrderedDict[str, dict[int, int]]" = OrderedDict()
+_FORMAT = 2
+_READS = (1, 2)  # format 1: the same entries without refusals or a cap
+
+
+class Points(dict):
+    """One program's measurements, `{chunk size: bytes}` (negative: refused, see above), and
+    its `cap` (the largest size the planner may choose; `None`: any)."""
+
+    cap: int | None = None
+
+
+_MEMO: "OrderedDict[str, Points]" = OrderedDict()
 
 
 def plan_cache_dir() -> Path | None:
@@ -72,26 +88,32 @@ def clear_plan_cache() -> None:
             logger.debug("chunkx: could not remove %s: %s", path, err)
 
 
-def _read(path: Path, key: str) -> dict[int, int]:
+def _read(path: Path, key: str) -> Points:
     try:
         entry = json.loads(path.read_text())
-        if entry.get("format") != _FORMAT or entry.get("key") != key:
+        if entry.get("format") not in _READS or entry.get("key") != key:
             raise ValueError(f"not a chunkx plan entry of format {_FORMAT} for this program")
-        return {int(s): int(v) for s, v in entry["points"]}
+        points = Points((int(s), int(v)) for s, v in entry["points"])
+        cap = entry.get("cap")
+        points.cap = None if cap is None else int(cap)
+        return points
     except FileNotFoundError:
-        return {}
+        return Points()
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
         warnings.warn(
             f"chunkx: ignoring the plan cache entry {path} ({type(err).__name__}: {err}); the "
             "chunk size is planned again.", stacklevel=2,
         )
-        return {}
+        return Points()
 
 
 def _write(root: Path, key: str, points: dict[int, int]) -> None:
     try:
         root.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({"format": _FORMAT, "key": key, "points": sorted(points.items())})
+        entry = {"format": _FORMAT, "key": key, "points": sorted(points.items())}
+        if getattr(points, "cap", None) is not None:
+            entry["cap"] = points.cap
+        text = json.dumps(entry)
         fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{key[:16]}.", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -116,6 +138,28 @@ def first_time(mark: tuple) -> bool:
     return True
 
 
+def entry(key: str) -> Points:
+    """The measurements and cap kept under the fingerprint `key`: in this process, else read
+    from disk (empty where there are none)."""
+    if key not in _MEMO:  # not in this process: from disk, if there
+        root = plan_cache_dir()
+        _MEMO[key] = Points() if root is None else _read(root / f"{key}.json", key)
+    _MEMO.move_to_end(key)
+    while len(_MEMO) > MEMO_SIZE:
+        _MEMO.popitem(last=False)
+    return _MEMO[key]
+
+
+def lower_cap(key: str, cap: int) -> None:
+    """Allow the program under `key` chunk sizes up to `cap` only (a size above it ran out
+    of memory when it ran), in this process and on disk."""
+    points = entry(key)
+    points.cap = cap if points.cap is None else min(points.cap, cap)
+    root = plan_cache_dir()
+    if root is not None:
+        _write(root, key, points)
+
+
 def measured(
     key: str, measure: Callable[[int], int], who: str, notice: str | None = None
 ) -> Callable[[int], int]:
@@ -125,12 +169,7 @@ def measured(
     to stderr before the first compilation (e.g. to tell the user that planning is under way).
     """
     root = plan_cache_dir()
-    if key not in _MEMO:  # not in this process: from disk, if there
-        _MEMO[key] = {} if root is None else _read(root / f"{key}.json", key)
-    _MEMO.move_to_end(key)
-    while len(_MEMO) > MEMO_SIZE:
-        _MEMO.popitem(last=False)
-    points = _MEMO[key]
+    points = entry(key)
     logger.debug("%s: plan cache %s (%s)", who, "hit" if points else "miss", key[:12])
     told = []
 

@@ -1,10 +1,12 @@
 """Measuring a program: XLA's compiled temp memory, a fingerprint of what determines it, the
-default budget, and the row arithmetic every planner shares (rows per device, even chunks)."""
+default budget (what the device, or the host, has free), and the row arithmetic every planner
+shares (rows per device, even chunks)."""
 
 import hashlib
+import os
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -58,6 +60,22 @@ def compiled_temp_bytes(
     return temp_bytes_of(jax.jit(run).lower(dyn).compile(), who)
 
 
+#: XLA options the planner compiles its probes with on the CPU: LLVM's code generation
+#: unoptimised. XLA assigns buffers (and so decides the temp memory) before it generates code,
+#: so a probe measures what the default compilation would, in about half the time.
+PROBE_OPTIONS_CPU = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def probe_temp_bytes(fn: Callable[..., Any], *args: Any, who: str) -> int:
+    """`compiled_temp_bytes`, compiled as the planner's probes are (`PROBE_OPTIONS_CPU` on the
+    CPU; XLA's defaults elsewhere)."""
+    run, dyn = _abstract(fn, args)
+    lowered = jax.jit(run).lower(dyn)
+    if jax.default_backend() == "cpu":
+        return temp_bytes_of(lowered.compile(compiler_options=PROBE_OPTIONS_CPU), who)
+    return temp_bytes_of(lowered.compile(), who)
+
+
 def _abstract(fn: Callable[..., Any], args: tuple) -> tuple[Callable[[Any], Any], Any]:
     """`(run, dyn)`: `run(dyn)` is `fn(*args)` (its array outputs) with the array leaves of
     `fn` and `args` as `dyn`, `jax.ShapeDtypeStruct`s (the other leaves are constants)."""
@@ -70,23 +88,89 @@ def _abstract(fn: Callable[..., Any], args: tuple) -> tuple[Callable[[Any], Any]
     return run, jax.tree_util.tree_map(_struct, dyn)
 
 
-#: Fraction of `device.memory_stats()["bytes_limit"]` that `batch_size="auto"` uses as its
-#: budget when no `memory_budget` is given (backends that report device memory only).
-DEFAULT_BUDGET_FRACTION = 0.5
+#: Share of a device's `bytes_limit` that the default budget leaves free: the allocator's
+#: fragmentation and the runtime's own buffers, which XLA's memory analysis does not count.
+DEVICE_MARGIN = 0.1
+#: Share of the host's available memory (`MemAvailable`) that the default budget uses on a
+#: backend whose devices report no memory (the CPU), split evenly between its local devices.
+HOST_FRACTION = 0.5
 
 
-def default_budget(who: str, arg: str = "batch_size", device: Any = None) -> int:
-    """`DEFAULT_BUDGET_FRACTION` of the device's `bytes_limit`, or a clear error where unknown."""
+class Budget(NamedTuple):
+    """A default budget in bytes, and where it came from (for `MemoryPlan.budget_source`)."""
+
+    bytes: int
+    source: str
+
+
+def memory_stats(device: Any) -> dict | None:
+    """`device.memory_stats()`, or `None` where the device reports none (the CPU)."""
+    return device.memory_stats() if hasattr(device, "memory_stats") else None
+
+
+def host_available_bytes() -> int | None:
+    """The host's available memory: `MemAvailable` of `/proc/meminfo`, else the free pages
+    `os.sysconf` reports; `None` where neither is known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def round_down(size: int) -> int:
+    """`size` rounded down to four significant bits (steps of at most 1/8): a budget read from
+    free memory, which moves a little from call to call, plans the same sizes each time."""
+    step = 1 << max(0, int(size).bit_length() - 4)
+    return int(size) // step * step
+
+
+def default_budget(who: str, arg: str = "batch_size", device: Any = None, held: int = 0) -> Budget:
+    """The budget of an "auto" size given no `memory_budget`: what is free now, less `held`
+    bytes (the program's outputs and the arguments still to be sent to the device), less a
+    margin, rounded down (`round_down`).
+
+    Free is `bytes_limit - bytes_in_use` of the device's `memory_stats()`, less
+    `DEVICE_MARGIN * bytes_limit`; where the device reports no memory (the CPU), it is
+    `HOST_FRACTION` of the host's available memory, split between its local devices.
+    """
     device = jax.local_devices()[0] if device is None else device
-    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
-    limit = (stats or {}).get("bytes_limit")
-    if not limit:
+    stats = memory_stats(device) or {}
+    limit = stats.get("bytes_limit")
+    if limit:
+        used = int(stats.get("bytes_in_use", 0))
+        margin = int(DEVICE_MARGIN * limit)
+        free = int(limit) - used - margin
+        source = (f"{device} free memory: bytes_limit {limit} - bytes_in_use {used} - margin "
+                  f"{margin} ({DEVICE_MARGIN:.0%} of bytes_limit)")
+    else:
+        available = host_available_bytes()
+        if available is None:
+            raise ValueError(
+                f"`{who}({arg}='auto')`: memory_budget must be given on the {device.platform!r} "
+                "backend here: its devices report no memory (device.memory_stats() has no "
+                "'bytes_limit') and the host's available memory is unknown; pass "
+                "memory_budget=<bytes of temp memory per device>."
+            )
+        share = jax.local_device_count(device.platform)
+        free = int(HOST_FRACTION * available) // share
+        source = (f"host memory: {HOST_FRACTION:.0%} of MemAvailable {available}"
+                  + (f" / {share} local devices" if share > 1 else ""))
+    budget = round_down(free - held) if free - held > 0 else 0
+    if budget < 1:
         raise ValueError(
-            f"`{who}({arg}='auto')`: memory_budget must be given on the {device.platform!r} "
-            "backend, which reports no device memory (device.memory_stats() has no "
-            "'bytes_limit'); pass memory_budget=<bytes of temp memory per device>."
+            f"`{who}({arg}='auto')`: no memory is free for the chunk loop on {device} "
+            f"({source}, less {held} bytes of outputs and arguments to transfer, leaves "
+            f"{free - held}); free memory, or pass memory_budget=<bytes>."
         )
-    return int(DEFAULT_BUDGET_FRACTION * limit)
+    return Budget(budget, f"{source} - outputs and arguments to transfer {held}, rounded "
+                          f"down to {budget}")
 
 
 def per_device_rows(n: int, ndev: int) -> int:
@@ -125,13 +209,22 @@ def fingerprint(fn: Callable[..., Any], *args: Any, extra: Any = ()) -> str:
     Nothing is compiled (`fn` is traced once). Object addresses in the jaxpr's text (of
     callbacks, say) are removed, so the same program has the same digest in every process.
     """
+    return fingerprint_and_outputs(fn, *args, extra=extra)[0]
+
+
+def fingerprint_and_outputs(fn: Callable[..., Any], *args: Any, extra: Any = ()) -> tuple[str, int]:
+    """`fingerprint(fn, *args, extra=extra)` and the bytes of the outputs of `fn(*args)`, from
+    the same trace."""
     import jaxlib
 
     from .. import __version__
 
     run, dyn = _abstract(fn, args)
-    text = _ADDRESS.sub("0x", str(jax.make_jaxpr(run)(dyn)))
+    jaxpr = jax.make_jaxpr(run)(dyn)
+    text = _ADDRESS.sub("0x", str(jaxpr))
+    out = sum(int(np.prod(getattr(a, "shape", ()))) * getattr(a.dtype, "itemsize", 0)
+              for a in jaxpr.out_avals)
     device = jax.devices()[0]
     env = (device.platform, device.device_kind, jax.device_count(), jax.__version__,
            jaxlib.__version__, __version__)
-    return hashlib.sha256(repr((text, extra, env)).encode()).hexdigest()
+    return hashlib.sha256(repr((text, extra, env)).encode()).hexdigest(), out

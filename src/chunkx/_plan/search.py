@@ -36,6 +36,12 @@ class MemoryPlan(eqx.Module):
     - `remainder`: `(c0, c)`, the model's extra cost of a size that leaves `r > 0` rows over:
       `c0 + c·r` bytes (a remainder chunk is compiled and run on its own).
     - `rows`: the number of rows the remainder is taken from (usually `n`).
+    - `refused`: the chunk sizes the device refused as out of memory (a `RESOURCE_EXHAUSTED`
+      error when compiled; above any budget, so the answer is below them).
+    - `budget_source`: where `budget_bytes` came from: the argument that gave it, or how the
+      default was computed from the device's (or the host's) free memory.
+    - `fingerprint`: the key the plan cache keeps this program's measurements under (empty
+      where nothing is kept, as for [`chunkx.fit_memory`][]).
 
     !!! Example
 
@@ -59,6 +65,9 @@ class MemoryPlan(eqx.Module):
     chunk_size: int = eqx.field(static=True)
     remainder: tuple[float, float] = eqx.field(static=True, default=(0.0, 0.0))
     rows: int | None = eqx.field(static=True, default=None)
+    refused: tuple[int, ...] = eqx.field(static=True, default=())
+    budget_source: str = eqx.field(static=True, default="budget_bytes")
+    fingerprint: str = eqx.field(static=True, default="")
 
     def bytes_at(self, size: int) -> int | None:
         """The measured temp bytes at `size`, or `None` if that size was not compiled."""
@@ -238,42 +247,102 @@ def search_sizes(
     says). Otherwise (without `quick`, or the line is flat, or every measured size is over the
     budget) the search measures until its answer is a measured size (see `fit_memory`).
     """
-    seen: dict[int, int] = {}
-
-    def m(size: int) -> int:
-        if size not in seen:
-            seen[size] = int(measure(size))
-        return seen[size]
-
+    run = _Measured(measure, n, rows)
+    m = run.m
     for size in first:
         if m(size) <= budget and size == n:  # the whole batch fits: no chunking
-            return MemoryPlan(n, budget, tuple(seen.items()), float(m(n)), 0.0, n, n, rows=rows)
-    if quick:
-        a, b = fit_line(seen.items())
-        size = _trusted(m, seen, _Model(a, b), n, rows, budget, shift)
+            return run.plan(budget, float(m(n)), 0.0, n, n)
+    run.descend(budget, shift)
+    if quick and run.seen:
+        a, b = fit_line(run.seen.items())
+        over = {**run.seen, **dict.fromkeys(run.refused, np.inf)}
+        size = _trusted(m, over, _Model(a, b), run.top(), rows, budget, shift)
         if size is not None:
-            return MemoryPlan(n, budget, tuple(seen.items()), a, b, size, size, rows=rows)
-        if all(v > budget for v in seen.values()) and min(seen) > 1:
+            return run.plan(budget, a, b, size, size)
+        if all(v > budget for v in run.seen.values()) and min(over) > 1:
             # a loop over whole chunks (no slicing), as fit_memory's first guess: a divisor
             # near n / 8, or below the smallest size measured
             guess = divisor_below(rows, max(1, n // 8))
-            m(guess if guess < min(seen) else divisor_below(rows, min(seen) - 1))
-    while len(seen) < _MAX_COMPILES and (size := _next_size(seen, n, rows, budget)):
+            m(guess if guess < min(over) else divisor_below(rows, min(over) - 1))
+    while run.seen and run.count() < _MAX_COMPILES and (
+        size := _next_size(run.seen, run.top(), rows, budget)
+    ):
         m(size)
-    fits = [s for s, v in seen.items() if v <= budget]
-    if not fits:
+    if not any(v <= budget for v in run.seen.values()):
         m(1)  # memory does not fall as the size grows: one row is the least any size needs
-        least = min(seen, key=lambda size: (seen[size], size))
-        raise ValueError(
-            f"`{who}({name}={budget})`: the budget is smaller than one row of {what}: "
-            f"chunk size {least} needs {seen[least]} bytes of XLA temp memory, the least of "
-            f"any size. Raise {name} to at least {seen[least]}."
-        )
-    models, learnt = _models(seen, rows)
+    fits = [s for s, v in run.seen.items() if v <= budget]
+    if not fits:
+        _none_fits(run.seen, run.refused, budget, who, what, name)
+    models, learnt = _models(run.seen, rows)
     model = models[0] if learnt else models[-1]
-    predicted = _largest_predicted(model, 1, n, rows, budget) or 1
-    return MemoryPlan(n, budget, tuple(seen.items()), model.a, model.b, predicted, max(fits),
-                      (model.c0, model.c), rows)
+    predicted = _largest_predicted(model, 1, run.top(), rows, budget) or 1
+    return run.plan(budget, model.a, model.b, predicted, max(fits), (model.c0, model.c))
+
+
+class _Measured:
+    """The measurements of one search: temp bytes per size (`seen`), and the sizes the
+    device refused as out of memory with the bytes XLA reported (`refused`; 0: none)."""
+
+    def __init__(self, measure: Callable[[int], int], n: int, rows: int):
+        self.measure, self.n, self.rows = measure, n, rows
+        self.seen: dict[int, int] = {}
+        self.refused: dict[int, int] = {}
+
+    def m(self, size: int) -> int | float:
+        """The temp bytes at `size` (measured once); infinite where refused."""
+        if size not in self.seen and size not in self.refused:
+            value = int(self.measure(size))
+            if value < 0:  # refused: -1 - the bytes XLA reported
+                self.refused[size] = -1 - value
+            else:
+                self.seen[size] = value
+        return self.seen.get(size, np.inf)
+
+    def count(self) -> int:
+        return len(self.seen) + len(self.refused)
+
+    def top(self) -> int:
+        """The largest size below every refused one (no answer at or above those)."""
+        return min(self.refused, default=self.n + 1) - 1
+
+    def descend(self, budget: int, shift: bool) -> None:
+        """While every size measured was refused, measure below the smallest of them."""
+        while not self.seen and self.count() < _MAX_COMPILES and min(self.refused) > 1:
+            low = min(self.refused)
+            self.m(below_refused(low, self.refused[low], budget, self.rows, shift))
+
+    def plan(self, budget, a, b, predicted, size, remainder=(0.0, 0.0)) -> "MemoryPlan":
+        return MemoryPlan(self.n, budget, tuple(self.seen.items()), a, b, predicted, size,
+                          remainder, self.rows, tuple(sorted(self.refused)))
+
+
+def _none_fits(seen, refused, budget, who, what, name) -> None:
+    """Raise the error of a search where no size fits, one row included."""
+    if not seen:  # every size the device was asked for, down to one row, was refused
+        sizes = ", ".join(map(str, sorted(refused, reverse=True)))
+        said = max(refused.values())
+        raise ValueError(
+            f"`{who}({name}={budget})`: the device refused {what} as out of memory at every "
+            f"chunk size tried, down to one row ({sizes}; RESOURCE_EXHAUSTED when compiled"
+            + (f", XLA reported up to {said} bytes" if said else "")
+            + "). One row does not fit in this device's memory."
+        )
+    least = min(seen, key=lambda size: (seen[size], size))
+    raise ValueError(
+        f"`{who}({name}={budget})`: the budget is smaller than one row of {what}: "
+        f"chunk size {least} needs {seen[least]} bytes of XLA temp memory, the least of "
+        f"any size. Raise {name} to at least {seen[least]}."
+    )
+
+
+def below_refused(size: int, reported: int, budget: int, rows: int, shift: bool) -> int:
+    """The size to measure below `size`, which the device refused as out of memory: 90% of
+    where memory proportional to the rows would meet the budget, if XLA reported the bytes
+    `size` needs (`reported > budget`), else half of `size` (a divisor of the rows unless
+    `shift`)."""
+    guess = int(0.9 * size * budget / reported) if reported > budget else size // 2
+    guess = max(1, min(size - 1, guess))
+    return guess if shift else divisor_below(rows, guess)
 
 
 #: The share of the budget above the line's fixed cost that a size predicted (not measured) by
