@@ -93,11 +93,11 @@ class Chunk(eqx.Module):
     `n - size .. (n // size) * size - 1` a second time, and those rows count there: the
     earlier chunk's evaluation of them is masked out of a [`chunkx.Sum`][] (or a sum
     [`chunkx.Monoid`][]) and written over by [`chunkx.Concat`][], which writes every chunk
-    whole. One compiled chunk shape, no remainder program, no fake rows. `remainder="call"` evaluates the `n % size` leftover rows as one more call instead
-    (every row once: for functions with side effects, such as callbacks; a second compiled
-    program); a Monoid that cannot mask and `Sum(presummed=True)` (unless its function masks
-    rows itself, `mask_in_fn=True`) use it by default. To pad instead, wrap in
-    [`chunkx.Pad`][].
+    whole. One compiled chunk shape, no remainder program, no fake rows. `remainder="call"`
+    evaluates the `n % size` leftover rows as one more call instead (every row once: for
+    functions with side effects, such as callbacks; a second compiled program); a Monoid that
+    cannot mask and `Sum(presummed=True)` (unless its function masks rows itself,
+    `mask_in_fn=True`) use it by default. To pad instead, wrap in [`chunkx.Pad`][].
 
     Reverse mode (`grad`) keeps the memory bound of one chunk in three ways:
 
