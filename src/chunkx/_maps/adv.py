@@ -158,8 +158,8 @@ def batch_vmap(
     last step evaluates rows `n - B .. n - 1`, and the rows `n - B .. (n // B)·B - 1` that
     it repeats count once: their earlier evaluation is masked out of a sum, or written over
     with the same values (no padding, no second program). A `reduction` that cannot mask
-    rows (any but `reduction=jnp.add` with
-    `chunk_reduction=jnp.sum`, or `reducer=chunkx.Sum()`; a lambda is opaque) runs
+    rows (any but `reduction=jnp.add` with `chunk_reduction=jnp.sum`, or
+    `reducer=chunkx.Sum()`; a lambda is opaque) runs
     `n // B` steps and the `n % B` leftover rows in one more call instead.
     Reverse mode keeps one chunk of residuals instead of all of them: a small sum (a loss,
     `reduction=jnp.add`) computes each chunk's value and gradient in one pass (`grad="fused"`),
