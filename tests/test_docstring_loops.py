@@ -159,6 +159,51 @@ def test_the_loop_is_the_one_the_docstring_gives(name):
     assert_tree_close(got, case.want)
 
 
+def docstring_loop(f, x, b, reduce=None):
+    """The docstrings' loop, as written there: the last chunk shifted back to end at row `n`,
+    the rows it repeats counted there (`keep`); `reduce` folds the parts (else concatenated)."""
+    n, parts = x.shape[0], []
+    for i in range(0, n, b):
+        j = max(0, min(i, n - b))
+        keep = b if j >= n - b else n - b - j
+        parts.append(f(x[j : j + b])[:keep])
+    return jnp.concatenate(parts) if reduce is None else reduce(parts)
+
+
+def docstring_call_loop(f, x, b, reduce):
+    """The loop of a reduction that cannot mask rows: `n // B` steps, one more call."""
+    n = x.shape[0]
+    parts = [f(x[i : i + b]) for i in range(0, n - n % b, b)]
+    return reduce(parts + [f(x[n - n % b :])] if n % b else parts)
+
+
+def _first(x):  # not row-wise: every row plus its chunk's first row (which evaluation counts)
+    return x + x[0]
+
+
+def _sums(parts):
+    return sum(jnp.sum(p) for p in parts)
+
+
+@pytest.mark.parametrize("n", [10, 12, 3])
+def test_the_docstrings_loop_is_what_runs_for_a_function_that_sees_its_chunk(n):
+    """A batched function that is not row-wise shows which evaluation of a repeated row
+    counts: the maps' results equal the docstrings' loop run as written."""
+    x = jnp.arange(float(n)) * 10.0
+    rows = docstring_loop(_first, x, B)
+    total = docstring_loop(_first, x, B, _sums)
+    assert_tree_close(chunkx.batch_map(_first, x, B), rows)
+    assert_tree_close(chunkx.apply_chunked(_first, chunk_size=B, axis_0_is_sharded=False)(x), rows)
+    assert_tree_close(chunkx.Chunk(_first, B)(x), rows)
+    assert_tree_close(chunkx.sparse_pullback(_first, x, B), rows)
+    assert_tree_close(chunkx.batch_map(_first, x, B, reduction=jnp.add, chunk_reduction=jnp.sum),
+                      total)
+    assert_tree_close(chunkx.Chunk(_first, B, reducer=chunkx.Sum())(x), total)
+    assert_tree_close(
+        chunkx.batch_map(_first, x, B, reduction=jnp.add, chunk_reduction=_lambda_sum),
+        docstring_call_loop(_first, x, B, _sums) if n > B else jnp.sum(_first(x)))
+
+
 def test_the_docstrings_loop_repeats_the_rows_a_callback_sees():
     """The loop's rows, step by step: the last chunk ends at row `n` and repeats
     `n - B .. (n // B)·B - 1`; a batched function sees `B` rows at every call."""

@@ -59,9 +59,8 @@ def _misfit(sig: inspect.Signature, bound: inspect.BoundArguments) -> tuple | No
         param = sig.parameters[name]
         if param.annotation is param.empty:
             continue
-        values = {inspect.Parameter.VAR_POSITIONAL: lambda: value,
-                  inspect.Parameter.VAR_KEYWORD: lambda: value.values()}.get(
-                      param.kind, lambda: (value,))()
+        values = (value if param.kind is param.VAR_POSITIONAL
+                  else value.values() if param.kind is param.VAR_KEYWORD else (value,))
         for v in values:
             if not is_bearable(v, param.annotation):
                 return name, v, param.annotation

@@ -80,8 +80,8 @@ class Chunk(eqx.Module):
     parts = []
     for i in range(0, n, size):              # one jax.lax.scan of ceil(n / size) steps
         j = max(0, min(i, n - size))         # the last chunk shifted back to end at row n
-        out = fn(*rows(j, j + size))[i - j :]   # rows before i: done by the step before
-        parts.append(reducer.reduce_rows(out, None))
+        keep = size if j >= n - size else n - size - j   # the last chunk's repeats count there
+        parts.append(reducer.reduce_rows(fn(*rows(j, j + size))[:keep], None))
     result = functools.reduce(reducer.combine, parts)
     ```
 

@@ -5,11 +5,8 @@ partial results join (`combine`). Everything else the pipeline asks has a defaul
 those two, which `Concat`, `Sum` and `Monoid` override where they do better: how a chunk loop
 carries its result (the [`chunkx.AbstractAccumulation`][] protocol: `init`/`accumulate`/
 `finish`), how padded rows are kept out (`can_mask`, `call_masked`/`trim`), and how the devices
-of a mesh are joined (`shard_spec`/`shard_local`/`shard_collect`). The combinators ask,
-with two exceptions that test the class: `Shard` pads rows for a `Concat` without a row mask
-(it computes every row and cuts the padded ones off), and `wide_sums` widens the `Sum`s it
-finds. (Of the maps, `chunkx.vmap` tests for `Concat`, whose rows it moves to `out_axes`,
-and for `Monoid`, whose rows it checks in its own name.)
+of a mesh are joined (`shard_spec`/`shard_local`/`shard_collect`). The combinators ask, but
+`Shard` tests for `Concat` (its padded rows need no mask) and `wide_sums` for `Sum`.
 """
 
 import abc

@@ -148,7 +148,8 @@ def batch_vmap(
         for i in range(0, n, B):               # one jax.lax.scan of ceil(n / B) steps
             j = max(0, min(i, n - B))          # the last chunk shifted back to end at row n
             y = jax.vmap(f, in_axes)(*rows(j, j + B))
-            parts.append(y[i - j :])           # rows before i were done by the step before
+            keep = B if j >= n - B else n - B - j   # rows the last chunk repeats count there
+            parts.append(y[:keep])
         if reduction is None:
             return chunk_reduction(concatenate(parts))
         return functools.reduce(reduction, map(chunk_reduction, parts))
@@ -259,13 +260,15 @@ def batch_map(
 
     `fun` must be natively vectorised over the leading axis of every leaf of `fun_input` and
     work for `batch_size` rows: every call of `fun` gets that many, the last one shifted back
-    over rows already done. As a plain loop (`rows(i, j)` slices every array leaf):
+    over rows an earlier call evaluated (its evaluation of them is the one kept). As a plain
+    loop (`rows(i, j)` slices every array leaf):
 
     ```python
     parts = []
     for i in range(0, n, B):                   # one jax.lax.scan of ceil(n / B) steps
         j = max(0, min(i, n - B))              # the last chunk shifted back to end at row n
-        parts.append(fun(rows(j, j + B))[i - j :])   # rows before i: done the step before
+        keep = B if j >= n - B else n - B - j  # rows the last chunk repeats count there
+        parts.append(fun(rows(j, j + B))[:keep])
     if reduction is None:
         out = chunk_reduction(concatenate(parts))
     else:

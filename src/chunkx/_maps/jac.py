@@ -221,7 +221,7 @@ def batch_jacfwd(
     ```
 
     The `n` columns take one `jax.lax.scan` of `ceil(n / B)` steps of `B` columns, the last
-    step shifted back to end at column `n` (its repeated columns are written again with the
+    step shifted back to end at column `n` (the columns it repeats are written over with the
     same values): one compiled program.
 
     `linearize=False` pushes each chunk through `jax.jvp` instead (`jax.jvp(f, primals, e_i)`

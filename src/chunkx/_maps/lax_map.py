@@ -47,7 +47,8 @@ def map(
     parts = []
     for i in range(0, n, b):                 # one lax.scan of ceil(n / b) steps
         j = max(0, min(i, n - b))            # the last chunk shifted back to end at row n
-        parts.append(jax.vmap(f)(xs[j : j + b])[i - j :])   # rows before i: done already
+        keep = b if j >= n - b else n - b - j  # rows the last chunk repeats count there
+        parts.append(jax.vmap(f)(xs[j : j + b])[:keep])
     ys = tree_map(lambda *p: jnp.concatenate(p), *parts)
     ```
 

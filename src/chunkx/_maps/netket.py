@@ -80,7 +80,8 @@ def apply_chunked(
         c, parts = chunk_size, []
         for i in range(0, n, c):             # one jax.lax.scan of ceil(n / c) steps
             j = max(0, min(i, n - c))        # the last chunk shifted back to end at row n
-            parts.append(f(*rows(j, j + c))[i - j :])   # rows before i: done the step before
+            keep = c if j >= n - c else n - c - j   # rows the last chunk repeats count there
+            parts.append(f(*rows(j, j + c))[:keep])
         return tree_map(lambda *p: jnp.concatenate(p), *parts)
     ```
 
@@ -138,7 +139,8 @@ def vmap_chunked(
         c, parts = chunk_size, []
         for i in range(0, n, c):             # one jax.lax.scan of ceil(n / c) steps
             j = max(0, min(i, n - c))        # the last chunk shifted back to end at row n
-            parts.append(jax.vmap(f, in_axes)(*rows(j, j + c))[i - j :])
+            keep = c if j >= n - c else n - c - j   # rows the last chunk repeats count there
+            parts.append(jax.vmap(f, in_axes)(*rows(j, j + c))[:keep])
         return tree_map(lambda *p: jnp.concatenate(p), *parts)
     ```
 
@@ -369,10 +371,10 @@ def vjp_chunked(
             j = max(0, min(i, n - c))              # the last chunk shifted back to end at n
             args = [p[j : j + c] if k in chunk_argnums else p for k, p in enumerate(primals)]
             y_i, pull_i = vjp(fun, *args)          # one forward pass per chunk
-            ct_i = ct[j : j + c].at[: i - j].set(0)   # rows before i: done, no cotangent
-            g_i = pull_i(ct_i)                     # {k: cotangent} for k not in nondiff_argnums
-            ys.append(y_i[i - j :])
-            rows.append({k: g[i - j :] for k, g in g_i.items() if k in chunk_argnums})  # Concat
+            keep = c if j >= n - c else n - c - j  # rows the last chunk repeats count there:
+            g_i = pull_i(ct[j : j + c].at[keep:].set(0))   # no cotangent here
+            ys.append(y_i[:keep])                  # g_i: {k: cotangent}, k not in nondiff_argnums
+            rows.append({k: g[:keep] for k, g in g_i.items() if k in chunk_argnums})  # Concat
             sums = sums + {k: g for k, g in g_i.items() if k not in chunk_argnums}       # Sum
         grads = tuple((concatenate(rows) | sums)[k] for k in sorted(g_i))
         return (concatenate(ys), grads) if return_forward else grads
@@ -380,11 +382,12 @@ def vjp_chunked(
 
     Each chunk's forward pass runs once: its output and its cotangents come from the same
     `jax.vjp`. The chunks run in one `jax.lax.scan` (a [`chunkx.Chunk`][]); where rows are
-    left over, the last chunk is shifted back over rows already done and the cotangents (and
-    kept outputs) of those repeated rows are masked to zero, so any number of rows compiles
-    one program. Where both row outputs and sums are returned (e.g. `return_forward=True` with
-    parameters' cotangents), one `Sum` reducer carries an `n`-row buffer into which every
-    chunk adds its rows at their offset (XLA updates the chunk's rows in place).
+    left over, the last chunk is shifted back over rows an earlier chunk evaluated, whose
+    cotangents (and kept outputs) count there: the earlier chunk's are masked to zero, so any
+    number of rows compiles one program. Where both row outputs and sums are returned (e.g.
+    `return_forward=True` with parameters' cotangents), one `Sum` reducer carries an `n`-row
+    buffer into which every chunk adds its rows at their offset (XLA updates the chunk's rows
+    in place).
 
     **Rows:** `chunk_size` (and `chunk_size_bwd`) count global rows of the chunked primals.
 

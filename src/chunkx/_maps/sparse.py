@@ -132,7 +132,8 @@ def sparse_pullback(
     parts = []
     for i in range(0, n, B):                 # one jax.lax.scan of ceil(n / B) steps
         j = max(0, min(i, n - B))            # the last chunk shifted back to end at row n
-        parts.append(Pullback(fn)(rows(j, j + B))[i - j :])   # rows before i: done already
+        keep = B if j >= n - B else n - B - j  # rows the last chunk repeats count there
+        parts.append(Pullback(fn)(rows(j, j + B))[:keep])
     if reduction is None:
         out = chunk_reduction(concatenate(parts))
     else:

@@ -302,7 +302,8 @@ def vmap(
         for i in range(0, n, B):             # one jax.lax.scan of ceil(n / B) steps
             j = max(0, min(i, n - B))        # the last chunk shifted back to end at row n
             y = jax.vmap(fun, in_axes, 0)(*take(j, j + B))
-            parts.append(y[i - j :])         # rows before i were done by the step before
+            keep = B if j >= n - B else n - B - j   # rows the last chunk repeats count there
+            parts.append(y[:keep])
         out = concatenate(parts, axis=0)     # or reducer's fold, e.g. a sum
         return moveaxis(out, 0, out_axes)    # per output leaf, as jax.vmap places it
     ```
@@ -312,8 +313,9 @@ def vmap(
     counts from the end) or `None` leaves; keyword arguments are mapped along axis 0. An
     output with out_axes `None` must not depend on a mapped row (as in `jax.vmap`); an output
     with an int axis that does not depend on one is broadcast. Every step evaluates `B` rows
-    in one compiled program: where `B` does not divide `n`, the last step rewrites rows
-    `n - B .. (n // B)·B - 1` with the same values (a sum masks them out). A reducer that
+    in one compiled program: where `B` does not divide `n`, the last step evaluates rows
+    `n - B .. (n // B)·B - 1` again and they count there (their earlier evaluation is written
+    over with the same values, or masked out of a sum). A reducer that
     cannot mask rows (a [`chunkx.Monoid`][] other than a sum) runs `n // B` steps and the
     `n % B` leftover rows in one more call.
 
