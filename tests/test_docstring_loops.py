@@ -7,7 +7,9 @@ no second program; where a reduction cannot mask rows, `n // B` steps and one mo
 the jaxpr (sub-jaxprs included) say how many programs evaluate rows, in which scan of how many
 steps and on how many rows; a `jax.debug.callback` says which rows were evaluated; and the
 result is compared with plain JAX. The docstring must say what the loop does ("shifted back",
-"one more call").
+"one more call"). The loop itself, run as the docstrings write it (`docstring_loop`), gives what
+the maps give for a batched function that sees its whole chunk: the rows the last chunk repeats
+count there.
 """
 
 import collections
