@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import chunkx
+from chunkx._plan import measure
 from helpers import assert_tree_close, temp_bytes
 
 
@@ -74,7 +75,7 @@ def test_chunk_map_non_array_leaves_pass_through():
     np.testing.assert_allclose(out, np.asarray(x) * 2)
 
 
-def test_chunk_map_auto_chunks_within_budget():
+def test_chunk_map_auto_chunks_within_budget(monkeypatch):
     x = jnp.linspace(0.1, 2.0, 64 * 16).reshape(64, 16)
     g = lambda r: jnp.tanh(jnp.outer(jnp.tanh(r), r)) @ r  # noqa: E731  (a 16x16 temp per row)
     f, budget = jax.vmap(g), 40_000
@@ -87,8 +88,11 @@ def test_chunk_map_auto_chunks_within_budget():
     explicit = chunkx.chunk_map(f, chunk_size=2, use_scan=True)  # 2 rows per device fit
     assert temp_bytes(explicit, x) <= budget
     assert_tree_close(jax.jit(explicit)(x), want)
+    # no budget: what the host has free (the CPU's devices report no memory)
+    assert_tree_close(chunkx.chunk_map(f, chunk_size="auto")(x), want)
+    monkeypatch.setattr(measure, "host_available_bytes", lambda: None)  # and where unknown:
     with pytest.raises(ValueError, match=r"`chunk_map\(chunk_size='auto'\)`: memory_budget"):
-        chunkx.chunk_map(f, chunk_size="auto")(x)
+        chunkx.chunk_map(f, chunk_size="auto")(x[:32])  # a new trace: planned again
 
 
 def test_chunk_map_takes_if_array_entries_as_batch_vmap_does():
