@@ -1,6 +1,8 @@
 """Shared case table: sizes x dtypes x argument structures, with plain-vmap references."""
 
 import itertools
+import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -153,3 +155,18 @@ def pairwise(*factors, include=()):
 
 
 NESTED_CASES = _nested_cases()
+
+
+_READER_DEVICES = re.compile(r"XLA_FLAGS=(--xla_force_host_platform_device_count=\d+)")
+
+
+def reader_env(text: str = "") -> dict[str, str]:
+    """This process's environment without the suite's XLA options and JAX settings (a reader
+    has JAX's defaults), on the CPU (a chip, if any, stays with the test process), with the
+    fake devices that `text` tells its reader to make, if any."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("XLA_", "JAX_", "CHUNKX_TEST_"))}
+    env["JAX_PLATFORMS"] = "cpu"
+    if (m := _READER_DEVICES.search(text)) is not None:
+        env["XLA_FLAGS"] = m[1]
+    return env

@@ -1,18 +1,23 @@
-"""Every `examples/*.py` runs its `main()` and returns cleanly, in this process and smaller.
+"""Every `examples/*.py` runs its `main()` and returns cleanly, smaller, as a user runs it.
 
 Examples check themselves (`assert` against plain JAX) where they compute a reference; the few
 that only print progress also get an output check here. A new file in `examples/` is picked up
-automatically (at its own size, unless `SMALL` gives it smaller arguments). Each runs with
-64-bit types only where it turns them on itself, as it does when a user runs it as a script;
-the README's first command runs `examples/quickstart.py` at full size.
+automatically (at its own size, unless `SMALL` gives it smaller arguments). Each runs in a
+Python process of its own with JAX's defaults, as `python examples/<name>.py` does: 64-bit
+types only where the example turns them on itself, XLA's default CPU pipeline (none of this
+suite's XLA options), one CPU device. The README's first command runs `examples/quickstart.py`
+at full size.
 """
 
-import importlib.util
+import json
 import pathlib
 import re
+import subprocess
+import sys
 
-import jax
 import pytest
+
+from helpers import reader_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
@@ -61,17 +66,18 @@ def test_examples_are_found():
     assert set(CHECKS) | set(SMALL) <= {p.name for p in EXAMPLES}
 
 
-def _load(path):
-    spec = importlib.util.spec_from_file_location(f"example_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+# the example's module run as a script's (not as `__main__`), then its `main` at a small size
+RUN = """
+import json, runpy, sys
+runpy.run_path(sys.argv[1])["main"](**json.loads(sys.argv[2]))
+"""
 
 
 @pytest.mark.slow  # each example trains or fits for several seconds
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_example_runs(path, capsys):
-    x64 = "jax_enable_x64" in path.read_text()  # the example turns 64-bit types on itself
-    with jax.enable_x64(x64):
-        _load(path).main(**SMALL.get(path.name, {}))
-    CHECKS.get(path.name, lambda out: None)(capsys.readouterr().out)
+def test_example_runs(path):
+    done = subprocess.run(
+        [sys.executable, "-c", RUN, str(path), json.dumps(SMALL.get(path.name, {}))],
+        text=True, capture_output=True, env=reader_env(path.read_text()), cwd=ROOT, timeout=900)
+    assert done.returncode == 0, done.stderr[-6000:]
+    CHECKS.get(path.name, lambda out: None)(done.stdout)

@@ -56,14 +56,22 @@ def on_mesh(mesh: Mesh | AbstractMesh):
 
 
 def on_inputs_mesh(args):
-    """Eagerly, the concrete Explicit mesh the inputs are laid out on as the context mesh.
+    """The Explicit mesh the inputs are laid out on as the context mesh, where none is set.
 
-    JAX asks for one (`jax.set_mesh`) before eager operations that create arrays typed on an
-    Explicit mesh (a padding, a buffer); under `jit`, or inside a context mesh, nothing is set.
+    Eagerly, the concrete mesh (`jax.set_mesh`): JAX asks for one before eager operations that
+    create arrays typed on an Explicit mesh (a padding, a buffer). Traced (under `jit`), the
+    abstract mesh (`jax.sharding.use_abstract_mesh`): JAX types the arrays that its derivative
+    rules create (a slice's transpose writes the slice's cotangent into zeros shaped like the
+    sliced array) on the context mesh, and newer JAX rejects writing rows typed on the inputs'
+    mesh into zeros typed on none. Inside a context mesh, nothing is set.
     """
     for mesh in _meshes(args):
-        if isinstance(mesh, Mesh) and is_explicit(mesh):  # concrete: eager
+        if not is_explicit(mesh):
+            continue
+        if isinstance(mesh, Mesh):  # concrete: eager
             return on_mesh(mesh)
+        if jax.sharding.get_abstract_mesh().empty:  # abstract: traced
+            return jax.sharding.use_abstract_mesh(mesh)
     return contextlib.nullcontext()
 
 
