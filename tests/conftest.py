@@ -24,6 +24,7 @@ os.environ["XLA_FLAGS"] = (
 os.environ["CHUNKX_CACHE_DIR"] = tempfile.mkdtemp(prefix="chunkx-plans-")
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
@@ -42,3 +43,14 @@ jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 def pytest_unconfigure(config):
     if not os.environ.get("PYTEST_XDIST_WORKER"):  # the run's own process: after its workers
         shutil.rmtree(_XLA_CACHE, ignore_errors=True)
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty plan cache of the test's own (directory and in-process plans); its path."""
+    import chunkx  # after the settings above
+
+    monkeypatch.setenv("CHUNKX_CACHE_DIR", str(tmp_path / "plans"))
+    chunkx.clear_plan_cache()
+    yield tmp_path / "plans"
+    chunkx.clear_plan_cache()

@@ -39,14 +39,6 @@ def energy(x, w):
     return jnp.sum(h**2)
 
 
-@pytest.fixture
-def fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("CHUNKX_CACHE_DIR", str(tmp_path / "plans"))
-    chunkx.clear_plan_cache()
-    yield tmp_path / "plans"
-    chunkx.clear_plan_cache()
-
-
 @functools.cache
 def _data(d=64):
     """The rows of every test (the first n of them) and the weights, made once."""

@@ -668,14 +668,6 @@ def heavy(x, w):
     return jnp.sum(jnp.tanh(jnp.tanh(jnp.outer(x, x) @ w) @ w) ** 2)
 
 
-@pytest.fixture
-def fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("CHUNKX_CACHE_DIR", str(tmp_path / "plans"))
-    chunkx.clear_plan_cache()
-    yield
-    chunkx.clear_plan_cache()
-
-
 def heavy_data(n=512, d=64):
     return normal(0, (n, d), jnp.float32), normal(1, (d, d), jnp.float32) / d
 

@@ -20,14 +20,6 @@ from helpers import BackendCompiles
 f32 = jnp.float32
 
 
-@pytest.fixture
-def fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("CHUNKX_CACHE_DIR", str(tmp_path / "plans"))
-    chunkx.clear_plan_cache()
-    yield tmp_path / "plans"
-    chunkx.clear_plan_cache()
-
-
 def human(size: int) -> str:
     """Bytes as XLA's messages write them (37.00G)."""
     for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
