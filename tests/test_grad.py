@@ -5,6 +5,7 @@ every combination of forward and reverse mode; the planner with XLA's compiled m
 """
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -231,7 +232,7 @@ def test_auto_policy_fuses_small_sums_only():
         f, reducer, _ = cases[i]
         g = chunkx.Chunk(chunkx.Vmap(f, (None, 0)), 4, reducer=reducer, in_axes=(None, 0))
         close(jax.grad(lambda p: jnp.sum(jnp.sin(g(p, x))))(p), refs[i])
-        return "custom_jvp_call" in str(jax.make_jaxpr(g)(p, x))
+        return re.search(r"name=fused_chunks\b", str(jax.make_jaxpr(g)(p, x))) is not None
 
     assert fused(0)  # 15 outputs
     assert not fused(1)  # 18 outputs: recompute
@@ -409,7 +410,9 @@ def test_auto_chunk_map_plans_its_reverse_pass(shard_batch):
     # placement of a constant on the mesh), which is not the map's memory
     loss_x = lambda w, x: jnp.sum(jnp.sin(cm(x, w)))  # noqa: E731
     temp = jax.jit(jax.grad(loss_x)).lower(w0, x).compile().memory_analysis().temp_size_in_bytes
-    assert temp <= budget
+    # the budget is the map's: the cotangent of its output (one float64 per row), which the
+    # caller's program computes, is not in it, as the output is not
+    assert temp <= budget + x.shape[0] * 8
 
 
 def test_progress_bars_name_the_chunk_sizes(capfd):

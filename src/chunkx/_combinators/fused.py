@@ -170,16 +170,20 @@ def fused_call(chunk, lifted: _Lifted, valid) -> Any:
         dot = sum((_contract(j, t) for j, t in zip(jw + jr, wdots + rdots)), jnp.zeros_like(vec))
         return _unflat(vec, out_struct), _unflat(dot.astype(vec.dtype), out_struct)
 
-    return _with_jvp(lifted, rule, valid)
+    return _with_jvp(lifted, rule, valid, fused=True)
 
 
-def _with_jvp(lifted: _Lifted, rule, valid) -> Any:
-    """The primal loop of `lifted` on its leaves, its JVP given by `rule` (symbolic zeros)."""
+def _with_jvp(lifted: _Lifted, rule, valid, fused: bool) -> Any:
+    """The primal loop of `lifted` on its leaves, its JVP given by `rule` (symbolic zeros),
+    named in a jaxpr as the fused rule (`fused`) or the recomputing one."""
 
-    @jax.custom_jvp
-    def f(row_leaves, whole_leaves, valid):
+    def fused_chunks(row_leaves, whole_leaves, valid):
         return lifted.primal(row_leaves, whole_leaves, valid)
 
+    def recompute_at_grad_size(row_leaves, whole_leaves, valid):
+        return lifted.primal(row_leaves, whole_leaves, valid)
+
+    f = jax.custom_jvp(fused_chunks if fused else recompute_at_grad_size)
     f.defjvp(rule, symbolic_zeros=True)
     return f(lifted.rows, lifted.whole, valid)
 
@@ -280,4 +284,4 @@ def regrad_call(chunk, mapped, fixed, static, valid, n) -> Any:
         out = lifted.primal(row_leaves, whole_leaves, valid)
         return out, jax.jvp(small, (rlive, wlive), (rdots, wdots))[1]
 
-    return _with_jvp(lifted, rule, valid)
+    return _with_jvp(lifted, rule, valid, fused=False)

@@ -19,15 +19,14 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AbstractMesh, Mesh, NamedSharding
+from jax.sharding import AbstractMesh, Mesh
 from jax.sharding import PartitionSpec as P
 
 from .._types import RowMask, Tree
 from . import compensated as comp
+from ._buffer import buffer_rows, new_buffer, write_chunk
 from ._rows import (
-    IN_RANGE,
     call_with_valid,
-    weakly_typed,
     where_rows,
     zeros_like_struct,
 )
@@ -256,24 +255,6 @@ def check_collapses(reduce: Callable, rows_struct: Tree, what: str) -> None:
         )
 
 
-def _layout_like(y: Any, b: Any) -> Any:
-    """`y` in `b`'s dtype and, on an Explicit mesh, `b`'s sharding (an in-place write needs it)."""
-    y = y.astype(b.dtype)
-    sb, sy = getattr(jax.typeof(b), "sharding", None), getattr(jax.typeof(y), "sharding", None)
-    spec_b, spec_y = getattr(sb, "spec", None), getattr(sy, "spec", None)
-    if spec_b is None or spec_y is None or tuple(spec_b) == tuple(spec_y):
-        return y
-    return jax.sharding.reshard(y, sb)
-
-
-class _Buffer(eqx.Module):
-    """The output of a chunk loop, written chunk by chunk in place;
-    `weak` says which of its leaves the chunks return weakly typed (the writes drop it)."""
-
-    rows: Tree
-    weak: tuple[bool, ...] = eqx.field(static=True)
-
-
 class Concat(AbstractReducer):
     """Keep every row: partial results are stacked back along the mapped axis.
 
@@ -296,6 +277,16 @@ class Concat(AbstractReducer):
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
         return rows
 
+    def reduce_chunk(self, rows: Tree, valid: RowMask | None) -> Tree:
+        # a masked row's value is kept (written over later, or cut), its tangent is zero: a
+        # chunk loop adds each row's tangent once (`write_rows`)
+        def keep(y):  # a leaf without the chunk's rows is left to `check_chunk`'s error
+            if jnp.ndim(y) == 0 or jnp.shape(y)[0] != jnp.shape(valid)[0]:
+                return y
+            return where_rows(valid, y, jax.lax.stop_gradient(y))
+
+        return rows if valid is None else jax.tree_util.tree_map(keep, rows)
+
     def combine(self, a: Tree, b: Tree) -> Tree:
         return jax.tree_util.tree_map(lambda x, y: jnp.concatenate([x, y], axis=0), a, b)
 
@@ -311,43 +302,13 @@ class Concat(AbstractReducer):
             )
 
     def init(self, part: Tree, n: int) -> Tree:
-        leaves = jax.tree_util.tree_leaves(part)
-        if not leaves:
-            return None
-
-        def buffer(t):
-            # uninitialised where the backend allows it (an accelerator): the loop writes
-            # every row, and a zero fill would cost a pass over the whole output
-            shape = (n,) + tuple(t.shape[1:])
-            # the sharding of a struct (`jax.eval_shape`'s) or of an array, traced or not
-            is_struct = isinstance(t, jax.ShapeDtypeStruct)
-            sharding = t.sharding if is_struct else getattr(jax.typeof(t), "sharding", None)
-            mesh = getattr(sharding, "mesh", None)
-            if mesh is None or not is_explicit(mesh):
-                return jax.lax.empty(shape, t.dtype)
-            # on a caller's Explicit mesh: the buffer lives on the rows' mesh (rows replicated)
-            spec = NamedSharding(mesh, P(None, *tuple(sharding.spec)[1:]))
-            return jax.sharding.reshard(jax.lax.empty(shape, t.dtype), spec)
-
-        weak = tuple(t.weak_type for t in leaves)
-        return _Buffer(jax.tree_util.tree_map(buffer, part), weak)
+        return new_buffer(part, n)
 
     def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
-        if acc is None:
-            return None, part
-
-        def write(b, y):  # each chunk whole: a later chunk's rows are the ones that count
-            y = _layout_like(y, b)
-            return jax.lax.dynamic_update_slice_in_dim(b, y, start, 0, **IN_RANGE)
-
-        return _Buffer(jax.tree_util.tree_map(write, acc.rows, part), acc.weak), None
+        return (None, part) if acc is None else (write_chunk(acc, part, start), None)
 
     def finish(self, acc: Tree, stacked: Tree) -> Tree:
-        if acc is None:
-            return stacked
-        leaves, tree = jax.tree_util.tree_flatten(acc.rows)
-        weak = [weakly_typed(x) if w else x for x, w in zip(leaves, acc.weak)]
-        return jax.tree_util.tree_unflatten(tree, weak)
+        return stacked if acc is None else buffer_rows(acc)
 
     def call_masked(self, fn: Callable, args: tuple, valid: RowMask | None) -> Tree:
         return fn(*args)  # every row is computed; `trim` cuts the padded ones off
