@@ -196,10 +196,16 @@ def _search(
     run = _AtSize(template, size)
     held = _held_bytes(tree, wrt, axes) if backward else 0
 
+    cotangent = []  # the output's structs, traced once (they do not depend on the size)
+
     def measure(g: int) -> int:
-        program = VjpProgram(run, g, wrt) if backward else _AtSize(template, g)
+        program, args = _AtSize(template, g), (tree,)
+        if backward:
+            program = VjpProgram(run, g, wrt)
+            cotangent[:] = cotangent or [program.cotangent(tree)]
+            args = (tree, cotangent[0])
         try:
-            return probe_temp_bytes(program, tree, who="Chunk") + held
+            return probe_temp_bytes(program, *args, who="Chunk") + held
         except jax.errors.JaxRuntimeError as err:
             if not is_oom(err):
                 raise

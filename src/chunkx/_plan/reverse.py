@@ -11,7 +11,6 @@ from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
 Run = Callable[[Any, int | None], Any]
@@ -56,16 +55,24 @@ def _consts(conv: Any) -> list:
 
 
 class VjpProgram(eqx.Module):
-    """`(out, vjp(ones))` of `run(tree, size)` with respect to the array leaves in `wrt`."""
+    """`(out, vjp(cotangent))` of `run(tree, size)` with respect to the array leaves in `wrt`.
+
+    The cotangent is an argument, as the caller's cotangent is: the planner measures the temp
+    memory of the reverse pass itself (a constant cotangent would be folded into the program
+    or materialised by it, neither of which a caller's program does)."""
 
     run: Run = eqx.field(static=True)
     size: int = eqx.field(static=True)
     wrt: tuple[bool, ...] = eqx.field(static=True)
 
-    def __call__(self, tree: Any) -> Any:
+    def __call__(self, tree: Any, cotangent: Any) -> Any:
         live, rebuild = _live(tree, self.wrt)
         out, pull = jax.vjp(lambda live: self.run(rebuild(live), self.size), live)
-        return out, pull(jax.tree_util.tree_map(jnp.ones_like, out))
+        return out, pull(cotangent)
+
+    def cotangent(self, tree: Any) -> Any:
+        """The structs of a cotangent of `run(tree, size)` (those of its output)."""
+        return eqx.filter_eval_shape(lambda t: self.run(t, self.size), tree)
 
 
 def _live(tree: Any, mask: tuple[bool, ...] | None) -> tuple[list, Callable[[Any], Any]]:
