@@ -1,7 +1,10 @@
-"""Test set-up: 4 fake CPU devices (set before jax is imported) and float64 available."""
+"""Test set-up: 4 fake CPU devices and fast-compiling XLA options (set before jax is imported),
+float64 available, plans and compiled programs cached per run."""
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 # The many small test programs compile faster with LLVM's CPU code generation unoptimised and
@@ -11,14 +14,38 @@ import tempfile
 # differently); every memory test compares programs compiled alike, and passes under either
 # pipeline. CHUNKX_TEST_XLA=default runs the suite with XLA's default CPU pipeline (slower);
 # the memory numbers in the docs come from the benchmarks, which use the default pipeline.
-_FAST = (
-    " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-    " --xla_cpu_use_fusion_emitters=false"
+DEVICES = "--xla_force_host_platform_device_count=4"
+FAST = (
+    "--xla_backend_optimization_level=0",
+    "--xla_llvm_disable_expensive_passes=true",
+    "--xla_cpu_use_fusion_emitters=false",  # newer XLA has no legacy emitters, nor this flag
 )
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-    + ("" if os.environ.get("CHUNKX_TEST_XLA") == "default" else _FAST)
-).strip()
+
+
+def known_to_xla(flags: tuple[str, ...]) -> list[str]:
+    """The flags of `flags` that the installed XLA knows.
+
+    XLA aborts a process whose `XLA_FLAGS` hold a flag it does not know, so child processes
+    start JAX's CPU backend with them: all at once, and, where that fails, one flag each.
+    """
+
+    def start(chosen):
+        env = {**os.environ, "XLA_FLAGS": " ".join(chosen), "JAX_PLATFORMS": "cpu"}
+        return subprocess.Popen([sys.executable, "-c", "import jax; jax.devices()"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    if start(flags).wait() == 0:
+        return list(flags)
+    each = [(flag, start((flag,))) for flag in flags]
+    return [flag for flag, child in each if child.wait() == 0]
+
+
+# Chosen once per run, by its first process: xdist's workers inherit the environment.
+if "CHUNKX_TEST_XLA_FLAGS" not in os.environ:
+    fast = [] if os.environ.get("CHUNKX_TEST_XLA") == "default" else known_to_xla(FAST)
+    os.environ["CHUNKX_TEST_XLA_FLAGS"] = " ".join([DEVICES, *fast])
+    os.environ["XLA_FLAGS"] = " ".join(
+        [os.environ.get("XLA_FLAGS", ""), os.environ["CHUNKX_TEST_XLA_FLAGS"]]).strip()
 
 # plans are kept on disk: in a directory of this test session's own, never the user's cache
 os.environ["CHUNKX_CACHE_DIR"] = tempfile.mkdtemp(prefix="chunkx-plans-")
