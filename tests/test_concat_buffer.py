@@ -69,3 +69,24 @@ def test_reverse_pass_holds_one_chunk(size):
     output = ct.size * ct.dtype.itemsize
     assert ours < output / 4  # no copy of the cotangent (4 MB): a few chunks' rows
     assert ours <= 1.5 * lax_map + 4 * size * 512 * 8, (ours, lax_map)
+
+
+def test_buffer_is_allocated_without_a_fill_on_an_accelerator():
+    """Lowered for a TPU (`jax.export`, no chip needed), the output buffer is XLA's
+    `AllocateBuffer`; under a vmapped JVP (`jax.jacfwd`'s form) the primal's buffer is made
+    once, unbatched (the tangents' buffer starts from zeros: a chunk's tangent is added)."""
+    f = chunkx.Chunk(chunkx.Vmap(jnp.sin), 128)
+    rows = jax.ShapeDtypeStruct((1000, 64), jnp.float32)
+
+    def lowered(g, *args):
+        return jax.export.export(jax.jit(g), platforms=["tpu"])(*args).mlir_module()
+
+    assert lowered(f, rows).count("AllocateBuffer") == 1
+
+    def pushed(v, ts):
+        return jax.vmap(lambda t: jax.jvp(f, (v,), (t,)), out_axes=(None, 0))(ts)
+
+    tangents = jax.ShapeDtypeStruct((3, 1000, 64), jnp.float32)
+    allocated = [line for line in lowered(pushed, rows, tangents).splitlines()
+                 if "AllocateBuffer" in line]
+    assert len(allocated) == 1 and "-> tensor<1000x64xf32>" in allocated[0], allocated
