@@ -262,3 +262,19 @@ def test_progress_says_that_it_plans(fresh_cache, capfd):
     assert "chunkx: planning the forward chunk size" in capfd.readouterr().err
     chunk.memory_plan(x, w)  # cached: nothing is compiled, nothing said
     assert "planning" not in capfd.readouterr().err
+
+
+def test_probes_fall_back_where_xla_lacks_an_option(monkeypatch):
+    """A probe option that the installed XLA does not know ("No such compile option", as
+    jax 0.12 answers for the legacy emitters) is dropped once, and the probe measures what a
+    default compilation does (reference: XLA's memory analysis of `jax.jit(f)`)."""
+
+    def f(x):
+        return jnp.cumsum(jnp.sin(x) @ x.T, axis=0)
+
+    x = jnp.ones((64, 32), jnp.float32)
+    options = [{**measure.PROBE_OPTIONS_CPU, "xla_chunkx_no_such_option": True}]
+    monkeypatch.setattr(measure, "_cpu_options", lambda: options)
+    got = measure.probe_temp_bytes(f, x, who="test")
+    assert options == [measure.PROBE_OPTIONS_CPU]
+    assert got == jax.jit(f).lower(x).compile().memory_analysis().temp_size_in_bytes
