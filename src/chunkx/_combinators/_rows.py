@@ -130,6 +130,16 @@ def where_rows(valid, x, y):
     return jax.lax.select(mask, x, y)
 
 
+def stop_repeated(x, counted):
+    """The rows of `x` outside `counted` (a row mask) behind `stop_gradient`: rows whose
+    evaluation does not count (a later chunk evaluates them again, or they are padding) pass no
+    derivative, so a masked or overwritten output adds no tangent, and its zero cotangent meets
+    no infinite derivative (`0 * inf`) on the way back into the input."""
+    if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+        return x
+    return where_rows(counted, x, jax.lax.stop_gradient(x))
+
+
 def is_eager(tree) -> bool:
     """Whether no leaf of `tree` is traced: a call on it runs op by op unless it is jitted."""
     return not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))

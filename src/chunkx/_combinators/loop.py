@@ -10,7 +10,7 @@ import numpy as np
 
 from .._progress import scan, ticker
 from .._types import RowMask
-from ._rows import counted_rows, rows, struct_of, where_rows
+from ._rows import counted_rows, rows, stop_repeated, struct_of
 from .reduce import AbstractAccumulation, AbstractReducer
 
 
@@ -99,15 +99,6 @@ def _at(piece, n, s, shift, remat):
         return piece(mapped, valid), start
 
     return jax.checkpoint(at, prevent_cse=False) if remat else at
-
-
-def stop_repeated(x, counted):
-    """The rows of `x` whose evaluation does not count (a later chunk evaluates them again)
-    behind `stop_gradient`: their outputs are masked or written over, so their zero
-    cotangents meet no infinite derivative (`0 * inf`) on the way back into the input."""
-    if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
-        return x
-    return where_rows(counted, x, jax.lax.stop_gradient(x))
 
 
 def _traced_once(piece, mapped, valid, call):

@@ -27,6 +27,7 @@ from . import compensated as comp
 from ._buffer import buffer_rows, new_buffer, write_chunk
 from ._rows import (
     call_with_valid,
+    stop_repeated,
     where_rows,
     zeros_like_struct,
 )
@@ -283,7 +284,7 @@ class Concat(AbstractReducer):
         def keep(y):  # a leaf without the chunk's rows is left to `check_chunk`'s error
             if jnp.ndim(y) == 0 or jnp.shape(y)[0] != jnp.shape(valid)[0]:
                 return y
-            return where_rows(valid, y, jax.lax.stop_gradient(y))
+            return stop_repeated(y, valid)
 
         return rows if valid is None else jax.tree_util.tree_map(keep, rows)
 

@@ -11,8 +11,8 @@ from .._checks import as_in_axes, as_size, check_positive, zero_in_axes
 from .._progress import ticker
 from .._types import InAxes
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
-from ._rows import counted_rows, map_mapped, mapped_length, repeats_later
-from .loop import evaluate, stop_repeated
+from ._rows import counted_rows, map_mapped, mapped_length, repeats_later, stop_repeated
+from .loop import evaluate
 from .reduce import AbstractReducer, Concat
 
 

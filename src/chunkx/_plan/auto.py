@@ -21,6 +21,7 @@ program (`cache.lower_cap`).
 """
 
 import dataclasses
+import functools
 import hashlib
 import warnings
 from collections.abc import Callable
@@ -196,14 +197,14 @@ def _search(
     run = _AtSize(template, size)
     held = _held_bytes(tree, wrt, axes) if backward else 0
 
-    cotangent = []  # the output's structs, traced once (they do not depend on the size)
+    @functools.cache
+    def cotangent() -> Any:  # the output's structs, traced once, when a probe needs them
+        return VjpProgram(run, size, wrt).cotangent(tree)
 
     def measure(g: int) -> int:
         program, args = _AtSize(template, g), (tree,)
         if backward:
-            program = VjpProgram(run, g, wrt)
-            cotangent[:] = cotangent or [program.cotangent(tree)]
-            args = (tree, cotangent[0])
+            program, args = VjpProgram(run, g, wrt), (tree, cotangent())
         try:
             return probe_temp_bytes(program, *args, who="Chunk") + held
         except jax.errors.JaxRuntimeError as err:
