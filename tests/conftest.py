@@ -1,5 +1,6 @@
 """Test set-up: 4 fake CPU devices and fast-compiling XLA options (set before jax is imported),
-float64 available, plans and compiled programs cached per run."""
+float32 as users run JAX (float64 in the tests marked `x64`), plans and compiled programs cached
+per run."""
 
 import os
 import shutil
@@ -53,7 +54,18 @@ os.environ["CHUNKX_CACHE_DIR"] = tempfile.mkdtemp(prefix="chunkx-plans-")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-jax.config.update("jax_enable_x64", True)
+
+# JAX's default, float32, as users run it; a test that computes in float64 (tight tolerances, a
+# float64 reference, float64 dtypes) is marked `x64` (the test, its class or its module's
+# `pytestmark`), and runs, fixtures included, with `jax.enable_x64(True)`.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if item.get_closest_marker("x64") is None:
+        yield
+        return
+    with jax.enable_x64(True):
+        yield
+
 
 # JAX's persistent compilation cache, shared by the xdist workers of one run: a program that
 # both workers compile (eager primitives above all) is compiled once. Every compilation still

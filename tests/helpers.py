@@ -14,6 +14,14 @@ SIZES = [(10, 3), (3, 5), (4, 4), (0, 3), (12, 4), (5, 1), (7, None)]
 DTYPES = [jnp.float32, jnp.float64, jnp.complex64, jnp.bfloat16, jnp.int32]
 
 
+def _put(x, dtype):
+    """`x` as a JAX array of `dtype`, which must be available: float64 and complex128 only in
+    a test marked `x64` (never silently float32)."""
+    if jax.dtypes.canonicalize_dtype(dtype) != np.dtype(dtype):
+        raise RuntimeError(f"test data of dtype {np.dtype(dtype)} needs x64: mark the test `x64`")
+    return jax.device_put(np.asarray(x).astype(dtype))
+
+
 def rand(key, shape, dtype):
     """Deterministic random data of any dtype, kept away from zero.
 
@@ -24,16 +32,18 @@ def rand(key, shape, dtype):
                          else key).ravel().tolist()
     rng = np.random.default_rng(key)
     if jnp.issubdtype(dtype, jnp.integer):
-        return jax.device_put(rng.integers(1, 9, shape).astype(dtype))
+        return _put(rng.integers(1, 9, shape), dtype)
     x = rng.uniform(0.5, 1.5, shape)
     if jnp.issubdtype(dtype, jnp.complexfloating):
         x = x + 1j * rng.uniform(-1, 1, shape)
-    return jax.device_put(x.astype(dtype))
+    return _put(x, dtype)
 
 
-def normal(seed, shape, dtype=jnp.float64):
-    """Deterministic standard-normal data from NumPy (compiles nothing)."""
-    return jax.device_put(np.random.default_rng(seed).standard_normal(shape).astype(dtype))
+def normal(seed, shape, dtype=None):
+    """Deterministic standard-normal data from NumPy (compiles nothing), of `dtype` or JAX's
+    default float (float64 in a test marked `x64`, else float32)."""
+    dtype = jax.dtypes.canonicalize_dtype(jnp.float64) if dtype is None else dtype
+    return _put(np.random.default_rng(seed).standard_normal(shape), dtype)
 
 
 def per_example(x, w, d):

@@ -47,12 +47,12 @@ def _references(x, w):
         "both_mapped": jax.vmap(f)(x, w),
         "pytree_c": 2 * x,
         "x_times_w": x * w,
-        "x_times_3": x * jnp.float64(3.0),
+        "x_times_3": x * THREE,
     }
 
 
+THREE = jax.device_put(np.float32(3.0))  # a scalar array argument, float32 as X is
 REFS = _references(X, W)
-THREE = jax.device_put(np.float64(3.0))
 WANT = REFS["concat"]
 
 

@@ -13,6 +13,8 @@ from jax.sharding import PartitionSpec as P
 import chunkx
 from helpers import assert_tree_close
 
+pytestmark = pytest.mark.x64  # float64 data, tolerances and references
+
 # -- the case table, swept over every map and combinator ----------------------------------------
 #
 # One row per (pipeline, transform); sizes, dtypes, in_axes spellings, NumPy/jax inputs and

@@ -11,6 +11,8 @@ from jax.sharding import PartitionSpec as P
 import chunkx
 from helpers import assert_tree_close, rand
 
+pytestmark = pytest.mark.x64  # float64 data, tolerances and references
+
 
 def per_row(x, w):
     return jnp.sin(x * w).sum(-1) + jnp.sqrt(x[0] * w[0])

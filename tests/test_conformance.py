@@ -8,6 +8,8 @@ import pytest
 import chunkx
 from helpers import assert_tree_close, pairwise, rand
 
+pytestmark = pytest.mark.x64  # float64 data, tolerances and references
+
 adv = pytest.importorskip("adv_jax_math")
 qx_utils = pytest.importorskip("quantax.utils")
 

@@ -81,9 +81,10 @@ def run_session(page: pathlib.Path) -> subprocess.CompletedProcess:
                           capture_output=True, env=reader_env(text), cwd=ROOT, timeout=900)
 
 
+@pytest.mark.x64
 def test_a_session_runs_as_a_reader_runs_it():
-    """x64 off, one CPU device, XLA's default flags (this process has x64 on, four devices,
-    and the suite's XLA options)."""
+    """x64 off, one CPU device, XLA's default flags (this test runs with x64 on, and the
+    suite's four devices and XLA options)."""
     code = ("import os, jax, jax.numpy as jnp\n"
             "assert jnp.asarray(1.0).dtype == jnp.float32 and jax.device_count() == 1\n"
             "assert 'XLA_FLAGS' not in os.environ\n")

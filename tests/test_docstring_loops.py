@@ -132,7 +132,7 @@ CASES = {
     "vmap_chunked": Case(chunkx.vmap_chunked, lambda x: chunkx.vmap_chunked(
         row, chunk_size=B, axis_0_is_sharded=False)(x), jnp.sin(X), "shift", "shifted back"),
     "vjp_chunked": Case(chunkx.vjp_chunked, lambda x: chunkx.vjp_chunked(
-        lambda w, x: w * batched(x), jnp.float64(2.0), x, chunk_argnums=1, chunk_size=B,
+        lambda w, x: w * batched(x), jnp.asarray(2.0), x, chunk_argnums=1, chunk_size=B,
         nondiff_argnums=1, return_forward=True, axis_0_is_sharded=False)(jnp.ones(N)),
         (2.0 * jnp.sin(X), (SUM,)), "shift", "shifted back"),
     "sparse_pullback": Case(chunkx.sparse_pullback, lambda x: chunkx.sparse_pullback(

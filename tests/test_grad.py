@@ -15,6 +15,8 @@ import pytest
 import chunkx
 from helpers import normal
 
+pytestmark = pytest.mark.x64  # float64 tolerances and references
+
 POLICIES = [("auto", None), ("fused", None), ("fused", 3), ("recompute", None),
             ("recompute", 3), ("store", None)]
 

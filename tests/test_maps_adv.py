@@ -9,6 +9,8 @@ import pytest
 import chunkx
 from helpers import DTYPES, SIZES, assert_tree_close, make_args, per_example, rand, tol
 
+pytestmark = pytest.mark.x64  # float64 data, tolerances and references
+
 AXES = (0, None, 0)
 
 # every size in float64, every other dtype at a remainder (10, 3), n == 0 and n < batch_size

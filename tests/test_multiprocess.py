@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.x64  # float64 tolerances and references
+
 
 def _free_port():
     with socket.socket() as s:

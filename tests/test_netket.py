@@ -18,6 +18,8 @@ import pytest
 import chunkx
 import netket_worker as W
 
+pytestmark = pytest.mark.x64  # float64 tolerances and references
+
 HERE = os.path.dirname(__file__)
 DATA = os.path.join(HERE, "data", "netket_reference")  # made by netket_worker.py
 
@@ -113,7 +115,8 @@ def test_netket_stays_out_of_the_test_process():
 
 # -- in-process references: jax.vmap, jax.vjp, a dense Jacobian, the docstring loop ------------
 
-P_REAL, P_CPLX, S = W.params("float64"), W.params("complex128"), W.samples()
+with jax.enable_x64(True):  # made at import, for tests that run in float64
+    P_REAL, P_CPLX, S = W.params("float64"), W.params("complex128"), W.samples()
 N = W.N
 F = jax.vmap(W.rbm, in_axes=(None, 0))
 

@@ -14,9 +14,12 @@ import pytest
 
 import chunkx
 
+pytestmark = pytest.mark.x64  # float64 tolerances and references
+
 N = 23
-X = jnp.linspace(-1.0, 1.0, N * 3).reshape(N, 3)
-W = jnp.linspace(0.5, 1.5, 6).reshape(3, 2)
+with jax.enable_x64(True):  # made at import; the tests marked x64 compute in float64
+    X = jnp.linspace(-1.0, 1.0, N * 3).reshape(N, 3)
+    W = jnp.linspace(0.5, 1.5, 6).reshape(3, 2)
 
 
 def per(x, w):

@@ -16,10 +16,13 @@ import pytest
 import chunkx
 from test_one_program import count
 
+pytestmark = pytest.mark.x64  # float64 tolerances and references
+
 N = 23
-X = jnp.linspace(-1.0, 1.0, N * 3).reshape(N, 3)
-W = jnp.linspace(0.5, 1.5, 6).reshape(3, 2)
-CT = jnp.cos(jnp.arange(N * 2.0)).reshape(N, 2)
+with jax.enable_x64(True):  # made at import, for the module's float64 tests
+    X = jnp.linspace(-1.0, 1.0, N * 3).reshape(N, 3)
+    W = jnp.linspace(0.5, 1.5, 6).reshape(3, 2)
+    CT = jnp.cos(jnp.arange(N * 2.0)).reshape(N, 2)
 
 
 def f(w, x):  # batched: rows of x to rows of the output

@@ -3,10 +3,13 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import chunkx
+
+pytestmark = pytest.mark.x64  # float64 tolerances and references
 
 
 def f(x, w):

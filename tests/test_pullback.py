@@ -268,6 +268,7 @@ def test_sparse_pullback_map():
         sp(make("tree", 5)[1])
 
 
+@pytest.mark.x64
 def test_check_block_diagonal():
     fn, y = make("tree", 9)
     want = jax.jit(fn)(y)

@@ -14,6 +14,8 @@ from chunkx._combinators.fused import _FusedAcc
 from chunkx._maps._microbatching import UserAccumulate
 from helpers import rand
 
+pytestmark = pytest.mark.x64  # float64 tolerances and references
+
 
 class LogSumExp(chunkx.AbstractReducer):
     """The two required methods, nothing else: it cannot mask rows."""

@@ -87,6 +87,7 @@ def loss(size, compensated=True):
     return lambda w, x: chunk(x, w)
 
 
+@pytest.mark.x64
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 def test_value_and_fused_grad_within_4x_of_unchunked_sum(dtype):
     x, w = data(dtype)
@@ -124,6 +125,7 @@ def test_maps_and_monoid_sums_compensated(dtype):
             assert rel(got, v_ref) <= bound(ev, dtype), (size, m, rel(got, v_ref), ev)
 
 
+@pytest.mark.x64
 @pytest.mark.parametrize("size", [1, 7, 100])
 def test_micro_vmap_sum_compensated_and_option_off_is_optax(size):
     """micro_vmap's SUM is compensated; `compensated=False` gives optax's bits."""
@@ -192,7 +194,7 @@ def test_sums_as_jnp_sum(dtype, compensated, size):
 
     want = jnp.sum(jax.vmap(fn)(x))  # int8: 4350 (wraps to -2 in int8); bfloat16: 4352
     g = chunkx.vmap(fn, batch_size=size, reducer=chunkx.Sum(compensated=compensated))
-    for got in (g(x), jax.jit(g)(x)):  # the integer of jnp.sum (int64 here, with x64 on)
+    for got in (g(x), jax.jit(g)(x)):  # the integer of jnp.sum (int32; int64 with x64 on)
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 

@@ -11,6 +11,8 @@ import pytest
 import chunkx
 from helpers import assert_tree_close, rand
 
+pytestmark = pytest.mark.x64  # float64 data, tolerances and references
+
 K = jax.random.split(jax.random.PRNGKey(0), 8)
 # (n, batch_size): remainder, n < B, exact multiple, no chunking, n == 0.
 SIZES = [(10, 3), (3, 5), (12, 4), (7, None), (0, 3)]
@@ -221,22 +223,23 @@ class _Scale(eqx.Module):
         return self.a * x, tag
 
 
-FILTER_CASES = [
-    ("ensemble-shared-x", lambda m, x: m(x), lambda n: (_ensemble(n), _fixed((3,), 1)),
-     (eqx.if_array(0), None), eqx.if_array(0)),
-    ("ensemble-per-x", lambda m, x: m(x), lambda n: (_ensemble(n), _fixed((n, 3), 1)),
-     eqx.if_array(0), eqx.if_array(0)),
-    ("make-ensemble", lambda k: eqx.nn.MLP(3, 2, 4, 1, key=k),
-     lambda n: (jax.random.split(K[2], n),), eqx.if_array(0), eqx.if_array(0)),
-    ("non-arrays-pass", lambda x, c, s: (x * c, s), lambda n: (_fixed((n, 2)), 3.0, "tag"),
-     eqx.if_array(0), eqx.if_array(0)),
-    ("dict-by-name", lambda x, y: x * y, lambda n: (_fixed((2, n)), _fixed((n, 2), 1)),
-     {"x": 1}, eqx.if_array(1)),
-    ("module-fun", _Scale(_fixed((2,), 3)), lambda n: (_fixed((n, 2)), "t"),
-     eqx.if_array(0), (eqx.if_array(0), None)),
-    ("out-None", lambda x, w: (x * w, w + 1.0), lambda n: (_fixed((n, 3)), _fixed((3,), 1)),
-     (0, None), (0, None)),
-]
+with jax.enable_x64(True):  # the module-fun case holds float64 weights, made at import
+    FILTER_CASES = [
+        ("ensemble-shared-x", lambda m, x: m(x), lambda n: (_ensemble(n), _fixed((3,), 1)),
+         (eqx.if_array(0), None), eqx.if_array(0)),
+        ("ensemble-per-x", lambda m, x: m(x), lambda n: (_ensemble(n), _fixed((n, 3), 1)),
+         eqx.if_array(0), eqx.if_array(0)),
+        ("make-ensemble", lambda k: eqx.nn.MLP(3, 2, 4, 1, key=k),
+         lambda n: (jax.random.split(K[2], n),), eqx.if_array(0), eqx.if_array(0)),
+        ("non-arrays-pass", lambda x, c, s: (x * c, s), lambda n: (_fixed((n, 2)), 3.0, "tag"),
+         eqx.if_array(0), eqx.if_array(0)),
+        ("dict-by-name", lambda x, y: x * y, lambda n: (_fixed((2, n)), _fixed((n, 2), 1)),
+         {"x": 1}, eqx.if_array(1)),
+        ("module-fun", _Scale(_fixed((2,), 3)), lambda n: (_fixed((n, 2)), "t"),
+         eqx.if_array(0), (eqx.if_array(0), None)),
+        ("out-None", lambda x, w: (x * w, w + 1.0), lambda n: (_fixed((n, 3)), _fixed((3,), 1)),
+         (0, None), (0, None)),
+    ]
 FILTER_IDS = [c[0] for c in FILTER_CASES]
 
 

@@ -1,7 +1,8 @@
 """Shared fixtures for the chunkx.t3 tests: reference cases from t3toolbox 2026.2.0 and random T3s.
 
-x64 is switched on globally by tests/conftest.py; float32 tests pass float32 arrays explicitly
-(which also checks that no float64 promotion happens).
+The tests that compare in float64 (against t3toolbox's float64 references, or at float64
+tolerances) are marked `x64`; the others run in float32, which also checks that nothing is
+promoted to float64 where x64 is on.
 """
 
 import json

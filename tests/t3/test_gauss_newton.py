@@ -9,6 +9,8 @@ from jax.flatten_util import ravel_pytree
 
 import chunkx.t3 as t3
 
+pytestmark = pytest.mark.x64  # float64 tolerances and references
+
 N, n, r = (3, 4, 5), (2, 3, 2), (1, 2, 2, 1)
 FORWARD = {"probe": t3.t3_probe_derivatives, "apply": t3.t3_apply_derivatives,
            "entries": t3.t3_entries_derivatives}

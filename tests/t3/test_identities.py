@@ -11,6 +11,8 @@ import pytest
 import chunkx.t3 as t3
 from conftest import corewise_vjp_references, max_relerr, normal_sampler, random_problem
 
+pytestmark = pytest.mark.x64  # float64 tolerances and references
+
 N, n, r, K, W = (3, 4), (2, 3), (1, 2, 1), 2, 7  # d=2, K >= d: small programs
 
 

@@ -12,6 +12,8 @@ import pytest
 import chunkx.t3 as t3
 from conftest import CASES, max_relerr
 
+pytestmark = pytest.mark.x64  # float64 tolerances and references
+
 RTOL = 1e-12
 TRANSPOSE_CASES = [
     c

@@ -10,6 +10,8 @@ import pytest
 import chunkx.t3 as t3
 from conftest import max_relerr
 
+pytestmark = pytest.mark.x64  # float64 tolerances and references
+
 sd = pytest.importorskip("t3toolbox.backend.sampling_derivatives")
 
 N, n, r = (3, 4, 5), (2, 3, 2), (2, 2, 3, 1)  # ragged, boundary rank r_0 = 2

@@ -10,6 +10,8 @@ from jax.sharding import PartitionSpec as P
 import chunkx.t3 as t3
 from conftest import corewise_vjp_references, max_relerr, random_problem
 
+pytestmark = pytest.mark.x64  # float64 tolerances and references
+
 N, n, r, K = (3, 4), (2, 3), (1, 2, 1), 2
 
 

@@ -114,6 +114,7 @@ def test_other_errors():
         t3.TuckerTensorTrain.randn(jax.random.key(0), (3, 4), (2,), (1, 2, 1))
 
 
+@pytest.mark.x64
 def test_sampling_kind_errors():
     import numpy as np
 

@@ -4,11 +4,14 @@ K 0-4 (K >= d included), against the dense oracle and jax.vjp of our forward."""
 import functools
 
 import jax
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import chunkx.t3 as t3
 from conftest import max_relerr, random_problem
+
+pytestmark = pytest.mark.x64  # float64 tolerances and references
 
 
 @st.composite
