@@ -93,6 +93,7 @@ def test_while_loop_and_scan_primals(lin):
     assert_tree_close(jac(x, 5), _reference("loops", lambda: jax.jit(jax.jacfwd(f))(x, 5)))
 
 
+@pytest.mark.x64
 def test_linearized_hessian_grad_and_vmap_through():
     f = lambda x: jnp.sum(jnp.sin(x) * x[::-1]) ** 2  # noqa: E731
     x = jax.device_put(np.linspace(0.0, 1.0, 5))

@@ -162,6 +162,7 @@ def test_jacobian_empty_integer_outputs_and_weak_types(ours, ref, _):
         assert_tree_close(out, jax.jit(ref(as_int))(ones), weak_type=True)
 
 
+@pytest.mark.x64
 def test_hessian_by_composition_and_grad_through():
     f = lambda x: jnp.sum(jnp.sin(x) * x[::-1]) ** 2  # noqa: E731
     x = jax.device_put(np.linspace(0.0, 1.0, 5))
