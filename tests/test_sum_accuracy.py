@@ -18,6 +18,8 @@ from optax import microbatching as om
 
 import chunkx
 
+pytestmark = pytest.mark.x64  # the oracle is float64 (and so is one of the dtypes)
+
 N = 3000
 SIZES = [1, 7, 100, 1000]
 DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16, jnp.float64]
@@ -87,7 +89,6 @@ def loss(size, compensated=True):
     return lambda w, x: chunk(x, w)
 
 
-@pytest.mark.x64
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 def test_value_and_fused_grad_within_4x_of_unchunked_sum(dtype):
     x, w = data(dtype)
@@ -125,7 +126,6 @@ def test_maps_and_monoid_sums_compensated(dtype):
             assert rel(got, v_ref) <= bound(ev, dtype), (size, m, rel(got, v_ref), ev)
 
 
-@pytest.mark.x64
 @pytest.mark.parametrize("size", [1, 7, 100])
 def test_micro_vmap_sum_compensated_and_option_off_is_optax(size):
     """micro_vmap's SUM is compensated; `compensated=False` gives optax's bits."""
