@@ -8,6 +8,10 @@ import subprocess
 import sys
 import tempfile
 
+# The tests are in folders by area; the shared modules (`helpers`) are here, importable from
+# every folder under any import mode.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 # The many small test programs compile faster with LLVM's CPU code generation unoptimised and
 # with XLA's legacy CPU fusion emitters (about 40% less CPU for the suite). Values are
 # unaffected. XLA's temp memory, which the memory tests and the planner read, is the same in

@@ -4,6 +4,7 @@ import itertools
 import os
 import re
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -104,8 +105,18 @@ def assert_tree_close(actual, expected, *, rtol=None, atol=None, weak_type=False
 
 
 def temp_bytes(f, *args):
-    """XLA temp memory of `jax.jit(f)(*args)`, straight from JAX (independent of the planner)."""
-    return jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes
+    """XLA temp memory of the compiled program of `f(*args)`, from JAX's memory analysis
+    (`jax.jit(...).lower(...).compile().memory_analysis()`), independent of chunkx's own
+    measuring. The array leaves of `f` (a Module may hold some) and of `args` are the program's
+    arguments; other leaves are closed over, and non-array leaves of the output dropped, as
+    `eqx.filter_jit` does. For a plain function of arrays this is `jax.jit(f)`'s program."""
+    dyn, static = eqx.partition((f, args), eqx.is_array)
+
+    def run(dyn):
+        fn, a = eqx.combine(dyn, static)
+        return eqx.filter(fn(*a), eqx.is_array)
+
+    return jax.jit(run).lower(dyn).compile().memory_analysis().temp_size_in_bytes
 
 
 def cases():

@@ -109,5 +109,5 @@ def test_errors():
         op(bad)
 
 
-# The two Levenberg-Marquardt fits run as examples/t3_fit.py (tests/test_examples.py checks they
-# reach relative residual <= 1e-6 within 20 outer iterations; the example asserts it too).
+# The two Levenberg-Marquardt fits run as examples/t3_fit.py (tests/docs/test_examples.py checks
+# they reach relative residual <= 1e-6 within 20 outer iterations; the example asserts it too).

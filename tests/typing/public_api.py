@@ -2,7 +2,7 @@
 
 CI runs `mypy` on `tests/typing/` (config in pyproject.toml) against the installed package, so the
 public signatures, `py.typed` and the annotations users see are checked together.
-`tests/test_public_api.py` runs every function here, so the file cannot drift from the API.
+`tests/docs/test_public_api.py` runs every function here, so the file cannot drift from the API.
 """
 
 

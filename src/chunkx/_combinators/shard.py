@@ -201,7 +201,7 @@ def _shard_run(fn, reducer, layout, args, valid):
     # pulled back with `jnp.ones(...)`, a `lax.scan`/`fori_loop` carry started from zeros
     # (chunkx's own chunk loop and `Pullback` do both). What the check guards -- that an
     # output declared replicated (`P()`) really is -- the reducers guarantee: only `Sum`
-    # declares `P()`, and it returns a `psum`. tests/test_combinators.py::
+    # declares `P()`, and it returns a `psum`. tests/combinators/test_combinators.py::
     # test_shard_sum_replicated_and_user_constants checks both sides.
     gathered = jax.shard_map(
         local, mesh=mesh, in_specs=(specs, v_spec, P()), out_specs=reducer.shard_spec(axis),

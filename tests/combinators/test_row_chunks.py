@@ -125,11 +125,11 @@ def test_budget_too_small_names_a_budget_that_fits():
     np.testing.assert_allclose(grad, want_grad, rtol=1e-3, atol=1e-5)
 
 
-def test_issue_example_budget_fits_a_size():
+def test_a_16_kib_budget_fits_a_size_under_value_and_grad():
     """`batch_vmap(..., batch_size="auto", memory_budget=16384)` under `value_and_grad`: some
-    size fits 16 KiB now that one row costs no copy of the input. A plain running sum, as
-    this case was first measured: a compensated one carries one more gradient-sized term,
-    and `test_budget_too_small_names_a_budget_that_fits` plans that one."""
+    size fits 16 KiB, as one row costs no copy of the input. The sum is a plain running sum
+    (`compensated=False`): a compensated one carries one more gradient-sized term, and
+    `test_budget_too_small_names_a_budget_that_fits` plans that one."""
     f = chunkx.batch_vmap(per, (0, None), batch_size="auto", memory_budget=16384,
                           reducer=chunkx.Sum(compensated=False))
     value, grad = jax.value_and_grad(lambda w: f(X, w))(W)

@@ -82,8 +82,8 @@ PIPELINES = {
                        True, False),
 }
 # maps with `jax.vmap`'s rule: an int axis maps every leaf of its argument, which must be an
-# array (a string there is refused: tests/test_user_inputs.py), so `d`'s non-array leaf passes
-# through the spelling that passes it, `eqx.if_array(k)`
+# array (a string there is refused: tests/maps/test_user_inputs.py), so `d`'s non-array leaf
+# passes through the spelling that passes it, `eqx.if_array(k)`
 VMAP_RULE = {"batch_vmap", "batch_vmap_shard", "batch_vmap_sum", "jit_chunk_vmap"}
 
 

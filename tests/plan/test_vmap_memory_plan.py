@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 import chunkx
+from helpers import temp_bytes
 
 X, W = jnp.linspace(-1.0, 1.0, 16000).reshape(1000, 16), jnp.ones((16, 16)) / 16
 BUDGET = 2**16
@@ -33,8 +34,9 @@ def test_memory_plan_is_the_plan_the_map_runs(name, reducer):
     plan = auto.memory_plan(*structs)
     assert plan.n == 1000 and 1 <= plan.chunk_size < 1000
     fixed = BUILD[name](batch_size=plan.chunk_size, reducer=reducer)
-    assert chunkx.compiled_temp_bytes(auto, X, W) == chunkx.compiled_temp_bytes(fixed, X, W)
-    assert chunkx.compiled_temp_bytes(auto, X, W) <= BUDGET
+    # XLA's memory analysis of the compiled programs: the one the map runs is the one at the
+    # planned size, and it is within the budget
+    assert temp_bytes(auto, X, W) == temp_bytes(fixed, X, W) <= BUDGET
     want = jax.vmap(per, (0, None))(X, W)
     got = auto(X, W)
     assert jnp.allclose(got, want if reducer is None else jnp.sum(want), rtol=1e-6)
@@ -47,7 +49,7 @@ def test_grad_memory_plan_is_the_reverse_pass_the_gradient_runs():
     f = auto.memory_plan(X, W).chunk_size
     fixed = chunkx.vmap(per, (0, None), batch_size=f, grad_batch_size=g, reducer=chunkx.Sum())
     grad = lambda m: jax.grad(lambda w: m(X, w))  # noqa: E731
-    assert chunkx.compiled_temp_bytes(grad(auto), W) == chunkx.compiled_temp_bytes(grad(fixed), W)
+    assert temp_bytes(grad(auto), W) == temp_bytes(grad(fixed), W) <= BUDGET  # XLA's analysis
     want = jax.grad(lambda w: jnp.sum(jax.vmap(per, (0, None))(X, w)))(W)
     assert jnp.allclose(grad(auto)(W), want, rtol=1e-6)
 

@@ -24,7 +24,7 @@ import pytest
 
 from helpers import reader_env
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SKETCH = "<!-- sketch -->"
 _OPEN = re.compile(r"^(?P<indent>[ \t]*)```python\s*$")

@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
+SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
 LIMIT = 7
 
 #: Public functions whose positional parameters are a peer library's, in the peer's order.

@@ -274,7 +274,8 @@ def test_elementwise_concat_bit_identical_at_every_size():
 def test_micro_grad_and_microbatch_option_off_is_optax(kind):
     """`compensated=False` on `micro_grad` and `microbatch` gives optax's SUM bits (optax's
     MEAN of per-example values averages each microbatch first, a different formula, compared
-    to rounding in tests/test_microbatch.py); on, the result agrees with optax to rounding."""
+    to rounding in tests/maps/test_microbatch.py); on, the result agrees with optax to
+    rounding."""
     x, w = data(jnp.float32)
     x = x[:700]
     ours, theirs = getattr(chunkx.AccumulationType, kind), getattr(om.AccumulationType, kind)

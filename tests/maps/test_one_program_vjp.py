@@ -3,7 +3,7 @@
 Where the pullback sums cotangents (of unchunked primals such as parameters), its last chunk is
 shifted back over rows already done and the repeated rows' cotangents (and the outputs it
 keeps) are masked to zero. The number of `sin` equations in the jaxpr counts the programs that
-evaluate rows (as in `tests/test_one_program.py`); the results equal `jax.vjp`'s.
+evaluate rows (as in `tests/maps/test_one_program.py`); the results equal `jax.vjp`'s.
 """
 
 import functools

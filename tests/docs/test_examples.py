@@ -19,7 +19,7 @@ import pytest
 
 from helpers import reader_env
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 
 # `main(**SMALL[name])`: the same checks at a size that compiles and runs in seconds. Each keeps

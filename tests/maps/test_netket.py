@@ -21,17 +21,18 @@ import netket_worker as W
 pytestmark = pytest.mark.x64  # float64 tolerances and references
 
 HERE = os.path.dirname(__file__)
-DATA = os.path.join(HERE, "data", "netket_reference")  # made by netket_worker.py
+DATA = os.path.join(os.path.dirname(HERE), "data", "netket_reference")  # made by netket_worker.py
 
 
 @pytest.fixture(scope="session")
 def netket_results():
-    """netket's answers, as `python tests/netket_worker.py tests/data/netket_reference` stored them."""
+    """netket's answers, as `python tests/maps/netket_worker.py tests/data/netket_reference`
+    stored them."""
     with open(DATA + ".json") as fh:
         meta = json.load(fh)
     assert sorted(meta["trees"]) == sorted(W.cases()), (
         "tests/data/netket_reference.* holds other cases than netket_worker.cases(): rerun "
-        "`python tests/netket_worker.py tests/data/netket_reference`")
+        "`python tests/maps/netket_worker.py tests/data/netket_reference`")
     assert meta["netket"].startswith("3.23") and meta["x64"]
     return dict(np.load(DATA + ".npz")), meta["trees"]
 

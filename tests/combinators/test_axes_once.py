@@ -83,7 +83,8 @@ def test_concat_said_once(name):
     assert_tree_close(jax.jit(g)(X, W), WANT)
 
 
-def test_issue_example_shape():
+def test_chunk_leaves_unmapped_what_its_vmap_leaves_unmapped():
+    """`W`, as long as `X`, is not mapped: each row scales all of `W`, (10, 10), not (10,)."""
     g = chunkx.Chunk(chunkx.Vmap(lambda x, w: x * w, (0, None)), 4)
     assert g(X, W).shape == (10, 10)
 

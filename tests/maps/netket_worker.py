@@ -1,11 +1,12 @@
-"""netket 3.23's answers for tests/test_netket.py: the script that made `tests/data/netket_reference.*`.
+"""netket 3.23's answers for tests/maps/test_netket.py: the script that made
+`tests/data/netket_reference.*`.
 
 Importing netket turns on `jax_enable_x64` and changes other global JAX state, so it never runs
 inside the test process. `cases()` (plain JAX, no netket) is shared with the test; run as a script
 from the repository root (netket is in the `test` extra), this file evaluates every case with
 netket and writes the output leaves to an `.npz` file and their tree structures to a `.json` file:
 
-    python tests/netket_worker.py tests/data/netket_reference
+    python tests/maps/netket_worker.py tests/data/netket_reference
 
 Rerun it after changing `cases()` or the inputs; the test checks that the stored cases are these.
 """
@@ -75,7 +76,7 @@ def cases():
     """name -> case: which function, which primals, netket's keyword arguments.
 
     Few cases (netket compiles slowly); the other combinations are checked in-process against
-    `jax.vjp` / a dense Jacobian in tests/test_netket.py.
+    `jax.vjp` / a dense Jacobian in tests/maps/test_netket.py.
     """
     c = {
         # real parameters, complex log-amplitude; chunk sizes not dividing, dividing, none

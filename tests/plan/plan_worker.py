@@ -1,4 +1,4 @@
-"""Run by tests/test_auto.py in a fresh process: plan both passes of an "auto" map and print
+"""Run by tests/plan/test_auto.py in a fresh process: plan both passes of an "auto" map and print
 the backend compilations planning took (jax.monitoring) and the sizes, as JSON. With the
 argument `then-off`, plan them once more with persistence off (`CHUNKX_CACHE_DIR=""`) and
 nothing in memory, and print those too."""

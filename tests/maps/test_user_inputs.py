@@ -232,7 +232,7 @@ def test_padding_keeps_an_infinite_gradient():
         chunkx.Chunk(log, 2, remainder="shift"),
         chunkx.chunk_map(jax.vmap(jnp.log), chunk_size=2, shard_batch=True),
     ]
-    assert_tree_close(jax.grad(lambda x: maps[0](x).sum())(x), want)  # the issue's snippet
+    assert_tree_close(jax.grad(lambda x: maps[0](x).sum())(x), want)  # chunk_map, eagerly
     for g in maps:
         assert_tree_close(jax.jit(jax.grad(lambda x: g(x).sum()))(x), want)
     for g in (chunkx.Pad(chunkx.Chunk(log, 2, reducer=chunkx.Sum()), 2),
@@ -283,7 +283,7 @@ def test_compiled_temp_bytes_of_a_module_returning_step():
 
 @pytest.mark.parametrize("remainder", ["call", "shift"])
 def test_bare_chunk_eager_on_explicit_caller_mesh(remainder):
-    """Item 1: a Chunk called eagerly on inputs laid out on a caller's Explicit mesh."""
+    """A Chunk called eagerly on inputs laid out on a caller's Explicit mesh."""
     x = jax.device_put(jnp.arange(7.0), NamedSharding(_caller_mesh(), P()))
     out = chunkx.Chunk(chunkx.Vmap(jnp.sin), 3, remainder=remainder)(x)
     np.testing.assert_allclose(out, jax.vmap(jnp.sin)(jnp.arange(7.0)), rtol=1e-6)

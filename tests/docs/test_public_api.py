@@ -1,6 +1,6 @@
 """`tests/typing/public_api.py`, the file `mypy` checks in CI, uses every public name.
 
-Its functions are the docstring examples (which `tests/test_docstrings.py` runs), with a few
+Its functions are the docstring examples (which `tests/docs/test_docstrings.py` runs), with a few
 type narrowings a strict checker needs; `.ci/run` type-checks it against the installed package.
 """
 
@@ -9,7 +9,7 @@ import re
 
 from test_docstrings import NAMES
 
-SOURCE = (pathlib.Path(__file__).parent / "typing" / "public_api.py").read_text()
+SOURCE = (pathlib.Path(__file__).parents[1] / "typing" / "public_api.py").read_text()
 
 
 def test_every_public_name_is_used():

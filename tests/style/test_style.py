@@ -2,7 +2,7 @@
 
 import pathlib
 
-SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
+SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
 
 
 def test_no_private_jax_imports():

@@ -37,7 +37,9 @@ def test_every_map_is_covered():
     assert {"vmap_chunked", "batch_vmap", "chunk_map", "vmap", "micro_vmap", "microbatch"} <= names
 
 
-def test_issue_examples():
+def test_each_binding_error_starts_with_the_map_and_what_is_wrong():
+    """A missing required argument, a surplus positional one, an unexpected keyword: each
+    message starts with the map's name and says which argument."""
     with pytest.raises(TypeError, match=r"^`vmap_chunked`: missing the required argument chunk_size"):
         chunkx.vmap_chunked(f, (0, None))
     with pytest.raises(

@@ -1,10 +1,10 @@
 """Every public map with its defaults, and its defaults with each of its flags switched on.
 
-A default can fall out of the case grids when every other test passes a chunk size: quantax's
-`chunk_map(f, shard_batch=True)` (the default `chunk_size=None` with the sharding flag) once
-raised a `TypeError`. This table calls each map as its peer's user would with nothing but the
-required arguments, then once per flag, and compares with an independent reference (`jax.vmap`,
-`jax.jacfwd`/`jacrev`, `jax.vjp`, optax itself). The batch has 10 rows: it divides neither the
+A default can fall out of the case grids when every other test passes a chunk size (quantax's
+`chunk_map(f, shard_batch=True)`: the default `chunk_size=None` with the sharding flag). This
+table calls each map as its peer's user would with nothing but the required arguments, then
+once per flag, and compares with an independent reference (`jax.vmap`, `jax.jacfwd`/`jacrev`,
+`jax.vjp`, optax itself). The batch has 10 rows: it divides neither the
 4 devices nor the chunk sizes, so the leftover paths run too.
 """
 
