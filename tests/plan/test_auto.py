@@ -149,6 +149,36 @@ def test_forward_linear_plan_in_two_compilations_within_ten_percent(fresh_cache)
     assert again.count == 0
 
 
+def test_planning_traces_the_function_once_per_probe(fresh_cache):
+    """A cold plan of a fused value-and-gradient traces the user's function once for what it
+    closes over, once for the policy, once for the fingerprint, and once per piece size of
+    each probe (the whole batch; the whole batch and a backward size) and of the call: 8
+    times. The same call at fixed sizes traces it once per piece size: 2 times."""
+    traces = {"n": 0}
+
+    def counted(x, w):
+        traces["n"] += 1
+        return energy(x, w)
+
+    x, w = data(n=512)
+    ref_v, ref_g = vmap_refs(512)
+
+    def first_call(size, grad_size, **kw):
+        traces["n"] = 0
+        f = chunkx.Chunk(chunkx.Vmap(counted, (0, None)), size, reducer=chunkx.Sum(),
+                         in_axes=(0, None), grad_size=grad_size, grad="fused", **kw)
+        v, g = jax.jit(jax.value_and_grad(f, argnums=1))(x, w)
+        close(v, ref_v)
+        close(g, ref_g)
+        return f, traces["n"]
+
+    f, cold = first_call("auto", "auto", memory_budget=2**20)
+    plan = f.grad_memory_plan(x, w)
+    assert 1 < plan.chunk_size < 512 and len(plan.points) == 2
+    _, fixed = first_call(512, plan.chunk_size)
+    assert (cold, fixed) == (8, 2)
+
+
 def test_plan_cache_on_disk_second_process_compiles_nothing(fresh_cache):
     script = Path(__file__).with_name("plan_worker.py")
     env = dict(os.environ, CHUNKX_CACHE_DIR=str(fresh_cache))

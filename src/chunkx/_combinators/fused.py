@@ -77,7 +77,7 @@ def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
         if inexact and (chunk.grad == "fused" or sum(map(_reals, leaves)) <= FUSED_MAX_OUTPUTS):
             sizes = piece_sizes(chunk, n)
             if sizes != {first}:  # the loops' other piece sizes are converted too
-                lifted = _Lifted(chunk, mapped, fixed, static, n, sizes)
+                lifted = _Lifted(chunk, mapped, fixed, static, n, sizes, lifted.convs)
             lifted.struct = struct  # the reduced output's structs, for `fused_call`
             return "fused", lifted
     return ("recompute" if chunk.checkpoint else "store"), None
@@ -110,10 +110,12 @@ class _Lifted:
     Where it fuses, `grad_policy` sets `struct`, the structs of the reduced output.
     """
 
-    def __init__(self, chunk, mapped, fixed, static, n, sizes):
+    def __init__(self, chunk, mapped, fixed, static, n, sizes, converted=None):
+        """`converted`: `chunk.fn` already converted at some of the sizes (by piece size)."""
         self.chunk, self.static, self.n = chunk, static, n
-        convs = {k: _convert(chunk, join_args(rows(mapped, 0, k), fixed, static), k)
-                 for k in sorted(sizes)}
+        convs = {k: (converted or {}).get(k) or _convert(
+            chunk, join_args(rows(mapped, 0, k), fixed, static), k) for k in sorted(sizes)}
+        self.convs = convs
         self.rows, self.rows_tree = jax.tree_util.tree_flatten(mapped)
         whole, self.whole_static = eqx.partition((fixed, convs), eqx.is_array)
         self.whole, self.whole_tree = jax.tree_util.tree_flatten(whole)

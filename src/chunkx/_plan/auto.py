@@ -21,7 +21,6 @@ program (`cache.lower_cap`).
 """
 
 import dataclasses
-import functools
 import hashlib
 import warnings
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from .measure import (
     divisor_below,
     fingerprint_and_outputs,
     probe_temp_bytes,
+    tree_bytes,
 )
 from .recover import is_oom, refused_value, reported_bytes
 from .reverse import ClosedOver, VjpProgram, planned_on_differentiation
@@ -164,9 +164,10 @@ def reverse_plan(
     return _search(chunk, tree, n, min(size, n), (wrt, axes))[0]
 
 
-def _signature(chunk: Any, tree: tuple, n: int, sig: dict | None) -> tuple[str, int]:
+def _signature(chunk: Any, tree: tuple, n: int, sig: dict | None) -> tuple[str, Any]:
     """The fingerprint of the Chunk's program on `tree` (`n` rows) with its options, and the
-    bytes of its outputs: traced once per call (kept in `sig`, shared by both passes)."""
+    structs of its outputs (at every chunk size, those of a cotangent of the call): traced once
+    per call (kept in `sig`, shared by both passes)."""
     if sig is not None and "key" in sig:
         return sig["key"], sig["out"]
     probe = _AtSize(_template(chunk), max(1, (n + 1) // 2))  # a loop and a remainder: all parts
@@ -192,19 +193,15 @@ def _search(
     wrt, axes = reverse if backward else (None, ())
     program, out = _signature(chunk, tree, n, sig)
     key = hashlib.sha256(repr((program, size, wrt)).encode()).hexdigest() if backward else program
-    budget, source = _budget(chunk, tree, out)
+    budget, source = _budget(chunk, tree, tree_bytes(out))
     template = _template(chunk)
     run = _AtSize(template, size)
     held = _held_bytes(tree, wrt, axes) if backward else 0
 
-    @functools.cache
-    def cotangent() -> Any:  # the output's structs, traced once, when a probe needs them
-        return VjpProgram(run, size, wrt).cotangent(tree)
-
     def measure(g: int) -> int:
         program, args = _AtSize(template, g), (tree,)
-        if backward:
-            program, args = VjpProgram(run, g, wrt), (tree, cotangent())
+        if backward:  # the caller's cotangent: an argument of the output's structs
+            program, args = VjpProgram(run, g, wrt), (tree, out)
         try:
             return probe_temp_bytes(program, *args, who="Chunk") + held
         except jax.errors.JaxRuntimeError as err:
@@ -261,8 +258,7 @@ def _held_bytes(tree: tuple, wrt: tuple[bool, ...], axes: tuple) -> int:
     (where they are summed over chunks and devices)."""
     unmapped = _mask(tree, (True, tuple(a is None for a in axes), False))
     arrays = jax.tree_util.tree_leaves(eqx.filter(tree, eqx.is_array))
-    return sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
-               for x, w, u in zip(arrays, wrt, unmapped) if w and u)
+    return tree_bytes([x for x, w, u in zip(arrays, wrt, unmapped) if w and u])
 
 
 def default_grad_wrt(tree: tuple, axes: tuple) -> tuple[bool, ...]:

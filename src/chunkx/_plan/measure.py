@@ -236,19 +236,23 @@ def fingerprint(fn: Callable[..., Any], *args: Any, extra: Any = ()) -> str:
     return fingerprint_and_outputs(fn, *args, extra=extra)[0]
 
 
-def fingerprint_and_outputs(fn: Callable[..., Any], *args: Any, extra: Any = ()) -> tuple[str, int]:
-    """`fingerprint(fn, *args, extra=extra)` and the bytes of the outputs of `fn(*args)`, from
-    the same trace."""
+def fingerprint_and_outputs(fn: Callable[..., Any], *args: Any, extra: Any = ()) -> tuple[str, Any]:
+    """`fingerprint(fn, *args, extra=extra)` and the structs of the array outputs of
+    `fn(*args)` (`jax.ShapeDtypeStruct`s in the output's tree), from the same trace."""
     import jaxlib
 
     from .. import __version__
 
     run, dyn = _abstract(fn, args)
-    jaxpr = jax.make_jaxpr(run)(dyn)
+    jaxpr, outputs = jax.make_jaxpr(run, return_shape=True)(dyn)
     text = _ADDRESS.sub("0x", str(jaxpr))
-    out = sum(int(np.prod(getattr(a, "shape", ()))) * getattr(a.dtype, "itemsize", 0)
-              for a in jaxpr.out_avals)
     device = jax.devices()[0]
     env = (device.platform, device.device_kind, jax.device_count(), jax.__version__,
            jaxlib.__version__, __version__)
-    return hashlib.sha256(repr((text, extra, env)).encode()).hexdigest(), out
+    return hashlib.sha256(repr((text, extra, env)).encode()).hexdigest(), outputs
+
+
+def tree_bytes(tree: Any) -> int:
+    """The bytes of the array (or struct) leaves of `tree`."""
+    return sum(int(np.prod(np.shape(a))) * np.dtype(a.dtype).itemsize
+               for a in jax.tree_util.tree_leaves(tree) if _is_leaf_array(a))

@@ -70,10 +70,6 @@ class VjpProgram(eqx.Module):
         out, pull = jax.vjp(lambda live: self.run(rebuild(live), self.size), live)
         return out, pull(cotangent)
 
-    def cotangent(self, tree: Any) -> Any:
-        """The structs of a cotangent of `run(tree, size)` (those of its output)."""
-        return eqx.filter_eval_shape(lambda t: self.run(t, self.size), tree)
-
 
 def _live(tree: Any, mask: tuple[bool, ...] | None) -> tuple[list, Callable[[Any], Any]]:
     """`(live, rebuild)`: the array leaves of `tree` marked in `mask` (all if `None`), and
