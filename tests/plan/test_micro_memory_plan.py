@@ -67,14 +67,29 @@ def test_micro_vmap_grad_memory_plan():
     assert_tree_close(grad(W), want)
 
 
-def test_microbatch_memory_plan_is_the_divisor_it_runs():
+@pytest.mark.parametrize("budget", [2 * BUDGET, 4 * BUDGET])
+def test_microbatch_memory_plan_is_the_divisor_it_runs(budget):
+    """The whole program is within the budget: the loop is planned in what the rows permuted
+    into optax's microbatches (a copy of X, 64000 bytes) leave of it."""
     f = lambda x, w: jnp.sum(jax.vmap(per, (0, None))(x, w))  # noqa: E731
-    auto = chunkx.microbatch(f, 0, "auto", memory_budget=BUDGET)
+    auto = chunkx.microbatch(f, 0, "auto", memory_budget=budget)
     plan = auto.memory_plan(X, W)
     assert 1000 % plan.chunk_size == 0 and plan.chunk_size < 1000
+    assert plan.budget_bytes == budget - X.size * X.dtype.itemsize
+    assert plan.budget_source == (f"memory_budget={budget} - 64000 bytes of the rows permuted "
+                                  "into microbatches")
     fixed = chunkx.microbatch(f, 0, plan.chunk_size)
-    assert temp_bytes(auto, X, W) == temp_bytes(fixed, X, W)  # XLA's memory analysis
+    assert temp_bytes(auto, X, W) == temp_bytes(fixed, X, W) <= budget  # XLA's memory analysis
     assert_tree_close(auto(X, W), jax.jit(om.microbatch(f, 0, plan.chunk_size))(X, W))
+
+
+def test_microbatch_budget_below_the_permuted_rows():
+    f = lambda x, w: jnp.sum(jax.vmap(per, (0, None))(x, w))  # noqa: E731
+    with pytest.raises(ValueError, match=r"^`microbatch\(microbatch_size='auto', memory_budget="
+                       r"32768\)`: the rows permuted into microbatches take 64000 bytes of the "
+                       r"budget, which leaves nothing for the microbatches; give a larger "
+                       r"memory_budget or an int size\.$"):
+        chunkx.microbatch(f, 0, "auto", memory_budget=BUDGET // 2)(X, W)
 
 
 def test_a_fixed_size_has_no_plan():

@@ -40,7 +40,7 @@ from .._combinators.reduce import (
     zero_masked,
 )
 from .._combinators.shard import Shard
-from .._plan.measure import divisor_below
+from .._plan.measure import default_budget, divisor_below, tree_bytes
 from .._plan.search import MemoryPlan
 from .._types import RowMask, Tree
 from ._vmap_axes import resolve
@@ -429,10 +429,13 @@ class Microbatched(eqx.Module):
         body, at = _Body(self.fun, treedef), tuple(at)
         mb = n if opts.size is None else opts.size
         if mb == "auto" and not self.per_example:  # `fun` sees whole microbatches: the plan
-            # of a Chunk of microbatches, its size the largest divisor of the rows within it
-            whole = compose(RowFn(body, at, False, False), AXES, leaves, opts, who)
+            # of a Chunk of microbatches, its size the largest divisor of the rows within it,
+            # in the budget less the rows' copy permuted into optax's microbatches
+            planned, source = _less_permuted(opts, rows, who)
+            whole = compose(RowFn(body, at, False, False), AXES, leaves, planned, who)
             whole = whole.memory_plan(*pair)
-            whole = dataclasses.replace(whole, chunk_size=divisor_below(n, whole.chunk_size))
+            whole = dataclasses.replace(whole, chunk_size=divisor_below(n, whole.chunk_size),
+                                        budget_source=source)
             if plan is not None:
                 return whole
             mb = whole.chunk_size
@@ -495,6 +498,27 @@ _REFUSALS = {
     "vmap_fn": "a vmap_fn other than jax.vmap may reach across the rows of a microbatch (a "
     "collective over its axis), which must then see each microbatch whole; it cannot take {what}.",
 }
+
+
+def _less_permuted(opts: Options, rows: list, who: str) -> tuple[Options, str]:
+    """`opts` with the budget its "auto" loop is planned for, and where that came from: the
+    `memory_budget` (else what the device has free) less the bytes of the rows `Interleave`
+    permutes into optax's microbatches, a copy the program holds beside the loop (each
+    device's share under `shard`)."""
+    copy = tree_bytes(rows) // opts.devices(rows)
+    less = f" - {copy} bytes of the rows permuted into microbatches"
+    if opts.memory_budget is None:
+        budget, source = default_budget(who, "microbatch_size", held=copy)
+        return dataclasses.replace(opts, memory_budget=budget), source + less
+    budget = int(opts.memory_budget) - copy
+    if budget < 1:
+        raise ValueError(
+            f"`{who}(microbatch_size='auto', memory_budget={opts.memory_budget})`: the rows "
+            f"permuted into microbatches take {copy} bytes of the budget, which leaves "
+            "nothing for the microbatches; give a larger memory_budget or an int size."
+        )
+    source = f"memory_budget={opts.memory_budget}{less}"
+    return dataclasses.replace(opts, memory_budget=budget), source
 
 
 def refuse(who: str, name: str, given: bool, needs: dict) -> None:

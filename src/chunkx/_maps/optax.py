@@ -75,7 +75,9 @@ def microbatch(
     - `in_axes`: the batch axis of each of `argnums + argnames` (an int: all of them).
     - `num_real_microbatches`: run only this many microbatches (an int or a traced value).
     - `memory_budget`: with `microbatch_size="auto"`, bytes of XLA temp memory per device (an
-      int or an integral float such as `64e6`; `None`: what the device has free).
+      int or an integral float such as `64e6`; `None`: what the device has free), for the
+      whole program: the loop is planned in what the copy of the rows permuted into optax's
+      microbatches leaves of it.
     - `compensated`: SUM, MEAN and RUNNING_MEAN add the microbatch results with
       compensation (see [`chunkx.Sum`][]); `False`: a plain running sum, so SUM and MEAN
       have optax's bits (RUNNING_MEAN divides that sum once, where optax updates a running
