@@ -31,8 +31,11 @@ class MemoryPlan(eqx.Module):
     - `a`, `b`: the model's line `bytes ≈ a + b·B` for sizes that divide the rows (see
       [`chunkx.fit_memory`][]); `b = 0` when no line was needed.
     - `predicted`: the largest chunk size the final model says fits (`predict(B) <= budget`).
-    - `chunk_size`: the answer: the largest size that was measured within the budget. The model,
-      refitted on every measurement, predicts no larger size fits.
+    - `chunk_size`: the answer. From [`chunkx.fit_memory`][]: the largest size that was
+      measured within the budget (the model, refitted on every measurement, predicts no
+      larger size fits). From an `"auto"` size and [`chunkx.plan_chunk_size`][]: the size the
+      line through two measurements gives within a margin of the budget, compiled only where
+      the measurements do not bracket it (see `points`).
     - `remainder`: `(c0, c)`, the model's extra cost of a size that leaves `r > 0` rows over:
       `c0 + c·r` bytes (a remainder chunk is compiled and run on its own).
     - `rows`: the number of rows the remainder is taken from (usually `n`).
