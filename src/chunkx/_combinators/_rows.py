@@ -186,3 +186,11 @@ def weakly_typed(x):
     Python number's (a weak type of any other dtype cannot be made; `x` comes back then)."""
     kind = _weak_kind(jnp.result_type(x))
     return x if kind is None else jax.lax.full(jnp.shape(x), kind(0)).at[...].set(x)
+
+
+def swap_blocks(x, a: int, b: int):
+    """`(a, b, c, ...)` blocks of the leading axis -> `(b, a, c, ...)`, flattened again."""
+    n = x.shape[0]
+    if n == 0:  # no rows (no blocks to swap)
+        return x
+    return x.reshape((a, b, n // (a * b)) + x.shape[1:]).swapaxes(0, 1).reshape(x.shape)

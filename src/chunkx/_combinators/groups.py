@@ -16,15 +16,7 @@ import equinox as eqx
 from .._checks import as_in_axes, as_size, check_positive, zero_in_axes
 from .._types import InAxes
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
-from ._rows import map_mapped, mapped_length
-
-
-def _swap_blocks(x, a: int, b: int):
-    """`(a, b, c, ...)` blocks of the leading axis -> `(b, a, c, ...)`, flattened again."""
-    n = x.shape[0]
-    if n == 0:  # no rows (no blocks to swap)
-        return x
-    return x.reshape((a, b, n // (a * b)) + x.shape[1:]).swapaxes(0, 1).reshape(x.shape)
+from ._rows import map_mapped, mapped_length, swap_blocks
 
 
 class Groups(eqx.Module):
@@ -55,8 +47,8 @@ class Groups(eqx.Module):
                 f"groups * size = {g * s}, got {n}."
             )
         k = n // (g * s)
-        out = self.fn(*map_mapped(lambda x: _swap_blocks(x, g, k), args, axes))
-        return map_mapped(lambda y: _swap_blocks(y, k, g), (out,), (0,))[0]
+        out = self.fn(*map_mapped(lambda x: swap_blocks(x, g, k), args, axes))
+        return map_mapped(lambda y: swap_blocks(y, k, g), (out,), (0,))[0]
 
 
 layer_in_axes.register(Groups, own_axes)

@@ -27,9 +27,8 @@ import jax.numpy as jnp
 
 from .._checks import check_argnums, in_axes_tuple
 from .._combinators import compensated as comp
-from .._combinators._rows import mapped_length, moveaxis, struct_of, zeros_like_struct
+from .._combinators._rows import mapped_length, moveaxis, struct_of, swap_blocks, zeros_like_struct
 from .._combinators._sharding import replicated
-from .._combinators.groups import _swap_blocks
 from .._combinators.pad import Pad
 from .._combinators.reduce import (
     AbstractReducer,
@@ -43,9 +42,8 @@ from .._combinators.shard import Shard
 from .._plan.measure import default_budget, divisor_below, tree_bytes
 from .._plan.search import MemoryPlan
 from .._types import RowMask, Tree
-from ._vmap_axes import resolve
+from ._vmap_axes import Body, resolve
 from .pipeline import AXES, Options, check_options, compose, plan_call, plan_of
-from .vmap import _Body
 
 
 class AccumulationType(enum.Enum):
@@ -292,7 +290,7 @@ class RowFn(eqx.Module):
     first argument flags the rows to run: a chunk without any is skipped (`lax.cond`) and
     unflagged rows give zeros."""
 
-    body: _Body
+    body: Body
     at: tuple[int | None, ...] = eqx.field(static=True)
     per_example: bool = eqx.field(static=True)
     masked: bool = eqx.field(static=True)
@@ -336,14 +334,14 @@ class Interleave(eqx.Module):
         if self.masked:  # a row mask `valid` arrives only where the rows are masked
             m = jnp.ones(n, bool) if valid is None else jnp.asarray(valid)
             run = k if self.num_real is None else self.num_real  # microbatches run
-            head = (_swap_blocks(m & (jnp.arange(n) % k < run), s, k),)  # chunk j: rows j::k
-        rows = jax.tree_util.tree_map(lambda x: _swap_blocks(x, s, k), rows)
+            head = (swap_blocks(m & (jnp.arange(n) % k < run), s, k),)  # chunk j: rows j::k
+        rows = jax.tree_util.tree_map(lambda x: swap_blocks(x, s, k), rows)
         out = self.fn(*head, rows, fixed)
 
         def leaf(kind, part):  # concatenated rows back in batch order
             if kind is not AccumulationType.CONCAT:
                 return part
-            return jax.tree_util.tree_map(lambda y: _swap_blocks(y, k, y.shape[0] // k), part)
+            return jax.tree_util.tree_map(lambda y: swap_blocks(y, k, y.shape[0] // k), part)
 
         return self.reducer.each_leaf(leaf, out)
 
@@ -426,7 +424,7 @@ class Microbatched(eqx.Module):
         n = mapped_length(pair, AXES, who)
         if n == 0:
             raise ValueError(f"`{who}`: the batch is empty (0 rows); there is no microbatch.")
-        body, at = _Body(self.fun, treedef), tuple(at)
+        body, at = Body(self.fun, treedef), tuple(at)
         mb = n if opts.size is None else opts.size
         if mb == "auto" and not self.per_example:  # `fun` sees whole microbatches: the plan
             # of a Chunk of microbatches, its size the largest divisor of the rows within it,

@@ -1,4 +1,6 @@
-"""`in_axes`/`out_axes` pytree prefixes as `jax.vmap` and `eqx.filter_vmap` read them."""
+"""The maps' argument layer: `in_axes`/`out_axes` pytree prefixes as `jax.vmap` and
+`eqx.filter_vmap` read them, the per-argument entries of adv, netket and quantax
+(`by_argument`, `layout`, `Checked`), and the per-example call on resolved rows (`Body`)."""
 
 import inspect
 from collections.abc import Callable
@@ -7,6 +9,10 @@ from typing import Any, NamedTuple
 import equinox as eqx
 import jax
 import numpy as np
+
+from .._checks import in_axes_tuple
+from .._combinators._rows import mapped_length, moveaxis
+from .._types import InAxes
 
 
 class Spec(NamedTuple):
@@ -142,3 +148,72 @@ def _within(who: str, name: str, axis: int, nd: int, problem: str) -> int:
     if not -nd <= axis < nd:
         raise ValueError(f"`{who}({name}=...)`: {problem}.")
     return axis % nd
+
+
+class Body(eqx.Module):
+    """Per example: rebuild `(args, kwargs)` from a row of the mapped leaves and the fixed ones
+    (each list `None` where the other holds the leaf), call `fun`, and keep the outputs that
+    are mapped (`out_mask`, a `Spec` of the output's structure with a bool per leaf, as
+    `eqx.filter` takes it; `None`: all of them)."""
+
+    fun: Callable[..., Any]
+    treedef: Any = eqx.field(static=True)
+    out_mask: Spec | None = eqx.field(static=True, default=None)
+
+    def __call__(self, rows: list, fixed: list) -> Any:
+        args, kwargs = jax.tree_util.tree_unflatten(self.treedef, eqx.combine(rows, fixed))
+        out = self.fun(*args, **kwargs)
+        return out if self.out_mask is None else eqx.filter(out, self.out_mask.tree)
+
+
+def by_argument(
+    who: str, in_axes: Any, args: tuple, kwargs: dict, arrays_only: bool = False
+) -> tuple:
+    """`(axes, leaves, at, treedef, names)`: adv's, netket's and quantax's `in_axes` (one int,
+    `None` or `eqx.if_array(k)` per positional argument, as `in_axes_tuple` checks it), each
+    entry as an int or `None` (`axes`), read by the shared resolver (`resolve`'s four); the
+    keywords pass whole. An entry `eqx.if_array(k)` maps the argument's array leaves along `k`
+    and passes its other leaves whole. An int entry `k` does the same (quantax's `chunk_map`
+    broadcasts a Python number), or with `arrays_only` (`jax.vmap`'s rule, which adv, netket
+    and quantax's `jit_chunk_vmap` follow) maps every leaf, which must be an array: a Python
+    number is refused (`resolve`)."""
+    entries = in_axes_tuple(who, in_axes, len(args))
+    axes = tuple(getattr(a, "axis", a) for a in entries)
+
+    def spec(entry, axis):
+        if axis is None or (arrays_only and not isinstance(entry, eqx.if_array)):
+            return axis
+        return eqx.if_array(axis)
+
+    mapped = (tuple(map(spec, entries, axes)), None)
+    return axes, *resolve(who, mapped, (args, kwargs), "the arguments", in_axes)
+
+
+def layout(
+    in_axes: InAxes, args: tuple, who: str = "chunk_map", arrays_only: bool = False
+) -> tuple:
+    """`(at, moved, zero, n)`: each leaf's mapped axis (non-negative; `None` where it passes
+    whole), read by `by_argument` (an int entry as `eqx.if_array(k)` unless `arrays_only`); the
+    arguments with those axes moved to the front; one axis (0 or None) per argument; the
+    mapped arrays' common length (`mapped_length`: an error where there is none).
+    `arrays_only`: a mapped argument's leaves must all be arrays (`by_argument`)."""
+    axes, leaves, at, treedef, _ = by_argument(who, in_axes, args, {}, arrays_only)
+    moved = [x if a is None else moveaxis(x, a, 0) for x, a in zip(leaves, at)]
+    moved = jax.tree_util.tree_unflatten(treedef, moved)[0]
+    zero = tuple(None if a is None else 0 for a in axes)
+    return tuple(at), moved, zero, mapped_length(moved, zero, who)
+
+
+class Checked(eqx.Module):
+    """`fn(*args)`, the mapped arguments (axes, lengths, array leaves) checked against
+    `in_axes` first, in the name of the public map `who` (`arrays_only`: a mapped argument
+    holds arrays only, as `jax.vmap` asks)."""
+
+    fn: Callable[..., Any]
+    in_axes: InAxes = eqx.field(static=True)
+    who: str = eqx.field(static=True)
+    arrays_only: bool = eqx.field(static=True, default=False)
+
+    def __call__(self, *args: Any) -> Any:
+        layout(self.in_axes, args, self.who, self.arrays_only)
+        return self.fn(*args)

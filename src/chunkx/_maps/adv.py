@@ -10,13 +10,13 @@ import equinox as eqx
 import jax
 from jax.sharding import Mesh
 
-from .._checks import as_in_axes, check_in_axes, in_axes_tuple
+from .._checks import as_in_axes, check_in_axes
 from .._combinators._rows import mapped_length
 from .._combinators._sharding import auto_twin, on_inputs_mesh, to_mesh
 from .._combinators.reduce import AbstractReducer, identity
 from .._public import public
 from .._types import Budget, GradPolicy, InAxes, Size
-from ._vmap_axes import Spec, resolve
+from ._vmap_axes import Spec, by_argument
 from .pipeline import Options, check_options, reducer_for, run_one_input
 from .vmap import AbstractChunkedVmap
 
@@ -88,29 +88,6 @@ class BatchVmap(AbstractChunkedVmap):
         front = [x if a is None else _in_front(x, a) for x, a in zip(leaves, at)]
         mapped_length(jax.tree_util.tree_unflatten(treedef, front)[0], axes, who)
         return leaves, at, treedef, names
-
-
-def by_argument(
-    who: str, in_axes: Any, args: tuple, kwargs: dict, arrays_only: bool = False
-) -> tuple:
-    """`(axes, leaves, at, treedef, names)`: adv's, netket's and quantax's `in_axes` (one int,
-    `None` or `eqx.if_array(k)` per positional argument, as `in_axes_tuple` checks it), each
-    entry as an int or `None` (`axes`), read by the shared resolver (`resolve`'s four); the
-    keywords pass whole. An entry `eqx.if_array(k)` maps the argument's array leaves along `k`
-    and passes its other leaves whole. An int entry `k` does the same (quantax's `chunk_map`
-    broadcasts a Python number), or with `arrays_only` (`jax.vmap`'s rule, which adv, netket
-    and quantax's `jit_chunk_vmap` follow) maps every leaf, which must be an array: a Python
-    number is refused (`resolve`)."""
-    entries = in_axes_tuple(who, in_axes, len(args))
-    axes = tuple(getattr(a, "axis", a) for a in entries)
-
-    def spec(entry, axis):
-        if axis is None or (arrays_only and not isinstance(entry, eqx.if_array)):
-            return axis
-        return eqx.if_array(axis)
-
-    mapped = (tuple(map(spec, entries, axes)), None)
-    return axes, *resolve(who, mapped, (args, kwargs), "the arguments", in_axes)
 
 
 def _in_front(x: Any, axis: int) -> jax.ShapeDtypeStruct:

@@ -18,8 +18,8 @@ from .._combinators.vmap import Vmap
 from .._public import public
 from .._types import InAxes, Size
 from ._bind import Bound
+from ._vmap_axes import Checked
 from .pipeline import Options, compose
-from .quantax import Checked
 
 Argnums = int | tuple  # entries checked by `_argnums` (beartype samples one of tuple[X, ...])
 _VJP = "vjp_chunked"

@@ -9,7 +9,7 @@ import jax
 from jax.sharding import Mesh
 
 from .._checks import as_in_axes, check_in_axes
-from .._combinators._rows import map_mapped, mapped_length, moveaxis
+from .._combinators._rows import map_mapped, moveaxis
 from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.chunk import Chunk
 from .._combinators.groups import Groups
@@ -20,7 +20,7 @@ from .._combinators.unrolled import Unrolled
 from .._plan.measure import padded_rows_per_device
 from .._public import public
 from .._types import Budget, InAxes, Size
-from .adv import by_argument
+from ._vmap_axes import Checked, layout
 from .pipeline import Options, check_options, compose, fn_name, plan_call, plan_of
 
 _BWD_PLANNED = "chunk_size='auto', use_scan=True, chunk_size_bwd=None"  # for messages
@@ -55,7 +55,7 @@ class ChunkMap(eqx.Module):
     def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
         """The map's value, or with `plan` (`"memory_plan"`, `"grad_memory_plan"`) the plan
         its Chunk follows for these arguments (`kwargs`: none, as `plan_call` passes them)."""
-        at, moved, zero, n = _layout(self.in_axes, args)
+        at, moved, zero, n = layout(self.in_axes, args)
         pipeline = self._pipeline(_Moved(self.f, at, self.out_axes), zero, n, args)
         if plan is not None:
             return plan_of(pipeline, plan, moved, zero, self.opts)
@@ -108,21 +108,6 @@ class ChunkMap(eqx.Module):
         bwd = self.opts.grad_size
         return Chunk(inner, blocks * size, in_axes=zero, progress=self.opts.progress,
                      grad_size=None if bwd is None else blocks * bwd)
-
-
-def _layout(
-    in_axes: InAxes, args: tuple, who: str = "chunk_map", arrays_only: bool = False
-) -> tuple:
-    """`(at, moved, zero, n)`: each leaf's mapped axis (non-negative; `None` where it passes
-    whole), read by `by_argument` (an int entry as `eqx.if_array(k)` unless `arrays_only`); the
-    arguments with those axes moved to the front; one axis (0 or None) per argument; the
-    mapped arrays' common length (`mapped_length`: an error where there is none).
-    `arrays_only`: a mapped argument's leaves must all be arrays (`by_argument`)."""
-    axes, leaves, at, treedef, _ = by_argument(who, in_axes, args, {}, arrays_only)
-    moved = [x if a is None else moveaxis(x, a, 0) for x, a in zip(leaves, at)]
-    moved = jax.tree_util.tree_unflatten(treedef, moved)[0]
-    zero = tuple(None if a is None else 0 for a in axes)
-    return tuple(at), moved, zero, mapped_length(moved, zero, who)
 
 
 class _Moved(eqx.Module):
@@ -295,18 +280,3 @@ def jit_chunk_vmap(
     vmapped = eqx.filter_vmap(f, in_axes=in_axes, out_axes=out_axes)
     mapped = chunk_map(vmapped, in_axes, out_axes, chunk_size, True, shard_batch, False, mesh)
     return eqx.filter_jit(Checked(mapped, in_axes, "jit_chunk_vmap", arrays_only=True))
-
-
-class Checked(eqx.Module):
-    """`fn(*args)`, the mapped arguments (axes, lengths, array leaves) checked against
-    `in_axes` first, in the name of the public map `who` (`arrays_only`: a mapped argument
-    holds arrays only, as `jax.vmap` asks)."""
-
-    fn: Callable[..., Any]
-    in_axes: InAxes = eqx.field(static=True)
-    who: str = eqx.field(static=True)
-    arrays_only: bool = eqx.field(static=True, default=False)
-
-    def __call__(self, *args: Any) -> Any:
-        _layout(self.in_axes, args, self.who, self.arrays_only)
-        return self.fn(*args)

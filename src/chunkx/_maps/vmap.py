@@ -24,24 +24,8 @@ from .._plan.recover import Eager
 from .._plan.search import MemoryPlan
 from .._public import public
 from .._types import Budget, GradPolicy
-from ._vmap_axes import Spec, by_name, flat_axes, out_axis, resolve
+from ._vmap_axes import Body, Spec, by_name, flat_axes, out_axis, resolve
 from .pipeline import AXES, Options, check_options, compose, fn_name, plan_call, plan_of
-
-
-class _Body(eqx.Module):
-    """Per example: rebuild `(args, kwargs)` from a row of the mapped leaves and the fixed ones
-    (each list `None` where the other holds the leaf), call `fun`, and keep the outputs that
-    are mapped (`out_mask`, a `Spec` of the output's structure with a bool per leaf, as
-    `eqx.filter` takes it; `None`: all of them)."""
-
-    fun: Callable[..., Any]
-    treedef: Any = eqx.field(static=True)
-    out_mask: Spec | None = eqx.field(static=True, default=None)
-
-    def __call__(self, rows: list, fixed: list) -> Any:
-        args, kwargs = jax.tree_util.tree_unflatten(self.treedef, eqx.combine(rows, fixed))
-        out = self.fun(*args, **kwargs)
-        return out if self.out_mask is None else eqx.filter(out, self.out_mask.tree)
 
 
 class AbstractChunkedVmap(eqx.Module):
@@ -117,7 +101,7 @@ class AbstractChunkedVmap(eqx.Module):
             return self._unmapped(args, kwargs)
         rows = [None if a is None else moveaxis(x, a, 0) for x, a in zip(leaves, axes)]
         fixed = [x if a is None else None for x, a in zip(leaves, axes)]
-        body = _Body(self.fun, treedef)
+        body = Body(self.fun, treedef)
         every = not self.filtered and type(self.out_axes.tree) is int  # every output mapped
         if not every:  # one row traced tells which outputs are mapped
             body, out_axes, kept = self._sorted(body, rows, fixed)
@@ -150,7 +134,7 @@ class AbstractChunkedVmap(eqx.Module):
         dyn, static = eqx.partition(out, eqx.is_array)  # Concat's reduce_rows: the rows as they are
         return eqx.combine(self.reducer.reduce_rows(dyn, None), static)
 
-    def _sorted(self, body: _Body, rows: list, fixed: list) -> tuple:
+    def _sorted(self, body: Body, rows: list, fixed: list) -> tuple:
         """`(body, axes, kept)`: the body returning the mapped outputs only (`None` in place of
         the others), each output leaf's axis, and the outputs that are not mapped (`None` in
         place of the others), each in the output's structure: one row traced, outputs sorted
@@ -179,7 +163,7 @@ class AbstractChunkedVmap(eqx.Module):
                 f"`{who}(out_axes={self.out_axes!r})`: an output with out_axes None "
                 "depends on a mapped argument; give it an int axis."
             ) from None
-        body = _Body(body.fun, body.treedef, Spec(tuple(a is not None for a in axes), treedef))
+        body = Body(body.fun, body.treedef, Spec(tuple(a is not None for a in axes), treedef))
         return body, jax.tree_util.tree_unflatten(treedef, axes), kept
 
 
