@@ -11,6 +11,7 @@ of a mesh are joined (`shard_spec`/`shard_local`/`shard_collect`). The combinato
 
 import abc
 import dataclasses
+import functools
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -326,6 +327,19 @@ class Concat(AbstractReducer):
 
     def shard_collect(self, gathered: Tree, mesh: Mesh | AbstractMesh) -> Tree:
         return gathered
+
+
+@functools.singledispatch
+def keeps_rows(reducer: AbstractReducer) -> bool:
+    """Whether `reducer` keeps every row, its result the rows joined along the mapped axis (so
+    padded rows are cut off, not masked, and the mapped axis can be placed by `out_axes`).
+    Registered next to each reducer that does: `Concat`."""
+    return False
+
+
+@keeps_rows.register
+def _(reducer: Concat) -> bool:
+    return True
 
 
 class Sum(AbstractReducer):

@@ -15,7 +15,7 @@ from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._rows import call_with_valid, compiled_if_eager, map_mapped, mapped_length
 from ._sharding import call_mesh, is_explicit, mesh_of, on_mesh, place
 from .pad import pad_rows, round_up, row_mask, split_rows
-from .reduce import AbstractReducer, Concat, held_reducer, reducer_of, wide_sums
+from .reduce import AbstractReducer, held_reducer, keeps_rows, reducer_of, wide_sums
 
 
 class Shard(eqx.Module):
@@ -93,7 +93,7 @@ class Shard(eqx.Module):
         """Whether rows that do not divide over the devices are padded into the one
         `shard_map` (`remainder="pad"`), rather than called as one more piece."""
         reducer = reducer_of("Shard", self.fn, self.reducer)
-        can = isinstance(reducer, Concat) or (
+        can = keeps_rows(reducer) or (
             reducer.can_mask() and held_reducer(self.fn) is not None  # a chunkx layer masks
         )
         if self.remainder == "pad" and not can:
@@ -149,7 +149,7 @@ class Shard(eqx.Module):
         padded = map_mapped(lambda x: pad_rows(x, m), args, axes)
         if valid is not None:
             valid = jnp.pad(valid, (0, m - n))
-        elif not isinstance(reducer, Concat):
+        elif not keeps_rows(reducer):
             valid = row_mask(n, m)
         out = self._sharded(mesh, reducer, padded, valid, axes)
         if is_explicit(mesh):  # typed rows are cut on one (replicated) layout

@@ -18,7 +18,7 @@ from jaxtyping import PyTree
 from .._checks import check_entries, check_in_axes, check_positive
 from .._combinators._rows import compiled_if_eager, is_eager, moveaxis
 from .._combinators._sharding import on_inputs_mesh
-from .._combinators.reduce import AbstractReducer, Concat, Monoid
+from .._combinators.reduce import AbstractReducer, Concat, Monoid, keeps_rows
 from .._combinators.vmap import Vmap
 from .._plan.recover import Eager
 from .._plan.search import MemoryPlan
@@ -116,7 +116,7 @@ class AbstractChunkedVmap(eqx.Module):
             spec = self.out_axes.tree
             out_axes = jax.tree_util.tree_map(lambda o: out_axis(who, o.shape[1:], spec), out)
             kept = out
-        if isinstance(self.reducer, Concat):  # else reduced: no mapped axis left
+        if keeps_rows(self.reducer):  # else reduced: no mapped axis left
             out = jax.tree_util.tree_map(lambda o, a: moveaxis(o, 0, a), out, out_axes)
         return eqx.combine(out, kept)  # `None` in `out` where `kept` holds an output
 
@@ -246,7 +246,7 @@ def _build(
             "use jax.vmap / eqx.filter_vmap for them, or reduce with reducer= (e.g. chunkx.Sum())."
         )
     default = eqx.if_array(0) if filtered else 0
-    if reducer is not None and not isinstance(reducer, Concat) and out_axes != default:
+    if reducer is not None and not keeps_rows(reducer) and out_axes != default:
         raise ValueError(
             f"`{who}(out_axes={out_axes!r}, reducer={reducer!r})`: a reducer removes the mapped "
             f"axis, so out_axes has nothing to place; leave out_axes at its default {default!r}."
