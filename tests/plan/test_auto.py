@@ -294,6 +294,24 @@ def test_progress_says_that_it_plans(fresh_cache, capfd):
     assert "planning" not in capfd.readouterr().err
 
 
+@pytest.mark.parametrize("size", [64, 100, 512])
+def test_probes_measure_what_the_compiled_program_holds(size):
+    """A probe's options (unoptimised code generation, in one module) leave XLA's temp memory
+    as it is: a chunk loop of rows, its summed value and gradient, and the reverse pass of the
+    rows, each measured by a probe and by `jax.jit(...).compile()` (XLA's memory analysis)."""
+    x, w = data(n=512)
+    rows = chunkx.Chunk(chunkx.Vmap(energy, (0, None)), size, in_axes=(0, None))
+    total = chunkx.Chunk(chunkx.Vmap(energy, (0, None)), size, reducer=chunkx.Sum(),
+                         in_axes=(0, None))
+    programs = [
+        (rows, (x, w)),
+        (jax.value_and_grad(total, argnums=1), (x, w)),
+        (lambda x, w, c: jax.vjp(rows, x, w)[1](c), (x, w, jnp.ones(512, f32))),
+    ]
+    for f, args in programs:
+        assert measure.probe_temp_bytes(f, *args, who="test") == temp(f, *args)
+
+
 def test_probes_fall_back_where_xla_lacks_an_option(monkeypatch):
     """A probe option that the installed XLA does not know ("No such compile option", as
     jax 0.12 answers for the legacy emitters) is dropped once, and the probe measures what a

@@ -62,9 +62,12 @@ def compiled_temp_bytes(
 
 
 #: XLA options the planner compiles its probes with on the CPU: LLVM's code generation
-#: unoptimised. XLA assigns buffers (and so decides the temp memory) before it generates code,
-#: so a probe measures what the default compilation would, in about half the time.
-PROBE_OPTIONS_CPU = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+#: unoptimised, in one module (not split for parallel code generation, whose set-up costs a
+#: small program more than it saves). XLA assigns buffers (and so decides the temp memory)
+#: before it generates code, so a probe measures what the default compilation would, in about
+#: half the time.
+PROBE_OPTIONS_CPU = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
+                     "xla_cpu_parallel_codegen_split_count": 1}
 #: And, where the installed XLA has them, its legacy CPU fusion emitters: a probe compiles in
 #: about a third of the time again, and the temp memory of the chunk loops measured with both
 #: (rows, their VJP, fused and recomputed gradients, Jacobian rows, at several sizes) is the
