@@ -19,10 +19,12 @@ from .._public import public
 from .._types import InAxes, Size
 from ._bind import Bound
 from ._vmap_axes import Checked
-from .pipeline import Options, compose
+from .pipeline import Options, check_options, compose
 
 Argnums = int | tuple  # entries checked by `_argnums` (beartype samples one of tuple[X, ...])
 _VJP = "vjp_chunked"
+
+_NAMES = ("chunk_size", "chunk_size_bwd")  # netket's forward and backward sizes, for messages
 
 
 # -- argument checks particular to netket's API (sizes: `chunkx._checks.check_positive`) -------
@@ -57,7 +59,7 @@ def _apply(who, lift, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums):
     # [Shard ∘] Chunk ∘ fn: every chunk in one scan, the last one shifted back over rows
     # already done (one compiled program for any number of rows). The Shard runs on the mesh
     # it finds when called: the one set with `jax.set_mesh` (netket sets one), else all devices.
-    opts = Options(who, chunk_size, shard=_sharded(axis_0_is_sharded))
+    opts = check_options(who, chunk_size, shard=_sharded(axis_0_is_sharded), names=_NAMES)
     return Checked(compose(fn, in_axes, Concat(), opts, who), in_axes, who, arrays_only=True)
 
 
@@ -441,9 +443,9 @@ def vjp_chunked(
     # rows and sums from one pass: rows are scattered into n-row zeros and summed
     sums = any(i not in chunk_argnums + nondiff_argnums for i in range(len(primals)))
     arrays, fun = eqx.partition(fun, eqx.is_array)
-    forward = Options(_VJP, chunk_size, shard=shard) if split else None
+    forward = check_options(_VJP, chunk_size, shard=shard, names=_NAMES) if split else None
     # netket: no chunk size, no chunking and no sharding
-    opts = Options(_VJP, bwd, shard=shard and bwd is not None)
+    opts = check_options(_VJP, bwd, shard=shard and bwd is not None, names=_NAMES)
     return ChunkedVjp(arrays, fun, tuple(primals), chunk_argnums, nondiff_argnums, conjugate,
                       has_aux, return_forward, n if sums and bwd is not None else None, opts,
                       forward)
