@@ -113,7 +113,8 @@ class _Lifted:
     def __init__(self, chunk, mapped, fixed, static, n, sizes, converted=None):
         """`converted`: `chunk.fn` already converted at some of the sizes (by piece size)."""
         self.chunk, self.static, self.n = chunk, static, n
-        convs = {k: (converted or {}).get(k) or _convert(
+        converted = converted or {}
+        convs = {k: converted[k] if k in converted else _convert(
             chunk, join_args(rows(mapped, 0, k), fixed, static), k) for k in sorted(sizes)}
         self.convs = convs
         self.rows, self.rows_tree = jax.tree_util.tree_flatten(mapped)

@@ -18,11 +18,11 @@ import jax.numpy as jnp
 
 from chunkx import compiled_temp_bytes, fit_memory
 from chunkx._checks import check_budget, check_choice, check_positive
-from chunkx._plan.measure import equal_chunks, padded_rows_per_device
+from chunkx._plan.measure import equal_chunks, padded_rows_per_device, tree_bytes
 from chunkx._types import Budget, Size
 
 from .._public import public
-from ._format import check_ranks, core_shapes, prod
+from ._format import check_ranks, core_shapes
 from ._inputs import check_order
 from ._transpose import tv_probe_derivatives_transpose
 
@@ -88,8 +88,7 @@ def _plan(who: str, p: _Problem, budget: int | None) -> int:
     measured, and fits as it does.
     """
     if budget is None:  # balanced: the chunked scratch about equals the resident inputs
-        leaves = jax.tree_util.tree_leaves(p.structs())
-        budget = 2 * sum(prod(a.shape) * a.dtype.itemsize for a in leaves)
+        budget = 2 * tree_bytes(p.structs())
 
     def measure(size: int) -> int:
         return _temp(who, p, equal_chunks(p.w_local, size))
