@@ -104,6 +104,29 @@ def test_value_and_fused_grad_within_4x_of_unchunked_sum(dtype):
         assert rel(value, v_ref) <= bound(ev, dtype), (size, rel(value, v_ref), ev)
 
 
+def test_unpacked_carry_as_on_a_tpu_same_bits(monkeypatch):
+    """Where the total and compensation do not pack in one complex array (float64 on a TPU,
+    which has no complex128), they are two arrays with the same arithmetic: the same bits for
+    the value and the fused gradient and for a complex sum, and no complex128 in the
+    program."""
+    from chunkx._combinators import compensated
+
+    x, w = data(jnp.float64)
+    z = x * (1 + 0.5j)
+
+    def run():  # traced afresh
+        rows = chunkx.batch_vmap(lambda r: jnp.sin(r) * r, batch_size=7, reducer=chunkx.Sum())
+        return (*jax.jit(jax.value_and_grad(loss(7)))(w, x), jax.jit(rows)(x), jax.jit(rows)(z))
+
+    packed = run()
+    assert "c128" in str(jax.make_jaxpr(jax.value_and_grad(loss(7)))(w, x))
+    monkeypatch.setattr(compensated, "packs", lambda dtype: False)
+    assert "c128" not in str(jax.make_jaxpr(jax.value_and_grad(loss(7)))(w, x))
+    for a, b in zip(packed, run(), strict=True):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
 def test_maps_and_monoid_sums_compensated(dtype):
     """The public maps and a sum Monoid accumulate as `Sum` does (chunks of 1 and 7)."""
@@ -392,6 +415,7 @@ def test_wide_sum_keeps_the_float32_sum_until_rounded():
         assert chunkx.Chunk(chunkx.Vmap(lambda r: r), size, reducer=wide)(x) == same
 
 
+@pytest.mark.devices(4)
 @pytest.mark.parametrize("kind", ["auto", "explicit"])
 def test_sharded_boolean_partials_joined_as_jnp_add(kind):
     """Boolean partials under `Shard` join across devices as they join across chunks (a
@@ -407,6 +431,7 @@ def test_sharded_boolean_partials_joined_as_jnp_add(kind):
         assert got.dtype == want.dtype and bool(got) == bool(want), (threshold, got)
 
 
+@pytest.mark.devices(4)
 @pytest.mark.parametrize("kind", ["auto", "explicit"])
 def test_sharded_narrow_float_sums_added_across_devices_in_float32(kind):
     """A float16 Sum under `Shard` adds the devices' partials in float32 and rounds once, as

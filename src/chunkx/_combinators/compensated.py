@@ -12,7 +12,8 @@ in the unit roundoff, whatever the number of chunks; within a chunk the rows are
 `jnp.sum` as before. A real leaf's total and compensation travel as one complex array (the
 total its real part, the compensation its imaginary part; both exact): the loop updates both
 in one kernel, in place, and the compensation costs one carry of the leaf's size (a complex
-leaf: one packed array for its real parts and one for its imaginary parts). Folding the
+leaf: one packed array for its real parts and one for its imaginary parts). XLA:TPU has no
+complex128: there a float64 leaf's total and compensation are two float64 arrays. Folding the
 error into the next partial (rather than adding it to a separate sum) keeps the update a
 function of the old carry and the partial alone.
 
@@ -66,25 +67,41 @@ def narrow(tree: Tree) -> Tree:
     )
 
 
-def _packed_add(packed: jax.Array, x: jax.Array) -> jax.Array:
-    """A running sum packed as `total + 1j * compensation` with the real `x` added."""
-    s, c = lax.real(packed), lax.imag(packed)  # lax, not jnp: no jnp wrapper to trace
+def _two_sum(s: jax.Array, c: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The total `s` (carrying the compensation `c`) with the real `x` added: the new total
+    and its compensation."""
     # the error carried so far joins the next partial (as in Kahan's); the two-sum of an
     # infinite or NaN total is NaN, and such a total has no rounding error to carry
     y = lax.add(x.astype(s.dtype), lax.select(lax.ne(c, c), lax.full_like(c, 0), c))
     t = lax.add(s, y)
     z = lax.sub(t, s)
-    err = lax.add(lax.sub(s, lax.sub(t, z)), lax.sub(y, z))  # exactly s + y - t (two-sum)
-    return lax.complex(t, err)
+    return t, lax.add(lax.sub(s, lax.sub(t, z)), lax.sub(y, z))  # exactly s + y - t (two-sum)
+
+
+def _packed_add(packed: jax.Array, x: jax.Array) -> jax.Array:
+    """A running sum packed as `total + 1j * compensation` with the real `x` added."""
+    # lax, not jnp: no jnp wrapper to trace
+    return lax.complex(*_two_sum(lax.real(packed), lax.imag(packed), x))
+
+
+def packs(dtype: Any) -> bool:
+    """Whether a compensated sum accumulating in the real `dtype` packs its total and
+    compensation in one complex array: everywhere but in float64 on a TPU (XLA:TPU has no
+    complex128)."""
+    return jnp.dtype(dtype).itemsize < 8 or jax.default_backend() != "tpu"
 
 
 class Running(eqx.Module):
     """One leaf's running sum: an integer leaf's exact sum, or a floating leaf's total and
-    compensation packed in a complex array (two arrays for a complex leaf: the real parts'
-    and the imaginary parts'), in `sums`."""
+    compensation, in `sums`: packed in a complex array (two arrays for a complex leaf: the
+    real parts' and the imaginary parts'), or, where they do not pack, as a total and a
+    compensation array per real part."""
 
     sums: tuple[jax.Array, ...]
     dtype: Any = eqx.field(static=True)
+
+    def _packed(self) -> bool:
+        return jnp.iscomplexobj(self.sums[0])
 
     def add(self, part: Any) -> "Running":
         """The running sum with `part` (an array or a `Wide` partial) added."""
@@ -92,14 +109,17 @@ class Running(eqx.Module):
         if not jnp.issubdtype(self.dtype, jnp.inexact):  # jnp: booleans by a logical or
             return Running((jnp.add(self.sums[0], x.astype(self.sums[0].dtype)),), self.dtype)
         xs = (lax.real(x), lax.imag(x)) if jnp.iscomplexobj(x) else (x,)
-        return Running(tuple(map(_packed_add, self.sums, xs)), self.dtype)
+        if self._packed():
+            return Running(tuple(map(_packed_add, self.sums, xs)), self.dtype)
+        pairs = zip(self.sums[0::2], self.sums[1::2], xs)
+        return Running(sum((_two_sum(*pair) for pair in pairs), ()), self.dtype)
 
     def value(self) -> Any:
         """The total, a `Wide` partial where it is held wider than `dtype` (`narrow` rounds
         it)."""
         if not jnp.issubdtype(self.dtype, jnp.inexact):
             return self.sums[0].astype(self.dtype)
-        totals = [lax.real(p) for p in self.sums]
+        totals = [lax.real(p) for p in self.sums] if self._packed() else list(self.sums[0::2])
         return widen(lax.complex(*totals) if len(totals) == 2 else totals[0], self.dtype)
 
 
@@ -110,9 +130,12 @@ def _start(struct: Any) -> Running:
     layout = explicit_layout(struct.value if is_wide(struct) else struct)
     if not jnp.issubdtype(dtype, jnp.inexact):
         return Running((jnp.zeros(shape, acc, out_sharding=layout),), dtype)
-    packed = jnp.result_type(acc, jnp.complex64)  # the complex of its width
-    packed = jnp.zeros(shape, packed, out_sharding=layout)
-    return Running((packed,) * (2 if jnp.issubdtype(dtype, jnp.complexfloating) else 1), dtype)
+    parts = 2 if jnp.issubdtype(dtype, jnp.complexfloating) else 1
+    real = jnp.finfo(acc).dtype  # the real dtype of its width
+    if not packs(real):
+        return Running((jnp.zeros(shape, real, out_sharding=layout),) * (2 * parts), dtype)
+    packed = jnp.result_type(real, jnp.complex64)  # the complex of its width
+    return Running((jnp.zeros(shape, packed, out_sharding=layout),) * parts, dtype)
 
 
 def start(struct: Tree) -> Tree:
