@@ -116,6 +116,42 @@ def test_value_and_grad_with_both_sizes_planned_through_refusals(fresh_cache, mo
     close(grad, ref_grad)
 
 
+@pytest.mark.parametrize("says", [True, False], ids=["bytes_reported", "no_bytes"])
+@pytest.mark.parametrize("shift", [True, False], ids=["shift", "divisors"])
+@pytest.mark.parametrize("curved", [False, True], ids=["linear", "curved"])
+def test_search_through_refusals_above_the_budget_compiles_few(says, shift, curved):
+    """A device that refuses sizes whose programs need more than it has (more than the budget
+    allows, as on a TPU, whose free memory less a margin is the budget): the search learns from
+    each refusal (the bytes XLA reported, where it says them; else the refusal's place) and
+    does not step down one size at a time below it (it measured 2047, 2046, ... 2038 on a TPU
+    and stopped at its twelve compilations)."""
+    from chunkx._plan.recover import refused_value
+    from chunkx._plan.search import below_refused, search_sizes
+
+    n, budget, device = 2048, 14 * 2**30, 16 * 2**30
+    need = (lambda g: 10**9 + 5 * 10**6 * g**1.5) if curved else (
+        lambda g: 2 * 10**8 + 2 * 10**7 * g)
+    asked = []
+
+    def measure(g):  # chunkx's probe: temp bytes, or the refusal of a device out of memory
+        asked.append(g)
+        v = int(need(g))
+        return refused_value(v if says else None) if v > device else v
+
+    first = measure(n)  # the whole batch (refused), as `"auto"` starts
+    second = below_refused(n, -1 - first, budget, n, shift)
+    plan = search_sizes(lambda g: first if g == n else measure(g), n, budget, n, (n, second),
+                        quick=True, shift=shift, who="w", what="x", name="budget")
+    best = max(g for g in range(1, n + 1) if need(g) <= budget)
+    assert need(plan.chunk_size) <= budget and n in plan.refused
+    steps = [a - b for a, b in zip(asked[1:], asked[2:])]
+    assert all(steps[i:i + 2] != [1, 1] for i in range(len(steps))), asked  # no stepping down
+    if curved:  # a model through the points is wrong by a little at every size
+        assert len(asked) <= 12 and plan.chunk_size >= best // 2, (asked, plan, best)
+    else:  # the line through two points is the profile: one more compilation to confirm it
+        assert len(asked) <= (4 if says else 6) and plan.chunk_size == best, (asked, plan, best)
+
+
 def test_every_size_refused_down_to_one_row(fresh_cache, monkeypatch):
     x, w = data(n=64)
     Refuses(monkeypatch, -1)  # every program

@@ -268,8 +268,8 @@ def search_sizes(
             guess = divisor_below(rows, max(1, n // 8))
             m(guess if guess < min(over) else divisor_below(rows, min(over) - 1))
     while run.seen and run.count() < _MAX_COMPILES and (
-        size := _next_size(run.seen, run.top(), rows, budget)
-    ):
+        size := _next_size(run.points(budget), run.bound(budget), rows, budget)
+    ) and not run.measured(size):
         m(size)
     if not any(v <= budget for v in run.seen.values()):
         m(1)  # memory does not fall as the size grows: one row is the least any size needs
@@ -290,10 +290,12 @@ class _Measured:
         self.measure, self.n, self.rows = measure, n, rows
         self.seen: dict[int, int] = {}
         self.refused: dict[int, int] = {}
+        self.last = 0  # the size measured last
 
     def m(self, size: int) -> int | float:
         """The temp bytes at `size` (measured once); infinite where refused."""
         if size not in self.seen and size not in self.refused:
+            self.last = size
             value = int(self.measure(size))
             if value < 0:  # refused: -1 - the bytes XLA reported
                 self.refused[size] = -1 - value
@@ -301,12 +303,32 @@ class _Measured:
                 self.seen[size] = value
         return self.seen.get(size, np.inf)
 
+    def measured(self, size: int) -> bool:
+        return size in self.seen or size in self.refused
+
     def count(self) -> int:
         return len(self.seen) + len(self.refused)
 
     def top(self) -> int:
         """The largest size below every refused one (no answer at or above those)."""
         return min(self.refused, default=self.n + 1) - 1
+
+    def points(self, budget: int) -> dict[int, int]:
+        """The measurements, with the bytes XLA reported for a refused size where they are
+        above the budget (the program's whole need: its temp memory is no more)."""
+        return {**{s: r for s, r in self.refused.items() if r > budget}, **self.seen}
+
+    def bound(self, budget: int) -> int:
+        """The largest size to measure next: below every refused size, at most halfway from
+        the best size that fits to a refused size whose bytes XLA did not report (no model
+        learns from it), and, where the last size measured was refused or over the budget
+        (the model that chose it was wrong there), at most halfway to the smallest size over."""
+        best = max((s for s, v in self.seen.items() if v <= budget), default=0)
+        over = [s for s, v in self.seen.items() if v > budget] + list(self.refused)
+        unknown = [s for s, r in self.refused.items() if r <= budget]
+        caps = [(best + min(sizes)) // 2 for sizes in (
+            unknown, over if self.last in over else []) if sizes]
+        return min(self.top(), max(best + 1, min(caps))) if caps else self.top()
 
     def descend(self, budget: int, shift: bool) -> None:
         """While every size measured was refused, measure below the smallest of them."""
