@@ -512,6 +512,19 @@ class Monoid(AbstractReducer):
         check_collapses(self.chunk_reduction, rows_struct, what)
 
 
+@functools.singledispatch
+def users_reduction(reducer: AbstractReducer) -> bool:
+    """Whether `reducer` runs a function the user passed to a map (a `Monoid`'s
+    `chunk_reduction`): a map then checks its rows before the loop, in the map's own name.
+    Registered next to each reducer that does: `Monoid`."""
+    return False
+
+
+@users_reduction.register
+def _(reducer: Monoid) -> bool:
+    return True
+
+
 def _row_sum(x: Any, valid: RowMask | None) -> Any:
     """The sum over axis 0 of the `valid` rows of `x`, as `comp.widen` makes it a partial.
 

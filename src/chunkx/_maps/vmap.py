@@ -18,7 +18,7 @@ from jaxtyping import PyTree
 from .._checks import check_entries, check_in_axes, check_positive
 from .._combinators._rows import compiled_if_eager, is_eager, moveaxis
 from .._combinators._sharding import on_inputs_mesh
-from .._combinators.reduce import AbstractReducer, Concat, Monoid, keeps_rows
+from .._combinators.reduce import AbstractReducer, Concat, keeps_rows, users_reduction
 from .._combinators.vmap import Vmap
 from .._plan.recover import Eager
 from .._plan.search import MemoryPlan
@@ -109,7 +109,7 @@ class AbstractChunkedVmap(eqx.Module):
         pipeline = compose(Vmap(body, AXES), AXES, self.reducer, self.opts, what)
         if plan is not None:  # the plan of the pipeline's Chunk on the rows one device sees
             return plan_of(pipeline, plan, (rows, fixed), AXES, self.opts)
-        if isinstance(self.reducer, Monoid):  # checked in the name the user called
+        if users_reduction(self.reducer):  # checked in the name the user called
             self.reducer.check_rows(eqx.filter_eval_shape(Vmap(body, AXES), rows, fixed), who)
         out = pipeline(rows, fixed)
         if every:  # each output's axis from the one int (nothing is kept aside)
