@@ -71,6 +71,22 @@ def pytest_runtest_protocol(item, nextitem):
         yield
 
 
+# The tests of meshes and sharding are marked `devices(n)`: they need `n` devices, which the
+# CPU suite fakes (`--xla_force_host_platform_device_count=4` above); on one accelerator chip
+# they skip, saying so.
+def pytest_runtest_setup(item):
+    marker = item.get_closest_marker("devices")
+    if marker is not None and jax.device_count() < marker.args[0]:
+        pytest.skip(f"needs {marker.args[0]} devices; {jax.default_backend()} has "
+                    f"{jax.device_count()} (the CPU suite fakes 4 with XLA_FLAGS)")
+
+
+# On a TPU a float32 matrix product runs in bfloat16 passes by default: the suite compares
+# chunked and unchunked programs at float32 tolerances, so it asks for full precision there.
+if jax.default_backend() == "tpu":
+    jax.config.update("jax_default_matmul_precision", "highest")
+
+
 # JAX's persistent compilation cache, shared by the xdist workers of one run: a program that
 # both workers compile (eager primitives above all) is compiled once. Every compilation still
 # reports its backend-compile event (a cache hit included), so the tests that count them count

@@ -111,6 +111,7 @@ def test_shard_of_chunk(n, reducer):
     assert_tree_close(jax.jit(pipe)(x, w), ref, rtol=1e-12)
 
 
+@pytest.mark.devices(4)
 @pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit])
 @pytest.mark.parametrize("n", [8, 10])
 def test_shard_on_auto_and_explicit_meshes(axis_type, n):
@@ -132,6 +133,7 @@ def test_shard_on_auto_and_explicit_meshes(axis_type, n):
     np.testing.assert_allclose(out, ref, rtol=1e-12)
 
 
+@pytest.mark.devices(4)
 @pytest.mark.parametrize("remainder", [None, "call"])
 @pytest.mark.parametrize("reducer", [chunkx.Concat(), chunkx.Sum()])
 def test_shard_on_an_explicit_mesh_without_a_shard_map(reducer, remainder):
@@ -149,6 +151,7 @@ def test_shard_on_an_explicit_mesh_without_a_shard_map(reducer, remainder):
         assert_tree_close(jax.jit(pipe)(x), ref)
 
 
+@pytest.mark.devices(4)
 @pytest.mark.parametrize("remainder", ["shift", "call"])
 def test_chunk_of_rows_sharded_along_another_axis_on_an_explicit_mesh(remainder):
     """Rows whose feature axis is split over an Explicit mesh (`P(None, "d")`), chunked with
@@ -163,6 +166,7 @@ def test_chunk_of_rows_sharded_along_another_axis_on_an_explicit_mesh(remainder)
         assert_tree_close(jax.jit(f)(xs), ref)
 
 
+@pytest.mark.devices(4)
 @pytest.mark.parametrize("remainder", ["shift", "call"])
 @pytest.mark.parametrize("grad", ["recompute", "fused", "auto"])
 @pytest.mark.parametrize("compensated", [True, False])
@@ -187,6 +191,7 @@ def test_sum_gradients_of_rows_sharded_along_another_axis_on_an_explicit_mesh(
         assert_tree_close(jax.jvp(loss, (xs,), (t,))[1], jax.jvp(ref, (xs,), (t,))[1])
 
 
+@pytest.mark.devices(4)
 def test_shard_of_a_module_holding_arrays_made_on_an_explicit_mesh():
     """Arrays laid out on an Explicit mesh (made under `jax.set_mesh`, or put there) and held
     by the function (a Module's weights): `shard_map` cannot close over them, so they enter
@@ -212,6 +217,7 @@ def test_shard_of_a_module_holding_arrays_made_on_an_explicit_mesh():
         np.testing.assert_allclose(jax.jit(jax.grad(loss))(f).w, gref, rtol=1e-12)
 
 
+@pytest.mark.devices(4)
 @pytest.mark.parametrize("inner", ["vmap", "shard"])
 def test_pad_of_rows_split_over_an_explicit_mesh(inner):
     """12 rows laid out on 4 devices of an Explicit mesh, padded to 16: the edge row and the
@@ -225,6 +231,7 @@ def test_pad_of_rows_split_over_an_explicit_mesh(inner):
         np.testing.assert_allclose(jax.jit(chunkx.Pad(fn, 8))(xs), jnp.exp(x), rtol=1e-12)
 
 
+@pytest.mark.devices(4)
 def test_concat_output_stays_sharded():
     mesh = jax.make_mesh((4,), ("d",), axis_types=(AxisType.Auto,))
     x = jnp.arange(16.0)
@@ -315,6 +322,7 @@ def test_padded_concat_shifts_last_chunk_and_differentiates(n):
                                rtol=1e-12)
 
 
+@pytest.mark.devices(4)
 def test_shard_sum_replicated_and_user_constants():
     """Why Shard runs shard_map with check_vma=False, and that nothing it guards is lost.
 

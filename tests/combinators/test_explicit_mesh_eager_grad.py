@@ -24,6 +24,7 @@ def _data(ny):
     return X, Y, jnp.sum(X) * jnp.cos(Y), jnp.sum(X) * jnp.sum(jnp.sin(Y))
 
 
+@pytest.mark.devices(4)
 @pytest.mark.parametrize("ny", [10, 6])
 def test_nested_sharded_gradient_on_an_explicit_mesh(ny):
     mesh = jax.make_mesh((4,), ("x",), axis_types=(AxisType.Explicit,))

@@ -40,6 +40,7 @@ MAPS = {  # name -> (chunked map (x, w) -> out, reference (x, w) -> out)
 }
 
 
+@pytest.mark.devices(4)
 @pytest.mark.parametrize("spec", [P(), P(None, "caller")], ids=["replicated", "split_features"])
 @pytest.mark.parametrize("name", list(MAPS))
 def test_jit_grad_with_inputs_on_an_explicit_mesh(name, spec):

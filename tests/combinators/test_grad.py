@@ -448,6 +448,7 @@ def test_errors():
         chunkx.batch_vmap(jnp.sin, batch_size=2).grad_memory_plan(jnp.ones(4))
 
 
+@pytest.mark.devices(4)
 def test_chunk_map_chunk_size_bwd():
     p, x = params(), rows(4096)
     f = jax.vmap(lambda x, p: per_example(p, x)["e"], (0, None))

@@ -44,6 +44,7 @@ def _reference(rows, deriv, inner):
     return jax.jit(lambda X, Y: jax.jvp(lambda Y: ref(X, Y), (Y,), (tY,)))
 
 
+@pytest.mark.devices(4)
 @pytest.mark.parametrize(("rows", "kind", "mode", "deriv", "inner"), NESTED_CASES)
 def test_nested_sharded_derivatives(rows, kind, mode, deriv, inner):
     """map in map, sharded outside, chunked inside; rows left over by the mesh's 4 devices."""
@@ -64,6 +65,7 @@ def test_nested_sharded_derivatives(rows, kind, mode, deriv, inner):
 # -- adv-jax-math: eager grad of a sharded map on inputs typed on a caller's Explicit mesh ------
 
 
+@pytest.mark.devices(4)
 def test_eager_grad_of_sharded_batch_vmap_on_caller_explicit_mesh():
     """adv 1.3's own `test_sharded_chunked_batching` step: eager, no context mesh."""
     adv = pytest.importorskip("adv_jax_math")

@@ -51,6 +51,7 @@ def test_batch_vmap_progress_bar(capfd, jit):
     assert len(bars) == 1 and "4/4" in bars[0] and "chunkx" in bars[0]
 
 
+@pytest.mark.devices(4)
 def test_progress_bar_with_reduction_and_python_loop(capfd):
     c = chunkx.chunk_map(jax.vmap(jnp.sin), chunk_size=1, use_scan=False, progress=True)
     x = jnp.linspace(0.0, 1.0, 16)  # 4 devices: 4 rows per device block, one row per chunk

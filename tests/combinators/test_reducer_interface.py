@@ -131,6 +131,7 @@ def test_masking_reducer_in_pad(n):
     np.testing.assert_allclose(got, ref_grad)
 
 
+@pytest.mark.devices(4)
 @pytest.mark.parametrize("reducer", [LogSumExp(), Max()], ids=lambda r: type(r).__name__)
 @pytest.mark.parametrize("n", [3, 8, 14])
 def test_user_reducer_in_shard(reducer, n):

@@ -7,6 +7,7 @@ itself, and that the results agree for a row-wise function.
 import adv_jax_math as adv
 import jax
 import jax.numpy as jnp
+import pytest
 
 import chunkx
 
@@ -25,6 +26,7 @@ def _shapes_seen(batch_map):
     return seen
 
 
+@pytest.mark.devices(4)
 def test_sharded_batch_map_sees_one_devices_chunk():
     assert jax.device_count() == 4
     # 24 rows on 4 devices: 6 per device, 2 chunks of 3 on each device, one callback each

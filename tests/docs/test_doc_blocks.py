@@ -81,6 +81,7 @@ def run_session(page: pathlib.Path) -> subprocess.CompletedProcess:
                           capture_output=True, env=reader_env(text), cwd=ROOT, timeout=900)
 
 
+@pytest.mark.devices(4)
 @pytest.mark.x64
 def test_a_session_runs_as_a_reader_runs_it():
     """x64 off, one CPU device, XLA's default flags (this test runs with x64 on, and the

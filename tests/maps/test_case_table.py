@@ -150,6 +150,7 @@ def _sum_rows(tree):
     return jax.tree.map(lambda y: jnp.sum(y, 0, dtype=y.dtype), tree)
 
 
+@pytest.mark.devices(4)
 @pytest.mark.parametrize(("name", "transform", "size", "dtype", "axes", "place"), _rows())
 def test_case_table(name, transform, size, dtype, axes, place):
     from helpers import tol
@@ -198,6 +199,7 @@ OTHER_ROWS = [  # (map, transform, (n, c), dtype, place)
 ]
 
 
+@pytest.mark.devices(4)
 @pytest.mark.parametrize(("name", "transform", "size", "dtype", "place"), OTHER_ROWS)
 def test_case_table_other_maps(name, transform, size, dtype, place):
     from helpers import tol

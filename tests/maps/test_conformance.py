@@ -128,6 +128,7 @@ def test_chunk_map_identity_when_nothing_to_chunk():
     assert chunkx.chunk_map(f, in_axes=None, chunk_size=2) is f
 
 
+@pytest.mark.devices(4)
 def test_chunk_map_zero_padding_nan_gradient_fixed():
     """quantax pads with zeros: d/dp sqrt(p*x) at x=0 poisons the gradient with NaN."""
     x = jnp.linspace(0.5, 3.0, 12, dtype=jnp.float32)  # 3 rows per device, chunk 2

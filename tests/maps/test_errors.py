@@ -67,6 +67,7 @@ def test_out_axes_validated():
         chunkx.chunk_map(f, out_axes=None, chunk_size=2)
 
 
+@pytest.mark.devices(4)
 def test_mesh_must_be_1d():
     mesh = jax.make_mesh((2, 2), ("a", "b"))
     with pytest.raises(ValueError, match=r"`batch_vmap\(mesh=...\)`: Sharded batching requires a one-dimensional mesh; got a mesh with axes \('a', 'b'\)"):

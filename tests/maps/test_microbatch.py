@@ -499,6 +499,7 @@ def _optax_micro_vmap_16(kind, r):
                                  accumulator=theirs(kind), num_real_microbatches=r))(x, w)
 
 
+@pytest.mark.devices(4)
 @pytest.mark.parametrize("mesh", list(MESHES))
 @pytest.mark.parametrize("kind", TYPES)
 def test_shard_matches_optax(mesh, kind):
@@ -513,6 +514,7 @@ def test_shard_matches_optax(mesh, kind):
         close(jax.jit(f)(x, w), want)
 
 
+@pytest.mark.devices(4)
 @pytest.mark.parametrize("mesh", list(MESHES))
 def test_shard_undivided_micro_grad(mesh):
     p, x, y = grad_data(10)
@@ -526,6 +528,7 @@ def test_shard_undivided_micro_grad(mesh):
     close(aux.values, values)
 
 
+@pytest.mark.devices(4)
 @pytest.mark.parametrize("shard", [False, True])
 def test_batch_laid_out_on_an_explicit_mesh(shard):
     """optax 0.2.8's reshape raises ShardingTypeError on such a batch under jax 0.10."""
@@ -542,6 +545,7 @@ def test_batch_laid_out_on_an_explicit_mesh(shard):
             close(jax.jit(f)(xs, w), want[kind])
 
 
+@pytest.mark.devices(4)
 @pytest.mark.parametrize("kind", ["CONCAT", "SUM"])
 def test_undivided_batch_split_over_an_explicit_mesh(kind):
     """12 rows laid out on 4 devices, microbatches of 8 (padded to 16): padding rows split over
@@ -558,6 +562,7 @@ def test_undivided_batch_split_over_an_explicit_mesh(kind):
         close(jax.jit(f)(xs, w), want)
 
 
+@pytest.mark.devices(4)
 @pytest.mark.parametrize("r", [2, "array"])
 def test_num_real_with_a_batch_split_over_an_explicit_mesh(r):
     """`num_real_microbatches` with shard=True on a batch laid out over an Explicit mesh: the
@@ -607,6 +612,13 @@ def test_accumulator_not_a_prefix_of_the_outputs_is_named():
             call()
 
 
+@pytest.mark.devices(4)
+def test_sharded_microbatch_size_must_divide_over_the_devices():
+    x, w = data(10)
+    with pytest.raises(ValueError, match=r"`micro_vmap\(microbatch_size=6, shard=True\)`: microbatch_size must be a multiple of the 4 devices"):
+        chunkx.micro_vmap(lambda x, w: x @ w, (0, None), microbatch_size=6, shard=True)(x, w)
+
+
 def test_errors():
     x, w = data(10)
     g = lambda x, w: x @ w  # noqa: E731
@@ -645,8 +657,6 @@ def test_errors():
                      (dict(microbatch_size=2, grad_microbatch_size=1), "grad_microbatch_size")]:
         with pytest.raises(ValueError, match=rf"`micro_vmap\(accumulator=...\)`: a user-written Accumulator .* cannot take {what}"):
             chunkx.micro_vmap(g, (0, None), accumulator=user, **kw)(x[:8] if "shard" in kw else x, w)
-    with pytest.raises(ValueError, match=r"`micro_vmap\(microbatch_size=6, shard=True\)`: microbatch_size must be a multiple of the 4 devices"):
-        chunkx.micro_vmap(g, (0, None), microbatch_size=6, shard=True)(x, w)
     with pytest.raises(ValueError, match=r"`microbatch`: mapped arguments must share the length"):
         chunkx.microbatch(lambda a, b: a + b, (0, 1), 2)(jnp.ones(4), jnp.ones(6))
     with pytest.raises(ValueError, match=r"`micro_vmap`: the batch is empty \(0 rows\)"):
@@ -710,6 +720,7 @@ def test_auto_micro_grad_within_budget_equal_to_optax(fresh_cache):
     assert temp(f, w, x, y) <= BUDGET
 
 
+@pytest.mark.devices(4)
 def test_auto_sharded_within_budget_per_device(fresh_cache):
     x, w = heavy_data()
     mesh = MESHES["explicit"]()

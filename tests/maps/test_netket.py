@@ -305,6 +305,7 @@ def test_vmap_and_apply_chunked_match_jax_vmap(cs, shard):
                            ref_grad)
 
 
+@pytest.mark.devices(4)
 def test_sharded_under_a_context_mesh():
     """netket sets a global mesh (axis "S") when imported; the default sharding uses it."""
     x = jax.device_put(np.linspace(0.0, 1.0, 22))
@@ -318,6 +319,7 @@ def test_sharded_under_a_context_mesh():
     np.testing.assert_allclose(g, want_g, rtol=1e-13)
 
 
+@pytest.mark.devices(4)
 @pytest.mark.parametrize("build", [
     lambda f: chunkx.vmap_chunked(f, (0, None), chunk_size=1),
     lambda f: chunkx.apply_chunked(jax.vmap(f, (0, None)), (0, None), chunk_size=1),

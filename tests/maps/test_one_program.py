@@ -207,6 +207,7 @@ def test_shard_leftover_rows_compile_no_second_program(name):
             np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.devices(4)
 def test_shard_remainder_call_evaluates_every_row_once():
     """`Shard` pads rows to a multiple of the devices (a callback sees the padded copies);
     `remainder="call"` calls the leftover rows as one more piece: every row once, a second

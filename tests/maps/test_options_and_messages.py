@@ -121,6 +121,7 @@ class _Bar:
         self.closed = True
 
 
+@pytest.mark.devices(4)
 def test_progress_bars_leave_no_line_per_call(monkeypatch, capfd):
     from chunkx import _progress
 

@@ -38,6 +38,7 @@ def _explicit_cases():
     ]
 
 
+@pytest.mark.devices(4)
 @pytest.mark.parametrize("case", [0, 1, 2])
 def test_inputs_on_caller_explicit_mesh(case):
     mesh, cases = _explicit_cases()
@@ -52,6 +53,7 @@ def test_inputs_on_caller_explicit_mesh(case):
     assert_tree_close(got, want_grad)
 
 
+@pytest.mark.devices(4)
 def test_shard_takes_the_inputs_mesh():
     mesh = _caller_mesh()
     x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("caller")))
@@ -70,6 +72,7 @@ def test_shard_takes_the_inputs_mesh():
     assert_tree_close(out, jnp.sin(jnp.arange(7.0)))
 
 
+@pytest.mark.devices(4)
 def test_padding_and_grouped_maps_on_caller_explicit_mesh():
     mesh = _caller_mesh()
     x = jax.device_put(jnp.arange(10.0), NamedSharding(mesh, P()))  # 10 rows, 4 devices
@@ -281,6 +284,7 @@ def test_compiled_temp_bytes_of_a_module_returning_step():
 
 
 
+@pytest.mark.devices(4)
 @pytest.mark.parametrize("remainder", ["call", "shift"])
 def test_bare_chunk_eager_on_explicit_caller_mesh(remainder):
     """A Chunk called eagerly on inputs laid out on a caller's Explicit mesh."""

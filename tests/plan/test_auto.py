@@ -68,6 +68,7 @@ def user_pipeline(budget, mesh=None):
     return chunkx.Shard(chunk, mesh, in_axes=(0, None)) if mesh is not None else chunk
 
 
+@pytest.mark.devices(4)
 @pytest.mark.parametrize("axis_type", ["auto", "explicit"])
 def test_users_sharded_auto_chunk_within_budget_and_exact(fresh_cache, axis_type):
     kind = {"auto": jax.sharding.AxisType.Auto, "explicit": jax.sharding.AxisType.Explicit}

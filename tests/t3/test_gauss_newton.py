@@ -67,6 +67,7 @@ def test_normal_operator_vs_dense_jacobian(kind, order):
     assert float(np.linalg.norm(gf - wf) / np.linalg.norm(wf)) < 1e-12
 
 
+@pytest.mark.devices(4)
 def test_sharded_normal_operator_and_transposes_vs_references():
     """On a 4-device mesh (7 samples: uneven shards, zero-weight padding) vs the dense Jacobian
     and t3toolbox (kept-mode sharding is covered by test_sharded.py)."""

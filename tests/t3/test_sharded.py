@@ -22,6 +22,7 @@ def mesh():
     return jax.make_mesh((4,), ("w",))
 
 
+@pytest.mark.devices(4)
 def test_sharded_corewise_vs_vjp(mesh):
     W = 12  # 3 rows per device: chunks of 2 are zero-padded (summed) or shifted (kept)
     x, ww, pp, zt = random_problem(W, N, n, r, K, (W,))
@@ -40,6 +41,7 @@ def test_sharded_corewise_vs_vjp(mesh):
     assert leaf.sharding.is_equivalent_to(jax.sharding.NamedSharding(mesh, P("w")), leaf.ndim)
 
 
+@pytest.mark.devices(4)
 def test_sharded_tangent_transpose_vs_vjp(mesh):
     x, ww, pp, zt = random_problem(7, N, n, r, K, (12,))
     U, G = x
