@@ -18,7 +18,7 @@ import pytest
 
 import chunkx
 from chunkx._plan import measure
-from helpers import BackendCompiles
+from helpers import BackendCompiles, assert_tree_close, normal, temp_bytes
 
 f32 = jnp.float32
 
@@ -221,6 +221,28 @@ def test_unreadable_entries_warn_and_concurrent_writers_leave_whole_files(fresh_
     assert cache._read(fresh_cache / ("k" * 64 + ".json"), "k" * 64) == points
     chunkx.clear_plan_cache()
     assert not list(fresh_cache.glob("*.json")) and not cache._MEMO
+
+
+@pytest.mark.parametrize("rows,remainder", [(2048, "shift"), (2048, "call"), (2000, "shift")])
+def test_planned_sizes_start_on_a_tpus_tiles(fresh_cache, monkeypatch, rows, remainder):
+    """On a TPU (its 128-row tiles simulated here) an "auto" size is rounded down to a
+    multiple of 128 where the rows are one; elsewhere it is the search's answer as it is."""
+    from chunkx._plan import auto
+
+    x, w = normal(0, (rows, 64)), normal(1, (64, 256)) / 8
+    f = lambda r, w: jnp.tanh(jnp.tanh(r @ w) @ w.T)  # noqa: E731
+    g = chunkx.Chunk(chunkx.Vmap(f, (0, None)), "auto", in_axes=(0, None),
+                     memory_budget=1_000_000, remainder=remainder)
+    found = g.memory_plan(x, w).chunk_size
+    assert 256 <= found < rows and found % 128  # the search's answer: not on a tile
+    monkeypatch.setattr(auto, "row_tile", lambda: 128)
+    plan = g.memory_plan(x, w)
+    want = found - found % 128 if rows % 128 == 0 else found
+    assert plan.chunk_size == want
+    ref = jax.vmap(f, (0, None))(x, w)
+    assert_tree_close(jax.jit(g)(x, w), ref)
+    fixed = chunkx.Chunk(chunkx.Vmap(f, (0, None)), want, in_axes=(0, None), remainder=remainder)
+    assert temp_bytes(fixed, x, w) <= plan.budget_bytes  # XLA's own count: within the budget
 
 
 def test_chunk_map_backward_size_is_honoured_where_the_batch_fits():

@@ -41,7 +41,7 @@ from .measure import (
 )
 from .recover import is_oom, refused_value, reported_bytes
 from .reverse import ClosedOver, VjpProgram, planned_on_differentiation
-from .search import MemoryPlan, below_refused, proportional_size, search_sizes
+from .search import MemoryPlan, aligned, below_refused, proportional_size, search_sizes
 
 
 def _no_fn(*args: Any) -> Any:
@@ -58,6 +58,12 @@ class _AtSize(eqx.Module):
     def __call__(self, tree: Any, grad_size: int | None = None) -> Any:
         fn, args, valid = tree
         return at_sizes(self.chunk, fn, self.size, grad_size)(*args, valid=valid)
+
+
+def row_tile() -> int:
+    """The rows a planned chunk size is a multiple of (see `search.aligned`): 128 on a TPU,
+    whose memory tiles are 128 wide; 1 elsewhere."""
+    return 128 if jax.default_backend() == "tpu" else 1
 
 
 def _shift(chunk: Any) -> bool:
@@ -217,7 +223,8 @@ def _search(
     plan = search_sizes(m, *_limits(m, entry(key).cap, size, n, budget, _shift(chunk)),
                         quick=True, shift=_shift(chunk), who=who["who"], what=who["what"],
                         name=who["name"])
-    plan = dataclasses.replace(plan, budget_source=source, fingerprint=key)
+    size = aligned(plan.chunk_size, plan.rows or n, _shift(chunk), row_tile())
+    plan = dataclasses.replace(plan, chunk_size=size, budget_source=source, fingerprint=key)
     if first_time((key, budget, plan.chunk_size)):
         rows = f"(forward {size} of {n} rows)" if backward else f"of {n} rows"
         logger.info("%s(%s='auto'): %schunk size %d %s for %s (budget %d bytes)", who["who"],

@@ -35,7 +35,8 @@ class MemoryPlan(eqx.Module):
       measured within the budget (the model, refitted on every measurement, predicts no
       larger size fits). From an `"auto"` size and [`chunkx.plan_chunk_size`][]: the size the
       line through two measurements gives within a margin of the budget, compiled only where
-      the measurements do not bracket it (see `points`).
+      the measurements do not bracket it (see `points`); on a TPU, rounded down to a multiple
+      of 128 rows where the rows are one (chunks that start on the chip's tiles).
     - `remainder`: `(c0, c)`, the model's extra cost of a size that leaves `r > 0` rows over:
       `c0 + c·r` bytes (a remainder chunk is compiled and run on its own).
     - `rows`: the number of rows the remainder is taken from (usually `n`).
@@ -368,6 +369,19 @@ def below_refused(size: int, reported: int, budget: int, rows: int, shift: bool)
     guess = int(0.9 * size * budget / reported) if reported > budget else size // 2
     guess = max(1, min(size - 1, guess))
     return guess if shift else divisor_below(rows, guess)
+
+
+def aligned(size: int, rows: int, shift: bool, tile: int) -> int:
+    """`size` rounded down to a multiple of `tile` rows where the rows are one, so that every
+    chunk starts on a tile (the shifted last one too): a TPU lays the rows of some outputs (a
+    Jacobian row's above all) in tiles of 128 along the batch axis, and a chunk that starts
+    within a tile costs it twice the time and a copy of the output. Kept as it is where it is
+    below two tiles, is the whole batch, or divides the rows and the rounded size would not
+    (without `shift`, rows over would cost a remainder program)."""
+    if tile <= 1 or size < 2 * tile or size >= rows or rows % tile:
+        return size
+    rounded = size - size % tile
+    return rounded if shift or rows % rounded == 0 or rows % size else size
 
 
 #: The share of the budget above the line's fixed cost that a size predicted (not measured) by
