@@ -1,8 +1,10 @@
 """chunkx: composable chunked maps for JAX."""
 
-from ._combinators.reduce import (
+from ._combinators._protocol import (
     AbstractAccumulation as AbstractAccumulation,
     AbstractReducer as AbstractReducer,
+)
+from ._combinators.reduce import (
     Concat as Concat,
     Monoid as Monoid,
     Sum as Sum,

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import chunkx
+from chunkx._combinators._protocol import accumulation, can_shift
 from chunkx._combinators.fused import _FusedAcc
-from chunkx._maps._microbatching import UserAccumulate
+from chunkx._maps._accumulations import UserAccumulate
 from helpers import rand
 
 pytestmark = pytest.mark.x64  # float64 tolerances and references
@@ -91,10 +92,21 @@ def test_a_reducer_needs_at_most_three_methods():
     assert len(chunkx.AbstractReducer.__abstractmethods__) <= 3
     assert chunkx.AbstractReducer.__abstractmethods__ == {"reduce_rows", "combine"}
     assert chunkx.AbstractAccumulation.__abstractmethods__ == {"init", "accumulate", "finish"}
-    # one loop protocol: reducers, the fused gradient's loop and the optax Accumulator bridge
-    for loop in (chunkx.Sum(), chunkx.Concat(), LogSumExp(), _FusedAcc(chunkx.Sum()),
+    # one loop protocol: a reducer's accumulation, the fused gradient's loop and the optax
+    # Accumulator bridge; a reducer itself is not a loop
+    for loop in (accumulation(chunkx.Sum()), accumulation(chunkx.Concat()),
+                 accumulation(LogSumExp()), _FusedAcc(chunkx.Sum()),
                  UserAccumulate(chunkx.Accumulator(len, max, abs, min))):
         assert isinstance(loop, chunkx.AbstractAccumulation)
+    for reducer in (chunkx.Sum(), chunkx.Concat(), chunkx.Monoid(jnp.add), LogSumExp()):
+        assert not isinstance(reducer, chunkx.AbstractAccumulation)
+
+
+def test_a_reducer_inherits_at_most_six_public_methods():
+    public = {"reduce_rows", "combine", "can_mask", "is_additive", "compensates", "check_rows"}
+    for cls in (chunkx.AbstractReducer, LogSumExp, Max, PlainSum):
+        inherited = {n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n))}
+        assert inherited == public, cls
 
 
 @pytest.mark.parametrize("reducer", [LogSumExp(), Max(), PlainSum()], ids=lambda r: type(r).__name__)
@@ -104,6 +116,7 @@ def test_user_reducer_in_chunk(reducer, n):
     ref = reference(type(reducer), x, w)[0]
     f = chunkx.Chunk(chunkx.Vmap(per_row, (0, None)), 3, reducer=reducer)
     assert f.remainder_policy() == ("shift" if reducer.can_mask() else "call")
+    assert can_shift(reducer) == reducer.can_mask()
     np.testing.assert_allclose(jax.jit(f)(x, w), ref, rtol=1e-12)
 
 

@@ -17,6 +17,7 @@ from jax.sharding import AxisType
 from optax import microbatching as om
 
 import chunkx
+from chunkx._combinators._protocol import rounded
 
 pytestmark = pytest.mark.x64  # the oracle is float64 (and so is one of the dtypes)
 
@@ -408,9 +409,9 @@ def test_wide_sum_keeps_the_float32_sum_until_rounded():
         part = jax.jit(chunkx.Chunk(chunkx.Vmap(lambda r: r), size, reducer=wide))(xb)
         assert part.value.dtype == jnp.float32 and part.dtype == jnp.bfloat16
         np.testing.assert_allclose(part.value, want, rtol=1e-7)
-        np.testing.assert_allclose(wide.rounded(part).value, want, rtol=1e-7)
-        assert chunkx.Sum().rounded(part).dtype == jnp.bfloat16
-        assert chunkx.Sum().rounded(part) == jnp.sum(xb)
+        np.testing.assert_allclose(rounded(wide, part).value, want, rtol=1e-7)
+        assert rounded(chunkx.Sum(), part).dtype == jnp.bfloat16
+        assert rounded(chunkx.Sum(), part) == jnp.sum(xb)
         same = chunkx.Chunk(chunkx.Vmap(lambda r: r), size, reducer=chunkx.Sum())(x)
         assert chunkx.Chunk(chunkx.Vmap(lambda r: r), size, reducer=wide)(x) == same
 

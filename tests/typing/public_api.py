@@ -7,12 +7,24 @@ public signatures, `py.typed` and the annotations users see are checked together
 
 
 def use_AbstractAccumulation() -> None:
-    import jax.numpy as jnp, chunkx
-    loop: chunkx.AbstractAccumulation = chunkx.Sum()
-    acc = loop.init(jnp.zeros(()), 6)                      # a running (compensated) sum
+    import jax, jax.numpy as jnp, chunkx
+
+    class RunningMax(chunkx.AbstractAccumulation):
+        def init(self, part: jax.Array, n: int) -> jax.Array:
+            return jnp.full(part.shape, -jnp.inf, part.dtype)
+
+        def accumulate(self, acc: jax.Array, part: jax.Array, start: object,
+                       index: object) -> tuple[jax.Array, None]:
+            return jnp.maximum(acc, part), None           # nothing stacked per chunk
+
+        def finish(self, acc: jax.Array, stacked: object) -> jax.Array:
+            return acc
+
+    loop = RunningMax()
+    acc = loop.init(jnp.zeros(()), 6)
     for i, part in enumerate([jnp.array(3.0), jnp.array(12.0)]):
         acc, _ = loop.accumulate(acc, part, 3 * i, i)
-    assert loop.finish(acc, None) == 15.0
+    assert loop.finish(acc, None) == 12.0
 
 
 def use_AbstractReducer() -> None:

@@ -46,7 +46,7 @@ def write_rows(buffer: Any, rows: Any, start: Any) -> Any:
     """`rows` written over `buffer` from row `start` (in place in a loop).
 
     Its tangent adds the rows' tangent into the buffer's: a row's tangent is added once, by
-    the write whose value counts (`Concat.reduce_chunk` zeroes the tangent of a row that a
+    the write whose value counts (`reduce_chunk` of a Concat zeroes the tangent of a row that a
     later chunk writes again). Reverse mode then reads each chunk's cotangent out of the
     output's cotangent, which the loop carries unchanged: no copy of it, no zero fill.
     """

@@ -27,11 +27,12 @@ from .._plan.recover import Eager
 from .._plan.search import MemoryPlan
 from .._types import GradPolicy, InAxes, Remainder, RowMask
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
+from ._protocol import AbstractReducer, accumulation, can_shift
 from ._rows import compiled_if_eager, join_args, mapped_length, split_args
 from ._sharding import on_inputs_mesh
 from .fused import fused_call, grad_policy, regrad_call
 from .loop import chunk_loop, evaluate
-from .reduce import AbstractReducer, Concat
+from .reduce import Concat
 
 
 def _as_budget(value: Any) -> Any:
@@ -240,7 +241,7 @@ class Chunk(eqx.Module):
         (`remainder` as given; by default `"shift"` wherever the reducer can shift: one
         compiled program for any number of rows)."""
         if self.remainder is None:
-            return "shift" if self.reducer.can_shift() else "call"
+            return "shift" if can_shift(self.reducer) else "call"
         return self.remainder
 
     def memory_plan(self, *args: Any, valid: RowMask | None = None) -> MemoryPlan:
@@ -321,7 +322,8 @@ class Chunk(eqx.Module):
             return evaluate(self.fn, self.reducer, full, chunk_valid, "Chunk", chunk=True)
 
         source = (mapped, valid)
-        return chunk_loop(piece, self.reducer, source, n, s, self, remat=policy == "recompute")
+        loop = accumulation(self.reducer)
+        return chunk_loop(piece, loop, source, n, s, self, remat=policy == "recompute")
 
 
 layer_in_axes.register(Chunk, own_axes)

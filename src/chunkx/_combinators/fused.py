@@ -25,10 +25,11 @@ from jax.custom_derivatives import SymbolicZero
 from jax.sharding import PartitionSpec as P
 
 from .._plan.auto import names
+from ._protocol import AbstractAccumulation, accumulation, fn_masks, rounded
 from ._rows import IN_RANGE, join_args, rows
 from ._sharding import explicit_layout, typed_like
 from .loop import chunk_loop, evaluate
-from .reduce import AbstractAccumulation, Sum, zero_masked
+from .reduce import Sum, zero_masked
 
 #: `grad="auto"` fuses where the reduced output has at most this many real elements.
 FUSED_MAX_OUTPUTS = 16
@@ -85,8 +86,8 @@ def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
 
 def _convert(chunk, example: tuple, k: int):
     """`chunk.fn` closure-converted at `example` (`k` rows); a function that takes the row
-    mask itself (its reducer's `fn_masks()`) gets it as an explicit first argument."""
-    if not chunk.reducer.fn_masks():
+    mask itself (`fn_masks` of its reducer) gets it as an explicit first argument."""
+    if not fn_masks(chunk.reducer):
         return eqx.filter_closure_convert(chunk.fn, *example)
     conv = eqx.filter_closure_convert(
         lambda valid, *a: chunk.fn(*a, valid=valid), jnp.ones(k, bool), *example
@@ -133,16 +134,18 @@ class _Lifted:
 
         return piece
 
-    def loop(self, piece, reducer, row_leaves, valid, size, what="chunkx", **how):
-        """`piece` over the rows in chunks of `size`; `how`: `chunk_loop`'s `remat`, `call`."""
+    def loop(self, piece, acc, row_leaves, valid, size, what="chunkx", **how):
+        """`piece` over the rows in chunks of `size`, carried by the accumulation `acc`;
+        `how`: `chunk_loop`'s `remat`, `call`."""
         if self.n <= size:  # one piece: its partial is the result
-            return self.chunk.reducer.rounded(piece(row_leaves, valid))
+            return rounded(self.chunk.reducer, piece(row_leaves, valid))
         source = (row_leaves, valid)
-        return chunk_loop(piece, reducer, source, self.n, size, self.chunk, what=what, **how)
+        return chunk_loop(piece, acc, source, self.n, size, self.chunk, what=what, **how)
 
     def primal(self, row_leaves, whole_leaves, valid):
         piece = self.piece(whole_leaves)
-        return self.loop(piece, self.chunk.reducer, row_leaves, valid, self.chunk.size)
+        acc = accumulation(self.chunk.reducer)
+        return self.loop(piece, acc, row_leaves, valid, self.chunk.size)
 
 
 def _merge(leaves, live, mask):
@@ -226,10 +229,10 @@ class _FusedAcc(AbstractAccumulation):
     def init(self, part, n):
         jr = [jnp.zeros((j.shape[0], n) + j.shape[2:], j.dtype, out_sharding=explicit_layout(j))
               for j in part[2]]  # typed on an Explicit mesh as a chunk's row Jacobians are
-        return (*self.sums.init(part[:2], n), jr)
+        return (*accumulation(self.sums).init(part[:2], n), jr)
 
     def accumulate(self, acc, part, start, index):
-        (vec, jw), _ = self.sums.accumulate(acc[:2], part[:2], start, index)
+        (vec, jw), _ = accumulation(self.sums).accumulate(acc[:2], part[:2], start, index)
 
         def add_rows(buf, j):
             buf = typed_like(buf, j)
@@ -239,7 +242,7 @@ class _FusedAcc(AbstractAccumulation):
         return (vec, jw, [add_rows(b, j) for b, j in zip(acc[2], part[2])]), None
 
     def finish(self, acc, stacked):
-        return (*self.sums.finish(acc[:2], None), acc[2])
+        return (*accumulation(self.sums).finish(acc[:2], None), acc[2])
 
 
 def _contract(j, t):
@@ -282,7 +285,8 @@ def regrad_call(chunk, mapped, fixed, static, valid, n) -> Any:
             r, w = _merge(row_leaves, rl, rmask), _merge(whole_leaves, wl, wmask)
             # checkpointed per step (its slicing too): the transpose recomputes one chunk
             piece = lifted.piece(w)
-            return lifted.loop(piece, chunk.reducer, r, valid, g, "chunkx grad", remat=True)
+            return lifted.loop(piece, accumulation(chunk.reducer), r, valid, g, "chunkx grad",
+                               remat=True)
 
         out = lifted.primal(row_leaves, whole_leaves, valid)
         return out, jax.jvp(small, (rlive, wlive), (rdots, wdots))[1]

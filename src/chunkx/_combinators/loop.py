@@ -10,8 +10,8 @@ import numpy as np
 
 from .._progress import scan, ticker
 from .._types import RowMask
+from ._protocol import AbstractAccumulation, AbstractReducer, call_masked, fn_masks, reduce_chunk
 from ._rows import counted_rows, rows, stop_repeated, struct_of
-from .reduce import AbstractAccumulation, AbstractReducer
 
 
 def evaluate(
@@ -19,10 +19,10 @@ def evaluate(
     chunk: bool = False,
 ) -> Any:
     """One piece: the batched `fn` on `args`, reduced to a partial result (`chunk`: one
-    chunk of a loop, reduced as the reducer's `accumulate` takes it)."""
-    out = reducer.call_masked(fn, args, valid) if reducer.fn_masks() else fn(*args)
+    chunk of a loop, reduced as the reducer's `accumulation` takes it)."""
+    out = call_masked(reducer, fn, args, valid) if fn_masks(reducer) else fn(*args)
     reducer.check_rows(struct_of(out), who)
-    part = (reducer.reduce_chunk if chunk else reducer.reduce_rows)(out, valid)
+    part = reduce_chunk(reducer, out, valid) if chunk else reducer.reduce_rows(out, valid)
     if valid is not None and not reducer.can_mask():
         raise ValueError(
             f"`{who}`: the reducer {reducer!r} cannot mask repeated or padded rows (its "
@@ -32,13 +32,13 @@ def evaluate(
 
 
 def chunk_loop(
-    piece, reducer: AbstractAccumulation, source, n, s, opts, *, what: str = "chunkx",
+    piece, loop: AbstractAccumulation, source, n, s, opts, *, what: str = "chunkx",
     remat: bool = False, call: bool = True,
 ) -> Any:
     """`piece(rows, valid)` over chunks of `s` rows of `source = (mapped, valid)`, accumulated.
 
-    `reducer` is any [`chunkx.AbstractAccumulation`][] (a reducer, or the fused gradient's
-    loop); `opts` (a `Chunk`) gives `remainder_policy()`, `unroll` and `progress`; the
+    `loop` is any [`chunkx.AbstractAccumulation`][] (a reducer's `accumulation`, or the fused
+    gradient's loop); `opts` (a `Chunk`) gives `remainder_policy()`, `unroll` and `progress`; the
     progress bar reads "`what`: chunks of `s` rows" (the chunk sizes "auto" chose are visible
     there). `remat`: each step (its slicing included) is a `jax.checkpoint`, so reverse mode
     keeps one chunk index per step, not the chunk's rows. `piece` is traced once, at the
@@ -55,8 +55,8 @@ def chunk_loop(
     if shift and valid is None:
         valid = jax.eval_shape(lambda: counted_rows(s, 0, n))
     step, part = _traced_once(piece, mapped, valid, call)
-    reducer.check_chunk(part, s)
-    acc = reducer.init(part, n)
+    loop.check_chunk(part, s)
+    acc = loop.init(part, n)
     tick = ticker(k + (r > 0), f"{what}: chunks of {s} rows") if opts.progress else None
     at = _at(step, n, s, shift, remat)
 
@@ -65,17 +65,17 @@ def chunk_loop(
     def body(carry, _):
         acc, i = carry
         part, start = at(source, i)
-        acc, stacked = reducer.accumulate(acc, part, start, i)
+        acc, stacked = loop.accumulate(acc, part, start, i)
         return (acc, jax.lax.add(i, np.int32(1))), stacked
 
     init = (acc, jnp.zeros((), jnp.int32))
     progress = tick is not None
     (acc, _), stacked = scan(body, init, None, k, unroll=opts.unroll, progress=progress, tick=tick)
     if r:  # remainder="call": the leftover rows are one more piece
-        acc, _ = reducer.accumulate(acc, piece(*rows(source, k * s, r)), k * s, k)
+        acc, _ = loop.accumulate(acc, piece(*rows(source, k * s, r)), k * s, k)
         if tick is not None:  # counted too, reported after the loop's own steps
             tick(k, *jax.tree_util.tree_leaves(acc))
-    return reducer.finish(acc, stacked)
+    return loop.finish(acc, stacked)
 
 
 def _at(piece, n, s, shift, remat):

@@ -27,9 +27,10 @@ from .._checks import (
 )
 from .._types import AxisSpec, InAxes, RowMask
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
+from ._protocol import AbstractReducer, call_masked, trim
 from ._rows import map_mapped, mapped_length
 from ._sharding import on_inputs_mesh, replicated
-from .reduce import AbstractReducer, held_reducer, reducer_of
+from .reduce import held_reducer, reducer_of
 
 Fill = Literal["edge", "zero"]
 
@@ -145,13 +146,13 @@ class Pad(eqx.Module):
         m = round_up(n, self.multiple)
         reducer = reducer_of("Pad", self.fn, self.reducer)
         if m == n:
-            return reducer.call_masked(self.fn, args, valid)
+            return call_masked(reducer, self.fn, args, valid)
         padded = map_mapped(lambda x: pad_rows(x, m, self.fill), args, axes)
         if valid is not None:
             valid = jnp.pad(valid, (0, m - n))
         elif self.fill == "edge":
             valid = row_mask(n, m)
-        return reducer.trim(reducer.call_masked(self.fn, padded, valid), n)
+        return trim(reducer, call_masked(reducer, self.fn, padded, valid), n)
 
 
 layer_in_axes.register(Pad, own_axes)

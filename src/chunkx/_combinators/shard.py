@@ -12,10 +12,11 @@ from jax.sharding import PartitionSpec as P
 from .._checks import as_in_axes, check_callable, check_choice, check_instance, zero_in_axes
 from .._types import InAxes, RowMask, ShardRemainder
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
+from ._protocol import AbstractReducer, rounded, shard_collect, shard_local, shard_spec, trim
 from ._rows import call_with_valid, compiled_if_eager, map_mapped, mapped_length
 from ._sharding import call_mesh, is_explicit, mesh_of, on_mesh, place
 from .pad import pad_rows, round_up, row_mask, split_rows
-from .reduce import AbstractReducer, held_reducer, keeps_rows, reducer_of, wide_sums
+from .reduce import held_reducer, keeps_rows, reducer_of, wide_sums
 
 
 class Shard(eqx.Module):
@@ -109,7 +110,7 @@ class Shard(eqx.Module):
         mesh = call_mesh(self.mesh, args)
         reducer = reducer_of("Shard", self.fn, self.reducer)
         with on_mesh(mesh):  # bfloat16/float16 sums: added across devices in float32, rounded once
-            return reducer.rounded(wide_sums(self)._call(mesh, args, valid))
+            return rounded(reducer, wide_sums(self)._call(mesh, args, valid))
 
     def _call(self, mesh, args, valid):
         reducer = reducer_of("Shard", self.fn, self.reducer)
@@ -154,7 +155,7 @@ class Shard(eqx.Module):
         out = self._sharded(mesh, reducer, padded, valid, axes)
         if is_explicit(mesh):  # typed rows are cut on one (replicated) layout
             out = jax.tree_util.tree_map(lambda x: place(x, mesh, P()), out)
-        return reducer.trim(out, n)
+        return trim(reducer, out, n)
 
     def _sharded(self, mesh, reducer, args, valid, axes):
         names = tuple(mesh.axis_names)
@@ -193,7 +194,7 @@ def _shard_run(fn, reducer, layout, args, valid):
 
     def local(dyn_args, v, held):
         part = call_with_valid(eqx.combine(held, fn), eqx.combine(dyn_args, static), v)
-        return reducer.shard_local(part, axis)
+        return shard_local(reducer, part, axis)
 
     # check_vma=False: `fn` is the user's code, and with the check on JAX types every value
     # inside `shard_map` as device-varying or invariant. Ordinary per-example code that
@@ -204,10 +205,10 @@ def _shard_run(fn, reducer, layout, args, valid):
     # declares `P()`, and it returns a `psum`. tests/combinators/test_combinators.py::
     # test_shard_sum_replicated_and_user_constants checks both sides.
     gathered = jax.shard_map(
-        local, mesh=mesh, in_specs=(specs, v_spec, P()), out_specs=reducer.shard_spec(axis),
+        local, mesh=mesh, in_specs=(specs, v_spec, P()), out_specs=shard_spec(reducer, axis),
         check_vma=False,
     )(dyn, valid, held)
-    return reducer.shard_collect(gathered, mesh)
+    return shard_collect(reducer, gathered, mesh)
 
 
 layer_in_axes.register(Shard, own_axes)

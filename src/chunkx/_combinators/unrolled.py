@@ -11,9 +11,10 @@ from .._checks import as_in_axes, as_size, check_positive, zero_in_axes
 from .._progress import ticker
 from .._types import InAxes
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
+from ._protocol import AbstractReducer, accumulation
 from ._rows import counted_rows, map_mapped, mapped_length, repeats_later, stop_repeated
 from .loop import evaluate
-from .reduce import AbstractReducer, Concat
+from .reduce import Concat
 
 
 class Unrolled(eqx.Module):
@@ -43,7 +44,7 @@ class Unrolled(eqx.Module):
             return evaluate(self.fn, reducer, args, None, "Unrolled")
         starts = range(0, n, s)
         tick = ticker(len(starts), chained=True) if self.progress else None
-        acc, stacked = None, []
+        loop, acc, stacked = accumulation(reducer), None, []
         for j, i in enumerate(starts):
             start = min(i, n - s)
             chunk = map_mapped(lambda x, a=start: x[a : a + s], args, axes)
@@ -51,14 +52,14 @@ class Unrolled(eqx.Module):
             if valid is not None:  # rows the last chunk repeats: no cotangent flows back here
                 chunk = map_mapped(lambda x: stop_repeated(x, valid), chunk, axes)
             part = evaluate(self.fn, reducer, chunk, valid, "Unrolled", chunk=True)
-            acc = reducer.init(part, n) if j == 0 else acc
-            acc, y = reducer.accumulate(acc, part, start, j)
+            acc = loop.init(part, n) if j == 0 else acc
+            acc, y = loop.accumulate(acc, part, start, j)
             stacked.append(y)
             if tick is not None:
                 tick(j)
         if stacked[0] is None:
-            return reducer.finish(acc, None)
-        return reducer.finish(acc, jax.tree_util.tree_map(lambda *ys: jnp.stack(ys), *stacked))
+            return loop.finish(acc, None)
+        return loop.finish(acc, jax.tree_util.tree_map(lambda *ys: jnp.stack(ys), *stacked))
 
 
 layer_in_axes.register(Unrolled, own_axes)

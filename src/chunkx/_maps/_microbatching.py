@@ -27,21 +27,26 @@ import jax.numpy as jnp
 
 from .._checks import check_argnums, in_axes_tuple
 from .._combinators import compensated as comp
-from .._combinators._rows import mapped_length, moveaxis, struct_of, swap_blocks, zeros_like_struct
+from .._combinators._protocol import (
+    AbstractAccumulation,
+    AbstractReducer,
+    accumulation,
+    reduce_chunk,
+    rounded,
+    shard_collect,
+    shard_local,
+    shard_spec,
+    trim,
+)
+from .._combinators._rows import mapped_length, moveaxis, swap_blocks, zeros_like_struct
 from .._combinators._sharding import replicated
 from .._combinators.pad import Pad
-from .._combinators.reduce import (
-    AbstractReducer,
-    Concat,
-    Sum,
-    join_chunks,
-    wide_sums,
-    zero_masked,
-)
+from .._combinators.reduce import Concat, Sum, wide_sums, zero_masked
 from .._combinators.shard import Shard
 from .._plan.measure import default_budget, divisor_below, tree_bytes
 from .._plan.search import MemoryPlan
 from .._types import RowMask, Tree
+from ._accumulations import Accumulated, LeafLoops, UserAccumulate
 from ._vmap_axes import Body, resolve
 from .pipeline import AXES, Options, check_options, compose, plan_call, plan_of
 
@@ -128,57 +133,11 @@ def _kind(x: Any) -> Any:
     return None
 
 
-class UserAccumulate(AbstractReducer):
-    """A microbatch loop of `microbatch` and the per-example maps: a user's `acc` (optax's
-    `init`/`update`/`finalize`) as the chunk loop's [`chunkx.AbstractAccumulation`][] (its
-    result is the carry, unfinalized), or with `acc=None` `microbatch`'s CONCAT, which stacks
-    the microbatch results and joins them along axis 0 (in loop order; `Interleave` puts the
-    rows in batch order, optax's column-major join).
-
-    It joins microbatches within one chunk loop only (no padding, no mesh): one piece of rows
-    (`reduce_rows`, where no loop runs) is that loop over one microbatch. Microbatches from
-    `num_real` on are run but do not update the carry.
-    """
-
-    acc: Any = None
-    num_real: Any = None
-    aggregate: bool = eqx.field(static=True, default=False)
-
-    def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
-        part = self.reduce_chunk(rows, valid)
-        acc, stacked = self.accumulate(self.init(struct_of(part), 1), part, 0, 0)
-        return self.finish(acc, jax.tree_util.tree_map(lambda y: y[None], stacked))
-
-    def combine(self, a: Tree, b: Tree) -> Tree:
-        raise NotImplementedError("UserAccumulate joins within one chunk loop only")
-
-    def check_rows(self, rows_struct: Tree, who: str) -> None:
-        pass  # a microbatch's result, joined as is
-
-    def reduce_chunk(self, rows: Tree, valid: RowMask | None) -> Tree:
-        return self.acc.aggregate(rows) if self.aggregate else rows
-
-    def init(self, part: Tree, n: int) -> Tree:
-        return None if self.acc is None else self.acc.init(part)
-
-    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
-        if self.acc is None:
-            return None, part
-        new = self.acc.update(acc, part, index)
-        if self.num_real is None:
-            return new, None
-        keep = index < self.num_real
-        return jax.tree_util.tree_map(lambda a, b: jnp.where(keep, a, b), new, acc), None
-
-    def finish(self, acc: Tree, stacked: Tree) -> Tree:
-        return join_chunks(stacked) if self.acc is None else acc
-
-
-def _per_leaf(method: str, trees: int = 1, join: Callable | None = None) -> Callable:
-    """The `Leaves` method `method`: each leaf's reducer's on its part of the first `trees`
-    arguments (pytrees of the outputs' prefix; the others passed to every leaf), the results
-    put back in the prefix's structure, or joined by `join` (`all`: a predicate of every
-    leaf's reducer)."""
+def _per_leaf(method: str | Callable, trees: int = 1, join: Callable | None = None) -> Callable:
+    """The `Leaves` operation `method` (a reducer method's name, or a function taking the
+    reducer first): each leaf's reducer's on its part of the first `trees` arguments (pytrees
+    of the outputs' prefix; the others passed to every leaf), the results put back in the
+    prefix's structure, or joined by `join` (`all`: a predicate of every leaf's reducer)."""
 
     def each(self, *args: Any) -> Any:
         out = self._each(method, *args[:trees], extra=args[trees:])
@@ -197,26 +156,15 @@ class Leaves(AbstractReducer):
     who: str = eqx.field(static=True, default="")  # the public map, for its errors
 
     reduce_rows = _per_leaf("reduce_rows")
-    reduce_chunk = _per_leaf("reduce_chunk")
     combine = _per_leaf("combine", trees=2)
-    init = _per_leaf("init")
-    finish = _per_leaf("finish", trees=2)
-    shard_spec = _per_leaf("shard_spec", trees=0)
-    shard_local = _per_leaf("shard_local")
-    shard_collect = _per_leaf("shard_collect")
-    trim = _per_leaf("trim")
-    rounded = _per_leaf("rounded")
     is_additive = _per_leaf("is_additive", trees=0, join=all)
     compensates = _per_leaf("compensates", trees=0, join=all)
     can_mask = _per_leaf("can_mask", trees=0, join=all)
 
-    def _each(self, method: str, *trees: Tree, extra: tuple = ()) -> list:
+    def _each(self, method: str | Callable, *trees: Tree, extra: tuple = ()) -> list:
         split = [self.treedef.flatten_up_to(t) for t in trees]
-        return [getattr(r, method)(*xs, *extra) for r, *xs in zip(self.reducers, *split)]
-
-    def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
-        pairs = self._each("accumulate", acc, part, extra=(start, index))
-        return tuple(self.treedef.unflatten([p[i] for p in pairs]) for i in (0, 1))
+        call = (lambda r, *a: getattr(r, method)(*a)) if isinstance(method, str) else method
+        return [call(r, *xs, *extra) for r, *xs in zip(self.reducers, *split)]
 
     def check_rows(self, rows_struct: Tree, who: str) -> None:
         try:
@@ -281,6 +229,41 @@ class Leaves(AbstractReducer):
         means = jax.eval_shape(lambda t: jax.tree_util.tree_map(jnp.mean, t), structs)
         return [m.dtype if is_int else x.dtype
                 for x, m, is_int in zip(xs, jax.tree_util.tree_leaves(means), ints)]
+
+
+@reduce_chunk.register
+def _(reducer: Leaves, rows: Tree, valid: RowMask | None) -> Tree:
+    return reducer.treedef.unflatten(reducer._each(reduce_chunk, rows, extra=(valid,)))
+
+
+@rounded.register
+def _(reducer: Leaves, part: Tree) -> Tree:
+    return reducer.treedef.unflatten(reducer._each(rounded, part))
+
+
+@trim.register
+def _(reducer: Leaves, out: Tree, n: int) -> Tree:
+    return reducer.treedef.unflatten(reducer._each(trim, out, extra=(n,)))
+
+
+@shard_spec.register
+def _(reducer: Leaves, axis: Any) -> Any:
+    return reducer.treedef.unflatten(reducer._each(shard_spec, extra=(axis,)))
+
+
+@shard_local.register
+def _(reducer: Leaves, partial: Tree, axis: Any) -> Tree:
+    return reducer.treedef.unflatten(reducer._each(shard_local, partial, extra=(axis,)))
+
+
+@shard_collect.register
+def _(reducer: Leaves, gathered: Tree, mesh: Any) -> Tree:
+    return reducer.treedef.unflatten(reducer._each(shard_collect, gathered, extra=(mesh,)))
+
+
+@accumulation.register
+def _(reducer: Leaves) -> AbstractAccumulation:
+    return LeafLoops(tuple(map(accumulation, reducer.reducers)), reducer.treedef)
 
 
 class RowFn(eqx.Module):
@@ -561,11 +544,11 @@ def microbatched(
                 f"AccumulationType or an Accumulator, got {x!r}."
             )
         if k is AccumulationType.CONCAT:
-            reducers.append(Concat() if per_example else UserAccumulate())
+            reducers.append(Concat() if per_example else Accumulated(UserAccumulate()))
         elif isinstance(k, AccumulationType):
             reducers.append(Sum(presummed=not per_example, compensated=compensated))
         else:
-            reducers.append(UserAccumulate(k, num_real, per_example))
+            reducers.append(Accumulated(UserAccumulate(k, num_real, per_example)))
     leaves = Leaves(tuple(reducers), treedef, tuple(kinds), who)
     refuse(who, "accumulator", leaves.user,
            {**both, "grad_microbatch_size": opts.grad_size is not None})
