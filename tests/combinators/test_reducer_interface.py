@@ -109,6 +109,17 @@ def test_a_reducer_inherits_at_most_six_public_methods():
         assert inherited == public, cls
 
 
+@pytest.mark.parametrize("name", ["init", "accumulate", "rounded", "shard_collect", "can_shift"])
+def test_a_method_no_combinator_calls_is_refused_when_defined(name):
+    """Nothing a user writes is silently ignored: a reducer defining what the combinators do
+    not ask of a reducer fails when its class is made, naming the method."""
+    body = {"reduce_rows": lambda self, rows, valid: rows.sum(0),
+            "combine": lambda self, a, b: a + b, name: lambda self, *args: None}
+    with pytest.raises(TypeError, match=rf"^`Mine`: a reducer's public methods are .* do not "
+                                        rf"call a reducer's {name} \(remove it"):
+        type("Mine", (chunkx.AbstractReducer,), body)
+
+
 @pytest.mark.parametrize("reducer", [LogSumExp(), Max(), PlainSum()], ids=lambda r: type(r).__name__)
 @pytest.mark.parametrize("n", [1, 3, 10, 13])
 def test_user_reducer_in_chunk(reducer, n):

@@ -89,6 +89,15 @@ class AbstractAccumulation(eqx.Module):
         not what this loop can accumulate; by default any partial is."""
 
 
+#: The names of what the combinators ask beyond a reducer's public methods: functions of this
+#: module taking the reducer first, and the chunk loop's `AbstractAccumulation` methods. A
+#: reducer that defines one as a method is refused (no combinator would call it).
+_MACHINERY = (
+    "init", "accumulate", "finish", "check_chunk", "fn_masks", "can_shift", "reduce_chunk",
+    "call_masked", "trim", "rounded", "shard_spec", "shard_local", "shard_collect",
+)
+
+
 class AbstractReducer(eqx.Module):
     """How partial results join. Subclass it (and make the subclass final) for a new reducer.
 
@@ -138,6 +147,18 @@ class AbstractReducer(eqx.Module):
         assert jnp.allclose(f(x), jnp.max(jnp.sin(x)))
         ```
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        ignored = sorted(set(vars(cls)) & set(_MACHINERY))
+        if ignored:  # a method no combinator would call: say so rather than ignore it
+            raise TypeError(
+                f"`{cls.__name__}`: a reducer's public methods are reduce_rows, combine, "
+                "can_mask, is_additive, compensates and check_rows; the chunk loop, masking "
+                f"and sharding do not call a reducer's {', '.join(ignored)} (remove "
+                f"{'it' if len(ignored) == 1 else 'them'}; a loop of your own is a "
+                "chunkx.AbstractAccumulation)."
+            )
 
     @abc.abstractmethod
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
