@@ -284,7 +284,13 @@ def test_auto_plans_forward_and_reverse_within_the_budget(case):
     g = chunkx.batch_vmap(f, (None, 0), batch_size="auto", memory_budget=budget,
                           reduction=reduction, chunk_reduction=chunk_reduction)
     fwd, bwd = g.memory_plan(p, x), g.grad_memory_plan(p, x)
-    assert fwd.chunk_size > bwd.chunk_size
+    # the reverse pass is planned on its own (VJP programs measured at backward sizes); a
+    # recomputing one holds a chunk's residuals, so it fits fewer rows than the forward pass;
+    # the fused one holds a chunk's gradient beside the rows, which may fit the forward size
+    # (it does with newer XLA: 1024 rows both)
+    assert bwd.points and dict(bwd.points) != dict(fwd.points)
+    assert fwd.chunk_size > bwd.chunk_size if case == "recompute" else (
+        fwd.chunk_size >= bwd.chunk_size)
     loss = lambda p, x: scalar(g(p, x))  # noqa: E731
     temp_f = jax.jit(loss).lower(p, x).compile().memory_analysis().temp_size_in_bytes
     temp_g = jax.jit(jax.grad(loss)).lower(p, x).compile().memory_analysis().temp_size_in_bytes
