@@ -13,7 +13,9 @@ Sections (float32; medians of interleaved rounds in one process; temp bytes are 
   chain, L=32), 262,144 samples in chunks of 16,384, against the plain `value_and_grad` of the
   vmapped energy, a hand-fused `lax.scan` and optax's `microbatch`;
 - `jacfwd`: `batch_jacfwd` of a 2,048-dim map in chunks of 512 columns against `jax.jacfwd`;
-- `accuracy`: the float32 `Sum` of 100,000 rows against a float64 sum, beside `jnp.sum`.
+- `accuracy`: the float32 `Sum` of 100,000 rows against a float64 sum, beside `jnp.sum`;
+- `float64`: a compensated float64 `Sum` and a fused float64 value and gradient (emulated on
+  a TPU), their errors and first-call seconds.
 
 `--quick` shrinks every size by 64 (a CPU run in about a minute). The JSON goes to
 `benchmarks/results/accelerator_<platform>.json` (or `--out`), with the device kind in it;
@@ -24,6 +26,7 @@ Run: `python benchmarks/bench_accelerator.py [--quick] [--reps 15] [--sections j
 
 import argparse
 import json
+import math
 import pathlib
 import time
 
@@ -36,7 +39,7 @@ from _timing import MiB, Variant, prepare, spread, time_interleaved
 
 import chunkx
 
-SECTIONS = ("jac", "rows", "sum", "grad", "jacfwd", "accuracy")
+SECTIONS = ("jac", "rows", "sum", "grad", "jacfwd", "accuracy", "float64")
 
 
 def report(name, variants, reps, base=None):
@@ -258,6 +261,34 @@ def section_accuracy(q, reps):
             row, batch_size=s, reducer=chunkx.Sum(compensated=False)))(x))
     for k, v in out.items():
         print(f"  accuracy     {k:<44s} {v:.2e}", flush=True)
+    return out
+
+
+def section_float64(q, reps):
+    """float64 (emulated on a TPU): the compensated `Sum` of 100,000 rows against an exactly
+    rounded sum, and the fused value and gradient of a summed map against the unchunked one
+    (relative errors), with the seconds each first call took (compiling included)."""
+    out = {}
+    with jax.enable_x64(True):
+        x = jax.random.normal(jax.random.key(7), (100_000 // q, 16), jnp.float64) + 1.0
+        ref = math.fsum((np.asarray(x) ** 2).ravel().tolist())
+        row = lambda r: jnp.sum(r * r)  # noqa: E731
+        for s in (7, 1000):
+            t0 = time.perf_counter()
+            v = float(jax.jit(chunkx.batch_vmap(row, batch_size=s, reducer=chunkx.Sum()))(x))
+            out[f"chunkx Sum(), {s}"] = abs(v - ref) / abs(ref)
+            out[f"chunkx Sum(), {s}, first call s"] = time.perf_counter() - t0
+        w = jnp.linspace(0.5, 2.0, 16, dtype=jnp.float64)
+        loss = chunkx.Chunk(chunkx.Vmap(lambda r, w: jnp.sum(jnp.sin(r * w)), (0, None)), 1000,
+                            reducer=chunkx.Sum(), in_axes=(0, None), grad="fused")
+        t0 = time.perf_counter()
+        v, g = jax.jit(jax.value_and_grad(lambda w: loss(x, w)))(w)
+        out["fused value_and_grad, first call s"] = time.perf_counter() - t0
+        v0, g0 = jax.jit(jax.value_and_grad(lambda w: jnp.sum(jnp.sin(x * w))))(w)
+        out["fused value"] = float(abs(v - v0) / abs(v0))
+        out["fused gradient"] = float(jnp.linalg.norm(g - g0) / jnp.linalg.norm(g0))
+    for k, v in out.items():
+        print(f"  float64      {k:<44s} {v:.2e}", flush=True)
     return out
 
 
