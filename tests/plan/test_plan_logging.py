@@ -113,6 +113,8 @@ def test_batch_vmap_logs_one_line_per_plan_and_a_reused_plan_nothing(caplog):
     # value and gradient fused: one pass at the backward size, the only plan made
     assert len(info) == 1 and info[0].startswith("batch_vmap(batch_size='auto')")
     assert "backward chunk size" in info[0]
+    bwd = f.grad_memory_plan(W, X)  # the line names the backward size and the forward one
+    assert f"backward chunk size {bwd.chunk_size} (forward {bwd.n} of 1000 rows)" in info[0]
     debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
     assert any("compiled chunk size" in t for t in debug)  # measurements: DEBUG
     caplog.clear()

@@ -223,8 +223,8 @@ def _search(
     plan = search_sizes(m, *_limits(m, entry(key).cap, size, n, budget, _shift(chunk)),
                         quick=True, shift=_shift(chunk), who=who["who"], what=who["what"],
                         name=who["name"])
-    size = aligned(plan.chunk_size, plan.rows or n, _shift(chunk), row_tile())
-    plan = dataclasses.replace(plan, chunk_size=size, budget_source=source, fingerprint=key)
+    tiled = aligned(plan.chunk_size, plan.rows or n, _shift(chunk), row_tile())
+    plan = dataclasses.replace(plan, chunk_size=tiled, budget_source=source, fingerprint=key)
     if first_time((key, budget, plan.chunk_size)):
         rows = f"(forward {size} of {n} rows)" if backward else f"of {n} rows"
         logger.info("%s(%s='auto'): %schunk size %d %s for %s (budget %d bytes)", who["who"],

@@ -295,7 +295,7 @@ class _Measured:
 
     def m(self, size: int) -> int | float:
         """The temp bytes at `size` (measured once); infinite where refused."""
-        if size not in self.seen and size not in self.refused:
+        if not self.measured(size):
             self.last = size
             value = int(self.measure(size))
             if value < 0:  # refused: -1 - the bytes XLA reported
