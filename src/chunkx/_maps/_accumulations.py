@@ -84,6 +84,14 @@ def _(reducer: Accumulated, rows: Tree, valid: RowMask | None) -> Tree:
     return reducer.loop.reduce_chunk(rows)
 
 
+def each_leaf(treedef: Any, items: tuple, method: Any, *trees: Tree, extra: tuple = ()) -> list:
+    """`method` (a method's name, or a function taking the item first) of each of `items`, one
+    per leaf of the pytree prefix `treedef`, on its part of each of `trees`, with `extra`."""
+    split = [treedef.flatten_up_to(t) for t in trees]
+    call = (lambda r, *a: getattr(r, method)(*a)) if isinstance(method, str) else method
+    return [call(r, *xs, *extra) for r, *xs in zip(items, *split)]
+
+
 class LeafLoops(AbstractAccumulation):
     """A `Leaves` chunk loop: each leaf's reducer's accumulation on its part of the outputs'
     prefix (`treedef`)."""
@@ -92,8 +100,7 @@ class LeafLoops(AbstractAccumulation):
     treedef: Any = eqx.field(static=True)
 
     def _each(self, method: str, *trees: Tree, extra: tuple = ()) -> list:
-        split = [self.treedef.flatten_up_to(t) for t in trees]
-        return [getattr(loop, method)(*xs, *extra) for loop, *xs in zip(self.loops, *split)]
+        return each_leaf(self.treedef, self.loops, method, *trees, extra=extra)
 
     def init(self, part: Tree, n: int) -> Tree:
         return self.treedef.unflatten(self._each("init", part, extra=(n,)))

@@ -46,7 +46,7 @@ from .._combinators.shard import Shard
 from .._plan.measure import default_budget, divisor_below, tree_bytes
 from .._plan.search import MemoryPlan
 from .._types import RowMask, Tree
-from ._accumulations import Accumulated, LeafLoops, UserAccumulate
+from ._accumulations import Accumulated, LeafLoops, UserAccumulate, each_leaf
 from ._vmap_axes import Body, resolve
 from .pipeline import AXES, Options, check_options, compose, plan_call, plan_of
 
@@ -162,9 +162,7 @@ class Leaves(AbstractReducer):
     can_mask = _per_leaf("can_mask", trees=0, join=all)
 
     def _each(self, method: str | Callable, *trees: Tree, extra: tuple = ()) -> list:
-        split = [self.treedef.flatten_up_to(t) for t in trees]
-        call = (lambda r, *a: getattr(r, method)(*a)) if isinstance(method, str) else method
-        return [call(r, *xs, *extra) for r, *xs in zip(self.reducers, *split)]
+        return each_leaf(self.treedef, self.reducers, method, *trees, extra=extra)
 
     def check_rows(self, rows_struct: Tree, who: str) -> None:
         try:
@@ -231,34 +229,11 @@ class Leaves(AbstractReducer):
                 for x, m, is_int in zip(xs, jax.tree_util.tree_leaves(means), ints)]
 
 
-@reduce_chunk.register
-def _(reducer: Leaves, rows: Tree, valid: RowMask | None) -> Tree:
-    return reducer.treedef.unflatten(reducer._each(reduce_chunk, rows, extra=(valid,)))
-
-
-@rounded.register
-def _(reducer: Leaves, part: Tree) -> Tree:
-    return reducer.treedef.unflatten(reducer._each(rounded, part))
-
-
-@trim.register
-def _(reducer: Leaves, out: Tree, n: int) -> Tree:
-    return reducer.treedef.unflatten(reducer._each(trim, out, extra=(n,)))
-
-
-@shard_spec.register
-def _(reducer: Leaves, axis: Any) -> Any:
-    return reducer.treedef.unflatten(reducer._each(shard_spec, extra=(axis,)))
-
-
-@shard_local.register
-def _(reducer: Leaves, partial: Tree, axis: Any) -> Tree:
-    return reducer.treedef.unflatten(reducer._each(shard_local, partial, extra=(axis,)))
-
-
-@shard_collect.register
-def _(reducer: Leaves, gathered: Tree, mesh: Any) -> Tree:
-    return reducer.treedef.unflatten(reducer._each(shard_collect, gathered, extra=(mesh,)))
+# what the combinators ask of a reducer beyond its methods: each leaf's reducer's, on its part
+# of the first argument (none for `shard_spec`), put back in the prefix's structure
+for _op, _trees in ((reduce_chunk, 1), (rounded, 1), (trim, 1), (shard_spec, 0),
+                    (shard_local, 1), (shard_collect, 1)):
+    _op.register(Leaves, _per_leaf(_op, trees=_trees))
 
 
 @accumulation.register
