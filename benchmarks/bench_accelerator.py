@@ -163,17 +163,17 @@ def section_sum(q, reps):
             Variant("jnp.sum(jax.vmap)", lambda y: jnp.sum(jax.vmap(cheap)(y)), (y,)),
             Variant("lax.map", lambda y, s=s: jnp.sum(jax.lax.map(cheap, y, batch_size=s)), (y,)),
             Variant("hand fori_loop", fori, (y,)),
-            Variant("chunkx Sum()", lambda y, s=s: chunkx.batch_vmap(
-                cheap, batch_size=s, reducer=chunkx.Sum())(y), (y,)),
-            Variant("chunkx Sum(compensated=False)", lambda y, s=s: chunkx.batch_vmap(
-                cheap, batch_size=s, reducer=chunkx.Sum(compensated=False))(y), (y,)),
         ]
         if s == 4096 // q:
             vs.insert(2, Variant("adv batch_vmap", lambda y, s=s: adv.batch_vmap(
                 cheap, batch_size=s, reduction=jnp.add, chunk_reduction=jnp.sum)(y), (y,)))
-        for u in (2, 4, 8) if s == 4096 // q else (4,):
-            vs.append(Variant(f"chunkx Chunk(Sum(), unroll={u})", lambda y, s=s, u=u: chunkx.Chunk(
-                chunkx.Vmap(cheap), s, reducer=chunkx.Sum(), unroll=u)(y), (y,)))
+        # unroll=4 is the default on a TPU (1 elsewhere): each written out, to compare
+        for name, red, u in [("Sum()", chunkx.Sum(), 1),
+                             ("Sum(compensated=False)", chunkx.Sum(compensated=False), 1),
+                             *[("Sum()", chunkx.Sum(), u) for u in
+                               ((2, 4, 8) if s == 4096 // q else (4,))]]:
+            vs.append(Variant(f"chunkx {name}, unroll={u}", lambda y, s=s, u=u, red=red:
+                              chunkx.Chunk(chunkx.Vmap(cheap), s, reducer=red, unroll=u)(y), (y,)))
         out[str(s)] = report(f"sum {s}", vs, reps * 2)
     return out
 

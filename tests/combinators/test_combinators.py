@@ -347,3 +347,27 @@ def test_shard_sum_replicated_and_user_constants():
     with pytest.raises(ValueError, match=r"unexpected JAX type .* for argument to VJP function"):
         jax.shard_map(lambda r: jax.lax.psum(batched(r).sum(0), "x"), mesh=mesh,
                       in_specs=P("x"), out_specs=P(), check_vma=True)(x[:8])
+
+
+@pytest.mark.parametrize("reducer", [chunkx.Sum(), chunkx.Concat()])
+def test_default_unroll_is_four_for_a_sum_on_a_tpu(monkeypatch, reducer):
+    """`unroll=None` (the default) is `unroll=4` for a Sum's loop on a TPU (simulated here:
+    the program JAX lowers is the same as with `unroll=4` written out) and `unroll=1` for a
+    Concat's loop there, and for every loop elsewhere; the values are `jax.vmap`'s."""
+    y = jax.random.normal(jax.random.key(0), (1000, 8))
+    row = lambda r: jnp.sum(jnp.sin(r) * r)  # noqa: E731
+
+    def lowered(unroll):
+        c = chunkx.Chunk(chunkx.Vmap(row), 64, reducer=reducer, unroll=unroll)
+        return jax.jit(c).lower(y).as_text(), jax.jit(c)(y)
+
+    ref = jax.vmap(row)(y)
+    ref = jnp.sum(ref) if isinstance(reducer, chunkx.Sum) else ref
+    here = lowered(None)[0]
+    assert here == lowered(1)[0] and here != lowered(4)[0]
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    jax.clear_caches()  # the trace above is JAX's to reuse for an equal Chunk
+    text, out = lowered(None)
+    want = 4 if isinstance(reducer, chunkx.Sum) else 1
+    assert text == lowered(want)[0] and text != lowered(5 - want)[0]
+    np.testing.assert_allclose(out, ref, rtol=1e-5)

@@ -144,7 +144,9 @@ class Chunk(eqx.Module):
     - `grad_size`: rows per chunk of the reverse pass, `None` for `size`, or `"auto"`: planned
       within `memory_budget` on the compiled VJP, only when the Chunk is differentiated, for
       what is differentiated (see `grad_memory_plan`).
-    - `unroll`: scan steps per loop iteration (fewer loop overheads for small chunks).
+    - `unroll`: scan steps per loop iteration (fewer loop overheads for small chunks); `None`
+      (the default): 4 on a TPU for the loop of an additive reducer ([`chunkx.Sum`][]), whose
+      small steps pay the chip's per-iteration overhead, else 1.
     - `progress`: show a progress bar over the chunks (tqdm, from compiled code through
       `jax.debug.callback`), and say when planning compiles; off, nothing is added to the
       program.
@@ -183,7 +185,7 @@ class Chunk(eqx.Module):
     grad_size: int | Literal["auto"] | None = eqx.field(
         static=True, default=None, converter=as_size
     )
-    unroll: int = eqx.field(static=True, default=1, converter=as_size)
+    unroll: int | None = eqx.field(static=True, default=None, converter=as_size)
     progress: bool = eqx.field(static=True, default=False)
     memory_budget: int | None = eqx.field(static=True, default=None, converter=_as_budget)
     owner: tuple[str, str, str, str] | None = eqx.field(static=True, default=None)
@@ -197,7 +199,7 @@ class Chunk(eqx.Module):
         check_instance("Chunk", "progress", self.progress, bool)
         if self.size != "auto":
             check_positive("Chunk", "size", self.size, auto=True)
-        check_positive("Chunk", "unroll", self.unroll, allow_none=False)
+        check_positive("Chunk", "unroll", self.unroll)
         if self.remainder is not None:
             check_choice("Chunk", "remainder", self.remainder, ("call", "shift"))
         check_choice("Chunk", "grad", self.grad, ("auto", "fused", "recompute", "store"))

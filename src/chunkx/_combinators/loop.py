@@ -10,7 +10,9 @@ import numpy as np
 
 from .._progress import scan, ticker
 from .._types import RowMask
-from ._protocol import AbstractAccumulation, AbstractReducer, call_masked, fn_masks, reduce_chunk
+from ._protocol import (
+    AbstractAccumulation, AbstractReducer, accumulation, call_masked, fn_masks, reduce_chunk,
+)
 from ._rows import counted_rows, rows, stop_repeated, struct_of
 
 
@@ -70,12 +72,22 @@ def chunk_loop(
 
     init = (acc, jnp.zeros((), jnp.int32))
     progress = tick is not None
-    (acc, _), stacked = scan(body, init, None, k, unroll=opts.unroll, progress=progress, tick=tick)
+    unroll = opts.unroll or default_unroll(opts.reducer, loop)
+    (acc, _), stacked = scan(body, init, None, k, unroll=unroll, progress=progress, tick=tick)
     if r:  # remainder="call": the leftover rows are one more piece
         acc, _ = loop.accumulate(acc, piece(*rows(source, k * s, r)), k * s, k)
         if tick is not None:  # counted too, reported after the loop's own steps
             tick(k, *jax.tree_util.tree_leaves(acc))
     return loop.finish(acc, stacked)
+
+
+def default_unroll(reducer: AbstractReducer, loop: AbstractAccumulation) -> int:
+    """`Chunk(unroll=None)`'s steps per loop iteration: 4 on a TPU for the loop of an additive
+    reducer (a `Sum`: a loop whose step is a small sum pays the chip's per-iteration overhead
+    at every chunk), 1 elsewhere (any other backend, `Concat`'s in-place writes, the fused
+    gradient's loop)."""
+    own = type(loop) is type(accumulation(reducer))
+    return 4 if jax.default_backend() == "tpu" and own and reducer.is_additive() else 1
 
 
 def _at(piece, n, s, shift, remat):
