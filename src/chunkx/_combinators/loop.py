@@ -11,7 +11,12 @@ import numpy as np
 from .._progress import scan, ticker
 from .._types import RowMask
 from ._protocol import (
-    AbstractAccumulation, AbstractReducer, accumulation, call_masked, fn_masks, reduce_chunk,
+    AbstractAccumulation,
+    AbstractReducer,
+    accumulation,
+    call_masked,
+    fn_masks,
+    reduce_chunk,
 )
 from ._rows import counted_rows, rows, stop_repeated, struct_of
 
