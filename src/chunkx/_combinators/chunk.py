@@ -1,5 +1,6 @@
 """`Chunk` and `Reduce`: evaluate a batched function over the mapped axis piece by piece."""
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -16,7 +17,8 @@ from .._checks import (
     zero_in_axes,
 )
 from .._plan.auto import (
-    at_sizes,
+    Owner,
+    Request,
     auto_call,
     default_grad_wrt,
     forward_plan,
@@ -42,6 +44,24 @@ def _as_budget(value: Any) -> Any:
         return check_budget("Chunk", "memory_budget", value)
     except ValueError:
         return value
+
+
+def _as_owner(value: Any) -> Any:
+    """A `(map, size argument, budget argument, what)` tuple as an `Owner`."""
+    return Owner(*value) if isinstance(value, tuple) else value
+
+
+def _no_fn(*args: Any) -> Any:
+    raise AssertionError("a planned Chunk is called with its function in place")
+
+
+class _Fixed(eqx.Module):
+    """`at(fn, size, grad_size)`: the requested Chunk at fixed sizes (a `Request`'s `at`)."""
+
+    chunk: Any
+
+    def __call__(self, fn: Callable, size: int | None, grad_size: int | None) -> Any:
+        return dataclasses.replace(self.chunk, fn=fn, size=size, grad_size=grad_size)
 
 
 class Reduce(eqx.Module):
@@ -153,8 +173,9 @@ class Chunk(eqx.Module):
     - `memory_budget`: with an `"auto"` size, bytes of XLA temp memory per device; `None`:
       what the device has free when the plan is made, less the Chunk's outputs and a margin
       (on the CPU, a share of the host's available memory); see "Choose a chunk size".
-    - `owner`: `(map, size argument, budget argument, what)`, the public map that built
-      this Chunk, named in its planning and `grad` messages; `None`: the Chunk itself.
+    - `owner`: who built this Chunk, named in its planning and `grad` messages: a
+      `(map, size argument, budget argument, what)` tuple (kept as the planner's `Owner`);
+      `None`: the Chunk itself.
 
     !!! Example
 
@@ -188,7 +209,7 @@ class Chunk(eqx.Module):
     unroll: int | None = eqx.field(static=True, default=None, converter=as_size)
     progress: bool = eqx.field(static=True, default=False)
     memory_budget: int | None = eqx.field(static=True, default=None, converter=_as_budget)
-    owner: tuple[str, str, str, str] | None = eqx.field(static=True, default=None)
+    owner: Owner | None = eqx.field(static=True, default=None, converter=_as_owner)
 
     def __post_init__(self):
         self.in_axes = inherit_axes("Chunk", self.in_axes, self.fn)
@@ -231,12 +252,26 @@ class Chunk(eqx.Module):
     def _eager(self, args: tuple, valid: RowMask | None) -> Eager:
         """What an eager call on `args` runs, for its out-of-memory answer (`recover.py`): in
         the name of the map that built it (its `owner`) or `Chunk`."""
-        who, arg = ("Chunk", "size") if self.owner is None else self.owner[:2]
+        owner = self.owner or Owner()
+        who, arg = owner.who, owner.arg
 
         def plans() -> tuple:
             return (self.memory_plan(*args, valid=valid),) if self.size == "auto" else ()
 
         return Eager(who, arg, self.size, plans)
+
+    def request(self) -> Request:
+        """What this Chunk asks the planner for its "auto" sizes."""
+        shift = self.remainder_policy() == "shift"
+        fixed = dataclasses.replace(
+            self, fn=_no_fn, size=None, grad_size=None, memory_budget=None, owner=None,
+            remainder="shift" if shift else "call",
+        )
+        owner = self.owner or Owner(arg="size" if self.size == "auto" else "grad_size")
+        options = (self.in_axes, self.remainder, self.checkpoint, self.grad, self.unroll,
+                   self.progress, type(self.reducer).__name__)
+        return Request(_Fixed(fixed), self.fn, self.size, self.grad_size, self.memory_budget,
+                       owner, shift, self.progress, options)
 
     def remainder_policy(self) -> str:
         """`"shift"` or `"call"`: what this Chunk does with rows that its size leaves over
@@ -260,7 +295,7 @@ class Chunk(eqx.Module):
         def plan(args, valid):  # traced: arrays and `jax.ShapeDtypeStruct`s alike
             axes = zero_in_axes("Chunk", self.in_axes, len(args))
             n = mapped_length(args, axes, "Chunk")
-            return forward_plan(self, planned_tree(self, args, valid), n)
+            return forward_plan(self.request(), planned_tree(self.fn, args, valid), n)
 
         return eqx.filter_eval_shape(plan, args, valid)
 
@@ -282,13 +317,14 @@ class Chunk(eqx.Module):
         def plan(args, valid):
             axes = zero_in_axes("Chunk", self.in_axes, len(args))
             n = mapped_length(args, axes, "Chunk")
-            tree = planned_tree(self, args, valid)
+            req = self.request()
+            tree = planned_tree(self.fn, args, valid)
             size = self.size
             if size == "auto":  # as a differentiated call plans: see `reverse_runs_forward`
                 size = n
-                if at_sizes(self, tree[0], n, None).reverse_runs_forward(args, valid):
-                    size = forward_plan(self, tree, n).chunk_size
-            return reverse_plan(self, tree, size, n, default_grad_wrt(tree, axes), axes)
+                if req.at(tree[0], n, None).reverse_runs_forward(args, valid):
+                    size = forward_plan(req, tree, n).chunk_size
+            return reverse_plan(req, tree, size, n, default_grad_wrt(tree, axes), axes)
 
         return eqx.filter_eval_shape(plan, args, valid)
 
@@ -308,7 +344,7 @@ class Chunk(eqx.Module):
         axes = zero_in_axes("Chunk", self.in_axes, len(args))
         n = mapped_length(args, axes, "Chunk")
         if "auto" in (self.size, self.grad_size):
-            return auto_call(self, args, valid, axes, n)
+            return auto_call(self.request(), args, valid, axes, n)
         s = self.size
         if s is None or n <= min(s, self.grad_size or s):
             return evaluate(self.fn, self.reducer, args, valid, "Chunk")

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 from jax.sharding import PartitionSpec as P
 
-from .._plan.auto import names
+from .._plan.auto import Owner
 from ._protocol import AbstractAccumulation, accumulation, fn_masks, rounded
 from ._rows import IN_RANGE, join_args, rows
 from ._sharding import explicit_layout, typed_like
@@ -56,7 +56,7 @@ def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
     if chunk.grad in ("recompute", "store"):
         return chunk.grad, None
     additive = chunk.reducer.is_additive()
-    who = names(chunk)["who"]  # the public map that built it, else `Chunk`
+    who = (chunk.owner or Owner()).who  # the public map that built it, else `Chunk`
     if chunk.grad == "fused" and not additive:
         raise ValueError(
             f"`{who}(grad='fused')`: fusing value and gradient needs a reducer whose chunks "

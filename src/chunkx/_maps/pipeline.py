@@ -17,6 +17,7 @@ from .._combinators.chunk import Chunk, Reduce
 from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
 from .._combinators.shard import Shard
 from .._combinators.vmap import Vmap
+from .._plan.auto import Owner
 from .._plan.measure import per_device_rows
 from .._types import GradPolicy, InAxes, Remainder
 
@@ -164,7 +165,7 @@ def compose(inner: Callable, axes: InAxes, reducer: AbstractReducer, opts: Optio
     else:
         size, grad_size, budget = opts.names
         only_backward = opts.grad_size == "auto" and opts.size != "auto"
-        owner = (opts.who, grad_size if only_backward else size, budget, what)
+        owner = Owner(opts.who, grad_size if only_backward else size, budget, what)
         piece = Chunk(
             inner, opts.size, reducer=reducer, in_axes=axes, checkpoint=opts.checkpoint,
             progress=opts.progress, grad=opts.grad, grad_size=opts.grad_size,

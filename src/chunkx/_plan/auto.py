@@ -44,20 +44,56 @@ from .reverse import ClosedOver, VjpProgram, planned_on_differentiation
 from .search import MemoryPlan, aligned, below_refused, proportional_size, search_sizes
 
 
-def _no_fn(*args: Any) -> Any:
-    raise AssertionError("a planned Chunk is called with its function in place")
+class Owner(eqx.Module):
+    """Who plans, as the planner's messages and log lines name it: the public map that built
+    the Chunk (`who`), its "auto" size argument (`arg`) and budget argument (`name`), and
+    `what` it maps; for a bare Chunk, `Chunk` itself."""
+
+    who: str = "Chunk"
+    arg: str = "size"
+    name: str = "memory_budget"
+    what: str = "the chunked function"
+
+    def reverse(self) -> "Owner":
+        """The owner as the reverse pass's messages name it."""
+        what = f"the reverse pass (the VJP of {self.what})"
+        arg = self.arg if self.who != "Chunk" else "grad_size"
+        return dataclasses.replace(self, arg=arg, what=what)
+
+
+class Request(eqx.Module):
+    """What a `Chunk` with an "auto" size asks the planner (`Chunk.request`): its function,
+    its sizes and budget, who asks, and `at`, the Chunk at fixed sizes (`at(fn, size,
+    grad_size)`: what the planner compiles and what the call runs). `shift`: the loop shifts
+    its last chunk back (one program, linear in the size); `options`: what besides the
+    function tells two Chunks' programs apart (part of the plan cache's key)."""
+
+    at: Callable[..., Any]
+    fn: Callable[..., Any]
+    size: int | str | None = eqx.field(static=True)
+    grad_size: int | str | None = eqx.field(static=True)
+    budget: int | None = eqx.field(static=True)
+    owner: Owner = eqx.field(static=True)
+    shift: bool = eqx.field(static=True)
+    progress: bool = eqx.field(static=True)
+    options: tuple = eqx.field(static=True)
 
 
 class _AtSize(eqx.Module):
-    """`(tree, g) -> chunk(*args, valid=valid)` with `tree = (fn, args, valid)` at forward size
-    `size` and backward size `g` (a `Run`, see `reverse.py`)."""
+    """`(tree, g) -> at(fn, size, g)(*args, valid=valid)` with `tree = (fn, args, valid)`: the
+    requested Chunk at forward size `size` and backward size `g` (a `Run`, see `reverse.py`)."""
 
-    chunk: Any
+    at: Callable[..., Any]
     size: int | None = eqx.field(static=True)
 
     def __call__(self, tree: Any, grad_size: int | None = None) -> Any:
         fn, args, valid = tree
-        return at_sizes(self.chunk, fn, self.size, grad_size)(*args, valid=valid)
+        return self.at(fn, self.size, grad_size)(*args, valid=valid)
+
+
+def planned_tree(fn: Callable, args: tuple, valid: Any) -> tuple:
+    """`(fn, args, valid)` with the tracers `fn` closes over lifted into its leaves."""
+    return ClosedOver.of(fn, *jax.tree_util.tree_map(_struct, args)), args, valid
 
 
 def row_tile() -> int:
@@ -66,58 +102,20 @@ def row_tile() -> int:
     return 128 if jax.default_backend() == "tpu" else 1
 
 
-def _shift(chunk: Any) -> bool:
-    """Whether the planned Chunk runs `remainder="shift"` (its memory is then the loop's
-    alone, with no remainder program whose buffers XLA keeps beside the loop's: linear in the
-    chunk size, so two measurements plan it)."""
-    return chunk.remainder_policy() == "shift"
-
-
-def at_sizes(chunk: Any, fn: Callable, size: int | None, grad_size: int | None) -> Any:
-    """The Chunk with `fn` and fixed sizes in place of "auto"."""
-    return dataclasses.replace(
-        chunk, fn=fn, size=size, grad_size=grad_size, memory_budget=None, owner=None,
-        remainder="shift" if _shift(chunk) else "call",
-    )
-
-
-def _template(chunk: Any) -> Any:
-    """The Chunk's options without its function (which the planned tree holds)."""
-    return at_sizes(chunk, _no_fn, None, None)
-
-
-def planned_tree(chunk: Any, args: tuple, valid: Any) -> tuple:
-    """`(fn, args, valid)` with the tracers `fn` closes over lifted into its leaves."""
-    return ClosedOver.of(chunk.fn, *jax.tree_util.tree_map(_struct, args)), args, valid
-
-
-def names(chunk: Any, reverse: bool = False) -> dict:
-    """Who plans, for messages: the public map that built the Chunk (its `owner`), else
-    `Chunk` itself."""
-    if chunk.owner is not None:
-        who, arg, name, what = chunk.owner
-    else:
-        who, name, what = "Chunk", "memory_budget", "the chunked function"
-        arg = "grad_size" if reverse or chunk.size != "auto" else "size"
-    if reverse:
-        what = f"the reverse pass (the VJP of {what})"
-    return {"who": who, "arg": arg, "name": name, "what": what}
-
-
-def _budget(chunk: Any, tree: Any = None, held: int = 0) -> tuple[int, str]:
+def _budget(req: Request, tree: Any = None, held: int = 0) -> tuple[int, str]:
     """The budget the Chunk plans for, and where it came from: its own, else what the device
     has free less `held` bytes (its outputs); divided by the size of an enclosing `jax.vmap`
     (whose batched program holds that many copies of the planned one)."""
-    who = names(chunk)
-    budget, source = chunk.memory_budget, f"{who['name']}={chunk.memory_budget}"
+    who = req.owner
+    budget, source = req.budget, f"{who.name}={req.budget}"
     if budget is None:
-        budget, source = default_budget(who["who"], who["arg"], held=held)
+        budget, source = default_budget(who.who, who.arg, held=held)
     factor = _outer_batch(tree)
     if factor > 1:
         warnings.warn(
-            f"`{who['who']}`: this {who['arg']}='auto' map is called under jax.vmap over "
+            f"`{who.who}`: this {who.arg}='auto' map is called under jax.vmap over "
             f"{factor} (whose program holds {factor} copies of it); it is planned for "
-            f"{who['name']} / {factor} = {budget // factor} bytes so that the batched program "
+            f"{who.name} / {factor} = {budget // factor} bytes so that the batched program "
             "stays within the budget. Under jax.jit inside jax.vmap the vmap cannot be seen: "
             "divide the budget yourself there.", stacklevel=2,
         )
@@ -148,45 +146,43 @@ def _outer_batch(tree: Any) -> int:
     return int(np.prod(sizes, dtype=np.int64)) if sizes else 1
 
 
-def forward_plan(chunk: Any, tree: tuple, n: int) -> MemoryPlan:
+def forward_plan(req: Request, tree: tuple, n: int) -> MemoryPlan:
     """The forward chunk size of a `Chunk(size="auto")` called on `tree = (fn, args, valid)`."""
-    return _forward(chunk, tree, n)[0]
+    return _forward(req, tree, n)[0]
 
 
-def _forward(chunk: Any, tree: tuple, n: int, sig: dict | None = None) -> tuple[MemoryPlan, Any]:
+def _forward(req: Request, tree: tuple, n: int, sig: dict | None = None) -> tuple[MemoryPlan, Any]:
     """`forward_plan` and the fingerprint it was kept under (`None` where nothing was planned);
     `sig` keeps the program's fingerprint for a reverse plan of the same call."""
     if n < 1:
-        budget, source = _budget(chunk, tree)
+        budget, source = _budget(req, tree)
         return MemoryPlan(0, budget, (), 0.0, 0.0, 1, 1, budget_source=source), None
-    return _search(chunk, tree, n, n, sig=sig)
+    return _search(req, tree, n, n, sig=sig)
 
 
 def reverse_plan(
-    chunk: Any, tree: tuple, size: int, n: int, wrt: tuple[bool, ...], axes: tuple
+    req: Request, tree: tuple, size: int, n: int, wrt: tuple[bool, ...], axes: tuple
 ) -> MemoryPlan:
     """The backward chunk size of a Chunk at forward size `size`, for differentiating the array
     leaves of `tree` marked in `wrt`."""
-    return _search(chunk, tree, n, min(size, n), (wrt, axes))[0]
+    return _search(req, tree, n, min(size, n), (wrt, axes))[0]
 
 
-def _signature(chunk: Any, tree: tuple, n: int, sig: dict | None) -> tuple[str, Any]:
+def _signature(req: Request, tree: tuple, n: int, sig: dict | None) -> tuple[str, Any]:
     """The fingerprint of the Chunk's program on `tree` (`n` rows) with its options, and the
     structs of its outputs (at every chunk size, those of a cotangent of the call): traced once
     per call (kept in `sig`, shared by both passes)."""
     if sig is not None and "key" in sig:
         return sig["key"], sig["out"]
-    probe = _AtSize(_template(chunk), max(1, (n + 1) // 2))  # a loop and a remainder: all parts
-    options = (chunk.in_axes, chunk.remainder, chunk.checkpoint, chunk.grad, chunk.unroll,
-               chunk.progress, type(chunk.reducer).__name__)
-    key, out = fingerprint_and_outputs(probe, tree, extra=(options, n))
+    probe = _AtSize(req.at, max(1, (n + 1) // 2))  # a loop and a remainder: all parts
+    key, out = fingerprint_and_outputs(probe, tree, extra=(req.options, n))
     if sig is not None:
         sig.update(key=key, out=out)
     return key, out
 
 
 def _search(
-    chunk: Any, tree: tuple, n: int, size: int, reverse: tuple | None = None,
+    req: Request, tree: tuple, n: int, size: int, reverse: tuple | None = None,
     sig: dict | None = None,
 ) -> tuple[MemoryPlan, str]:
     """`search_sizes(quick=True)` for one pass of the Chunk on `tree` (`n` rows): the forward
@@ -197,15 +193,14 @@ def _search(
     INFO. Returns the plan and its fingerprint."""
     backward = reverse is not None
     wrt, axes = reverse if backward else (None, ())
-    program, out = _signature(chunk, tree, n, sig)
+    program, out = _signature(req, tree, n, sig)
     key = hashlib.sha256(repr((program, size, wrt)).encode()).hexdigest() if backward else program
-    budget, source = _budget(chunk, tree, tree_bytes(out))
-    template = _template(chunk)
-    run = _AtSize(template, size)
+    budget, source = _budget(req, tree, tree_bytes(out))
+    run = _AtSize(req.at, size)
     held = _held_bytes(tree, wrt, axes) if backward else 0
 
     def measure(g: int) -> int:
-        program, args = _AtSize(template, g), (tree,)
+        program, args = _AtSize(req.at, g), (tree,)
         if backward:  # the caller's cotangent: an argument of the output's structs
             program, args = VjpProgram(run, g, wrt), (tree, out)
         try:
@@ -215,20 +210,19 @@ def _search(
                 raise
             return refused_value(reported_bytes(str(err)))  # above any budget
 
-    who = names(chunk, backward)
-    label = f"{who['who']} (reverse pass)" if backward else f"{who['who']}({who['arg']}='auto')"
+    who = req.owner.reverse() if backward else req.owner
+    label = f"{who.who} (reverse pass)" if backward else f"{who.who}({who.arg}='auto')"
     kind = "backward " if backward else ""
     notice = f"chunkx: planning the {kind or 'forward '}chunk size (compiling)..."
-    m = measured(key, measure, label, notice if chunk.progress else None)
-    plan = search_sizes(m, *_limits(m, entry(key).cap, size, n, budget, _shift(chunk)),
-                        quick=True, shift=_shift(chunk), who=who["who"], what=who["what"],
-                        name=who["name"])
-    tiled = aligned(plan.chunk_size, plan.rows or n, _shift(chunk), row_tile())
+    m = measured(key, measure, label, notice if req.progress else None)
+    plan = search_sizes(m, *_limits(m, entry(key).cap, size, n, budget, req.shift),
+                        quick=True, shift=req.shift, who=who.who, what=who.what, name=who.name)
+    tiled = aligned(plan.chunk_size, plan.rows or n, req.shift, row_tile())
     plan = dataclasses.replace(plan, chunk_size=tiled, budget_source=source, fingerprint=key)
     if first_time((key, budget, plan.chunk_size)):
         rows = f"(forward {size} of {n} rows)" if backward else f"of {n} rows"
-        logger.info("%s(%s='auto'): %schunk size %d %s for %s (budget %d bytes)", who["who"],
-                    who["arg"], kind, plan.chunk_size, rows, who["what"], budget)
+        logger.info("%s(%s='auto'): %schunk size %d %s for %s (budget %d bytes)", who.who,
+                    who.arg, kind, plan.chunk_size, rows, who.what, budget)
     return plan, key
 
 
@@ -277,7 +271,7 @@ def default_grad_wrt(tree: tuple, axes: tuple) -> tuple[bool, ...]:
     return wrt if any(wrt) else _mask(tree, (False, eqx.is_inexact_array, False))
 
 
-def auto_call(chunk: Any, args: tuple, valid: Any, axes: tuple, n: int) -> Any:
+def auto_call(req: Request, args: tuple, valid: Any, axes: tuple, n: int) -> Any:
     """A Chunk with an "auto" size called on `args`: plan, then run at the planned sizes.
 
     With `grad_size="auto"` too, the forward size is planned only where it runs: when the call
@@ -286,37 +280,37 @@ def auto_call(chunk: Any, args: tuple, valid: Any, axes: tuple, n: int) -> Any:
     and its forward size is the whole batch (one call, never run)."""
     from .agree import agreed_size
 
-    tree = planned_tree(chunk, args, valid)
-    who = names(chunk)["who"]
+    tree = planned_tree(req.fn, args, valid)
+    who = req.owner.who
     sig: dict = {}  # the program's fingerprint, traced once for both passes
     sizes: dict = {}
 
     def forward(t: Any) -> int:  # planned on the tree of the trace it runs in
         if "forward" not in sizes:
-            sizes["forward"] = chunk.size if chunk.size != "auto" else agreed_size(
-                lambda: _forward(chunk, t, n, sig)[0].chunk_size, who, "chunk size")
+            sizes["forward"] = req.size if req.size != "auto" else agreed_size(
+                lambda: _forward(req, t, n, sig)[0].chunk_size, who, "chunk size")
         return sizes["forward"]
 
-    if chunk.grad_size != "auto":
-        return at_sizes(chunk, chunk.fn, forward(tree), chunk.grad_size)(*args, valid=valid)
+    if req.grad_size != "auto":
+        return req.at(req.fn, forward(tree), req.grad_size)(*args, valid=valid)
 
     def forward_of_reverse(t: Any) -> int:
-        if chunk.size != "auto":
-            return chunk.size
+        if req.size != "auto":
+            return req.size
         if "reverse" not in sizes:
-            runs = at_sizes(chunk, t[0], n, None).reverse_runs_forward(t[1], t[2])
+            runs = req.at(t[0], n, None).reverse_runs_forward(t[1], t[2])
             sizes["reverse"] = forward(t) if runs else n
         return sizes["reverse"]
 
     def run(t: Any, g: int | None) -> Any:
         size = forward(t) if g is None else forward_of_reverse(t)
-        return _AtSize(_template(chunk), size)(t, g)
+        return _AtSize(req.at, size)(t, g)
 
     def plan(t: Any, wrt: tuple) -> int:
         size = min(forward_of_reverse(t) or n, n)
 
         def backward() -> int:
-            return _search(chunk, t, n, size, (wrt, axes), sig)[0].chunk_size
+            return _search(req, t, n, size, (wrt, axes), sig)[0].chunk_size
 
         return agreed_size(backward, who, "backward chunk size")
 
