@@ -40,9 +40,7 @@ from .._combinators._protocol import (
 )
 from .._combinators._rows import mapped_length, moveaxis, swap_blocks, zeros_like_struct
 from .._combinators._sharding import replicated
-from .._combinators.pad import Pad
 from .._combinators.reduce import Concat, Sum, wide_sums, zero_masked
-from .._combinators.shard import Shard
 from .._plan.measure import default_budget, divisor_below, tree_bytes
 from .._plan.search import MemoryPlan
 from .._types import RowMask, Tree
@@ -405,20 +403,22 @@ class Microbatched(eqx.Module):
         row_fn = RowFn(body, at, self.per_example, masked, self.vmap_fn)
         g = opts.grad_size // d if isinstance(opts.grad_size, int) else opts.grad_size
         local = None if opts.size is None else mb if k is None else mb // d  # None: all rows
-        inner = dataclasses.replace(opts, size=local, grad_size=g, shard=False)
-        core = compose(row_fn, (0,) * masked + AXES, leaves, inner, who)
         # rows that are each their own output need not be grouped into optax's microbatches
         # (unless a user's vmap_fn, with an axis name, lets a row see its microbatch), nor
         # the rows of one "auto" chunk loop, which has no microbatches
         rowwise = (self.per_example and self.vmap_fn is jax.vmap
                    and all(t is AccumulationType.CONCAT for t in leaves.kinds))
-        if k is not None and (masked or not rowwise):
-            core = Interleave(core, leaves, k, r, masked)
-        core = Shard(core, opts.mesh, in_axes=AXES) if opts.shard else core
-        if plan is not None:  # an "auto" size: the plan of the loop's Chunk
+        grouped = k is not None and (masked or not rowwise)
+        core = compose(
+            row_fn, (0,) * masked + AXES, leaves,
+            dataclasses.replace(opts, size=local, grad_size=g), who, outer_axes=AXES,
+            around=(lambda c: Interleave(c, leaves, k, r, masked)) if grouped else None,
+            pad=mb if padded else 1,
+        )
+        if plan is not None:  # an "auto" size (no rows padded): the plan of the loop's Chunk
             return plan_of(core, plan, pair, AXES, opts)
         # its sums stay wide: a bfloat16/float16 mean is divided in float32 (`finalize`)
-        out = wide_sums(Pad(core, mb, in_axes=AXES) if padded else core)(*pair)
+        out = wide_sums(core)(*pair)
         if not self.per_example:  # MEAN over the microbatches, RUNNING_MEAN over those run
             return leaves.finalize(out, k, k if r is None else r)
         run = n if r is None else jnp.sum(jnp.arange(n) % k < r)

@@ -14,8 +14,11 @@ from .._checks import check_budget, check_choice, check_mesh_1d, check_positive,
 from .._combinators._rows import map_mapped, mapped_length
 from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.chunk import Chunk, Reduce
+from .._combinators.groups import Groups
+from .._combinators.pad import Pad
 from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
 from .._combinators.shard import Shard
+from .._combinators.unrolled import Unrolled
 from .._combinators.vmap import Vmap
 from .._plan.auto import Owner
 from .._plan.measure import per_device_rows
@@ -43,6 +46,7 @@ class Options(eqx.Module):
     checkpoint: bool = eqx.field(static=True, kw_only=True, default=True)
     progress: bool = eqx.field(static=True, kw_only=True, default=False)
     remainder: Remainder | None = eqx.field(static=True, kw_only=True, default=None)
+    unrolled: bool = eqx.field(static=True, kw_only=True, default=False)
     names: tuple[str, str, str] = eqx.field(
         static=True, kw_only=True, default=(*BATCH_NAMES, "memory_budget")
     )
@@ -153,28 +157,50 @@ def reducer_for(
     return Monoid(reduction, chunk_reduction, True if grad == "fused" else None), None
 
 
-def compose(inner: Callable, axes: InAxes, reducer: AbstractReducer, opts: Options, what: str):
-    """The pipeline: [Shard ∘] (Chunk | Reduce) ∘ inner, all with one reducer (`axes`: the
-    Chunk's and Shard's `in_axes`).
+def compose(
+    inner: Callable, axes: InAxes, reducer: AbstractReducer, opts: Options, what: str, *,
+    blocks: int = 1, local_pad: int = 1, around: Callable | None = None,
+    outer_axes: InAxes | None = None, pad: int = 1,
+) -> Any:
+    """The pipeline of every map, all with one reducer:
 
-    An "auto" size is the Chunk's to plan (`opts.memory_budget`); the Chunk's messages name
-    its `owner`: the public map, its "auto" size argument (the forward one, else the backward
-    one) and budget argument, and `what` it maps."""
-    if opts.size is None:
-        piece = Reduce(inner, reducer)
+    `[Pad ∘] [Shard ∘] [around ∘] [Pad ∘] [Groups ∘] (Chunk | Unrolled | Reduce) ∘ inner`.
+
+    The loop: `Reduce` without a size, `Unrolled` with an int size where the map unrolls
+    (`opts.unrolled`), else a `Chunk` (`axes`: its `in_axes`) whose "auto" size it plans
+    (`opts.memory_budget`), its messages naming its owner: the public map, its "auto" size
+    argument (the forward one, else the backward one) and budget argument, and `what` it maps.
+    The layout around it: `blocks` device blocks of `opts.size` rows each per chunk (`Groups`,
+    quantax's layout), each device's rows padded to a multiple of `local_pad`, a map's own
+    layer `around` the loop (the microbatching maps' `Interleave`), the devices of a `Shard`
+    (`opts.shard`) and the batch padded to a multiple of `pad` (`outer_axes`: the `in_axes`
+    of those outer layers, by default `axes`)."""
+    outer = axes if outer_axes is None else outer_axes
+    size, grad_size = opts.size, opts.grad_size
+    if size is None:
+        piece: Any = Reduce(inner, reducer)
+    elif opts.unrolled and size != "auto":
+        piece = Unrolled(inner, blocks * size, reducer, in_axes=axes, progress=opts.progress)
     else:
-        size, grad_size, budget = opts.names
-        only_backward = opts.grad_size == "auto" and opts.size != "auto"
-        owner = Owner(opts.who, grad_size if only_backward else size, budget, what)
+        size_arg, grad_arg, budget = opts.names
+        only_backward = grad_size == "auto" and size != "auto"
+        owner = Owner(opts.who, grad_arg if only_backward else size_arg, budget, what)
         piece = Chunk(
-            inner, opts.size, reducer=reducer, in_axes=axes, checkpoint=opts.checkpoint,
-            progress=opts.progress, grad=opts.grad, grad_size=opts.grad_size,
-            memory_budget=opts.memory_budget if "auto" in (opts.size, opts.grad_size) else None,
+            inner, size if size == "auto" else blocks * size, reducer=reducer, in_axes=axes,
+            checkpoint=opts.checkpoint, progress=opts.progress, grad=opts.grad,
+            grad_size=grad_size if not isinstance(grad_size, int) else blocks * grad_size,
+            memory_budget=opts.memory_budget if "auto" in (size, grad_size) else None,
             owner=owner, remainder=opts.remainder,
         )
+    if blocks > 1:
+        piece = Groups(piece, blocks, size)
+    if local_pad > 1:
+        piece = Pad(piece, local_pad)
+    if around is not None:
+        piece = around(piece)
     if opts.shard:
-        piece = Shard(piece, opts.mesh, in_axes=axes)
-    return piece
+        piece = Shard(piece, opts.mesh, in_axes=outer)
+    return Pad(piece, pad, in_axes=outer) if pad > 1 else piece
 
 
 def plan_of(pipeline: Any, method: str, args: tuple, axes: tuple, opts: Options) -> Any:

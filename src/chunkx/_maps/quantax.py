@@ -1,6 +1,7 @@
 """`chunk_map` and `jit_chunk_vmap`: quantax 0.4.0 semantics, composed from the combinators
 on the shared call layout (`pipeline`)."""
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -11,12 +12,7 @@ from jax.sharding import Mesh
 from .._checks import as_in_axes, check_in_axes
 from .._combinators._rows import map_mapped, moveaxis
 from .._combinators._sharding import call_mesh, on_inputs_mesh
-from .._combinators.chunk import Chunk
-from .._combinators.groups import Groups
-from .._combinators.pad import Pad
 from .._combinators.reduce import Concat
-from .._combinators.shard import Shard
-from .._combinators.unrolled import Unrolled
 from .._plan.measure import padded_rows_per_device
 from .._public import public
 from .._types import Budget, InAxes, Size
@@ -83,31 +79,23 @@ class ChunkMap(eqx.Module):
         every device's rows fit one chunk, the Chunk runs them in one call (quantax's fast
         path: `f` sees the whole batch), its reverse pass in chunks of `chunk_size_bwd`.
         """
-        size = self.opts.size
+        opts, what = self.opts, f"chunk_map({fn_name(self.f)})"
+        size = opts.size
         if size in ("auto", None):
-            return compose(inner, zero, Concat(), self.opts, f"chunk_map({fn_name(self.f)})")
-        ndev = call_mesh(self.opts.mesh, args).size  # the mesh Shard runs on, or lays rows out for
+            return compose(inner, zero, Concat(), opts, what)
+        ndev = call_mesh(opts.mesh, args).size  # the mesh Shard runs on, or lays rows out for
         per_device = padded_rows_per_device(n, ndev)
         pad = self.atleast_1chunk and per_device < size  # up to one chunk per device
-        if self.opts.shard:
-            local = self._chunk(inner, size, zero)
-            return Shard(Pad(local, size) if pad else local, self.opts.mesh)
+        if opts.shard:
+            return compose(inner, zero, Concat(), opts, what, local_pad=size if pad else 1)
         if ndev == 1 or (per_device <= size and not pad):  # one chunk: no blocks to lay out
-            piece, multiple = self._chunk(inner, ndev * size, zero), size if pad else 1
+            grad = None if opts.grad_size is None else ndev * opts.grad_size
+            opts = dataclasses.replace(opts, size=ndev * size, grad_size=grad)
+            blocks, multiple = 1, size if pad else 1
         else:  # every block padded to whole chunks: f always sees D * c rows
-            piece = Groups(self._chunk(inner, size, zero, ndev), ndev, size)
-            multiple = ndev * size
-        return Pad(piece, multiple) if n % multiple else piece
-
-    def _chunk(self, inner, size, zero, blocks=1):
-        """Chunks of `size` rows of each of `blocks` device blocks (`Groups` lays them out),
-        the last one shifted back (the default of a Chunk that concatenates); the reverse
-        pass in chunks of `chunk_size_bwd` rows per block."""
-        if not self.use_scan:
-            return Unrolled(inner, blocks * size, in_axes=zero, progress=self.opts.progress)
-        bwd = self.opts.grad_size
-        return Chunk(inner, blocks * size, in_axes=zero, progress=self.opts.progress,
-                     grad_size=None if bwd is None else blocks * bwd)
+            blocks, multiple = ndev, ndev * size
+        return compose(inner, zero, Concat(), opts, what, blocks=blocks,
+                       pad=multiple if n % multiple else 1)
 
 
 class _Moved(eqx.Module):
@@ -223,7 +211,7 @@ def chunk_map(
     opts = check_options(  # with use_scan, an "auto" map plans its reverse pass too
         who, chunk_size, memory_budget=memory_budget, grad_size=chunk_size_bwd,
         plan_grad=use_scan, names=("chunk_size", "chunk_size_bwd"), mesh_1d=False,
-        shard=shard_batch, mesh=mesh, progress=progress, remainder="shift",
+        shard=shard_batch, mesh=mesh, progress=progress, remainder="shift", unrolled=not use_scan,
     )
     if opts.grad_size is not None and not use_scan:
         raise ValueError(
