@@ -1,6 +1,6 @@
 """The call layout every map shares: its options checked once into one `Options` Module, its
-arguments laid out once (mapped axes to the front), and one composition of the combinators,
-`[Shard ∘] (Chunk | Reduce) ∘ inner`, all with one reducer."""
+arguments laid out once (mapped axes to the front), and one builder, `compose`, of the
+combinators around its loop, all with one reducer."""
 
 from collections.abc import Callable
 from typing import Any, Literal
