@@ -7,7 +7,8 @@ Sections (float32; medians of interleaved rounds in one process; temp bytes are 
 - `jac`: per-example Jacobians (`jax.jacrev` of a 64-256-256-64 tanh MLP), 65,536 rows, in
   chunks of 4,096 and 16,384, and at a size that leaves rows over (the last chunk shifted);
 - `rows`: rows of a two-layer map (1,048,576 rows, 64 -> 256 -> 256), chunks of 16,384 and
-  131,072 (and a size that leaves rows over);
+  131,072 (and a size that leaves rows over); `rows_highest`: the same with full-precision
+  float32 products, at 16,384;
 - `sum`: the `Sum` of a cheap row function (1,048,576 rows x 32), chunks of 256, 4,096, 65,536;
 - `grad`: the fused `value_and_grad` of the mean local energy of an RBM (transverse-field Ising
   chain, L=32), 262,144 samples in chunks of 16,384, against the plain `value_and_grad` of the
@@ -21,7 +22,9 @@ Sections (float32; medians of interleaved rounds in one process; temp bytes are 
 `benchmarks/results/accelerator_<platform>.json` (or `--out`), with the device kind in it;
 `docs/accelerators.md` is rendered from the TPU's.
 
-Run: `python benchmarks/bench_accelerator.py [--quick] [--reps 15] [--sections jac,rows,...]`.
+Run: `python benchmarks/bench_accelerator.py [--quick] [--reps 15] [--sections jac,rows,...]
+[--merge]` (`--merge`: a run of some sections updates those in an existing JSON of the same
+device and jax; `reps` is recorded per section).
 """
 
 import argparse
@@ -39,7 +42,7 @@ from _timing import MiB, Variant, prepare, spread, time_interleaved
 
 import chunkx
 
-SECTIONS = ("jac", "rows", "sum", "grad", "jacfwd", "accuracy", "float64")
+SECTIONS = ("jac", "rows", "rows_highest", "sum", "grad", "jacfwd", "accuracy", "float64")
 
 
 def report(name, variants, reps, base=None):
@@ -141,6 +144,23 @@ def section_rows(q, reps):
     f = lambda r, w1, w2: jnp.tanh(jnp.tanh(r @ w1) @ w2)  # noqa: E731
     return report("rows", rows_variants(f, (x, w1, w2), (16_384 // q, 131_072 // q),
                                         16_384 // q - 64 // q), reps)
+
+
+def section_rows_highest(q, reps):
+    """The rows of `section_rows` with full-precision float32 products (no bfloat16
+    conversion of the input for the matrix unit, which XLA:TPU hoists out of a loop)."""
+    k = jax.random.split(jax.random.key(1), 3)
+    w1 = jax.random.normal(k[0], (64, 256)) / 8.0
+    w2 = jax.random.normal(k[1], (256, 256)) / 16.0
+    x = jax.random.normal(k[2], ((1 << 20) // q, 64))
+    f = lambda r, w1, w2: jnp.tanh(jnp.tanh(  # noqa: E731
+        jnp.dot(r, w1, precision="highest")) @ w2)
+    s = 16_384 // q
+    return report("rows hi", [
+        Variant("jax.vmap", lambda *a: jax.vmap(f, (0, None, None))(*a), (x, w1, w2)),
+        Variant(f"chunkx batch_vmap, {s}", lambda *a: chunkx.batch_vmap(
+            f, (0, None, None), batch_size=s)(*a), (x, w1, w2)),
+    ], reps)
 
 
 # ---------------------------------------------------------------------------------- sum
@@ -299,19 +319,30 @@ def main():
     ap.add_argument("--sections", default=",".join(SECTIONS))
     ap.add_argument("--out", default=None,
                     help="JSON path (default: results/accelerator_<platform>.json)")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the sections of an existing --out that this run does not run")
     args = ap.parse_args()
     q = 64 if args.quick else 1
     dev = jax.devices()[0]
-    res = dict(
-        platform=dev.platform, device_kind=dev.device_kind, jax=jax.__version__,
-        quick=args.quick, reps=args.reps, sections={},
-    )
-    t0 = time.perf_counter()
     here = pathlib.Path(__file__).parent
     out = pathlib.Path(args.out or here / "results" / f"accelerator_{dev.platform}.json")
+    res = dict(
+        platform=dev.platform, device_kind=dev.device_kind, jax=jax.__version__,
+        quick=args.quick, sections={}, reps={}, seconds=0.0,
+    )
+    if args.merge and out.exists():  # sections measured by earlier runs on this device
+        old = json.loads(out.read_text())
+        if (old["platform"], old["device_kind"], old["jax"]) != (dev.platform, dev.device_kind,
+                                                                  jax.__version__):
+            raise SystemExit(f"--merge: {out} is from another device or jax")
+        reps = old["reps"]  # a number for every section in a JSON of an older run
+        reps = reps if isinstance(reps, dict) else dict.fromkeys(old["sections"], reps)
+        res.update(sections=old["sections"], reps=reps, seconds=old["seconds"])
+    t0 = time.perf_counter() - res["seconds"]
     for name in args.sections.split(","):  # the file is written after every section
         print(f"== {name}", flush=True)
         res["sections"][name] = globals()[f"section_{name}"](q, args.reps)
+        res["reps"][name] = args.reps
         res["bytes_limit"] = (dev.memory_stats() or {}).get("bytes_limit")
         res["seconds"] = time.perf_counter() - t0
         out.write_text(json.dumps(res, indent=1) + "\n")
