@@ -260,7 +260,7 @@ class Chunk(eqx.Module):
 
         return Eager(who, arg, self.size, plans)
 
-    def request(self) -> Request:
+    def _request(self) -> Request:
         """What this Chunk asks the planner for its "auto" sizes."""
         shift = self.remainder_policy() == "shift"
         fixed = dataclasses.replace(
@@ -295,7 +295,7 @@ class Chunk(eqx.Module):
         def plan(args, valid):  # traced: arrays and `jax.ShapeDtypeStruct`s alike
             axes = zero_in_axes("Chunk", self.in_axes, len(args))
             n = mapped_length(args, axes, "Chunk")
-            return forward_plan(self.request(), planned_tree(self.fn, args, valid), n)
+            return forward_plan(self._request(), planned_tree(self.fn, args, valid), n)
 
         return eqx.filter_eval_shape(plan, args, valid)
 
@@ -317,7 +317,7 @@ class Chunk(eqx.Module):
         def plan(args, valid):
             axes = zero_in_axes("Chunk", self.in_axes, len(args))
             n = mapped_length(args, axes, "Chunk")
-            req = self.request()
+            req = self._request()
             tree = planned_tree(self.fn, args, valid)
             size = self.size
             if size == "auto":  # as a differentiated call plans: see `reverse_runs_forward`
@@ -344,7 +344,7 @@ class Chunk(eqx.Module):
         axes = zero_in_axes("Chunk", self.in_axes, len(args))
         n = mapped_length(args, axes, "Chunk")
         if "auto" in (self.size, self.grad_size):
-            return auto_call(self.request(), args, valid, axes, n)
+            return auto_call(self._request(), args, valid, axes, n)
         s = self.size
         if s is None or n <= min(s, self.grad_size or s):
             return evaluate(self.fn, self.reducer, args, valid, "Chunk")

@@ -40,9 +40,13 @@ class ChunkMap(eqx.Module):
     f: Callable[..., Any]
     in_axes: InAxes = eqx.field(static=True, converter=as_in_axes)
     out_axes: int | tuple[int, ...] = eqx.field(static=True)
-    use_scan: bool = eqx.field(static=True)
     atleast_1chunk: bool = eqx.field(static=True)
     opts: Options
+
+    @property
+    def use_scan(self) -> bool:
+        """Whether the chunks run in one `lax.scan` (else a Python loop: `opts.unrolled`)."""
+        return not self.opts.unrolled
 
     def __call__(self, *args: Any) -> Any:
         with on_inputs_mesh(args):
@@ -230,7 +234,7 @@ def chunk_map(
         if isinstance(a, bool) or not isinstance(a, int):
             raise TypeError(f"`{who}(out_axes={out_axes!r})`: out_axes must be an int or a tuple "
                             f"of ints, got {a!r}.")
-    return ChunkMap(f, in_axes, out_axes, use_scan, atleast_1chunk, opts)
+    return ChunkMap(f, in_axes, out_axes, atleast_1chunk, opts)
 
 
 @public

@@ -62,7 +62,7 @@ class Owner(eqx.Module):
 
 
 class Request(eqx.Module):
-    """What a `Chunk` with an "auto" size asks the planner (`Chunk.request`): its function,
+    """What a `Chunk` with an "auto" size asks the planner (`Chunk._request`): its function,
     its sizes and budget, who asks, and `at`, the Chunk at fixed sizes (`at(fn, size,
     grad_size)`: what the planner compiles and what the call runs). `shift`: the loop shifts
     its last chunk back (one program, linear in the size); `options`: what besides the
