@@ -213,6 +213,8 @@ def test_remainder_over_budget_uses_divisors():
     budget=st.integers(1, 10**8),
 )
 @example(n=45, a=0, b=1, jump=0, per_row=0, budget=2)  # a fitted line meeting the budget exactly
+# 17 and 19 over the budget, 18 (a divisor of the rows) within it
+@example(n=270, a=0, b=2823, jump=0, per_row=2824, budget=64929)
 def test_search_on_profiles_with_a_remainder_cost(n, a, b, jump, per_row, budget):
     """a + b·B, plus, whenever B leaves r > 0 rows over, a fixed cost (Concat copying the
     output) and a cost per leftover row (the remainder chunk's own buffers); against brute force."""

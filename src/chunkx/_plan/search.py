@@ -268,8 +268,16 @@ def search_sizes(
             # near n / 8, or below the smallest size measured
             guess = divisor_below(rows, max(1, n // 8))
             m(guess if guess < min(over) else divisor_below(rows, min(over) - 1))
+    def proposal() -> int | None:
+        points = run.points(budget)
+        size = _next_size(points, run.bound(budget), rows, budget)
+        # none within halfway to a size over the budget: the model may still allow a larger
+        # one, which costs less where it leaves no rows over (a divisor of the rows)
+        return size if size is not None else _next_size(
+            points, run.bound(budget, bisect=False), rows, budget)
+
     while run.seen and run.count() < _MAX_COMPILES and (
-        size := _next_size(run.points(budget), run.bound(budget), rows, budget)
+        size := proposal()
     ) and not run.measured(size):
         m(size)
     if not any(v <= budget for v in run.seen.values()):
@@ -319,16 +327,17 @@ class _Measured:
         above the budget (the program's whole need: its temp memory is no more)."""
         return {**{s: r for s, r in self.refused.items() if r > budget}, **self.seen}
 
-    def bound(self, budget: int) -> int:
+    def bound(self, budget: int, bisect: bool = True) -> int:
         """The largest size to measure next: below every refused size, at most halfway from
         the best size that fits to a refused size whose bytes XLA did not report (no model
-        learns from it), and, where the last size measured was refused or over the budget
-        (the model that chose it was wrong there), at most halfway to the smallest size over."""
+        learns from it), and, with `bisect`, where the last size measured was refused or over
+        the budget (the model that chose it was wrong there), at most halfway to the smallest
+        size over."""
         best = max((s for s, v in self.seen.items() if v <= budget), default=0)
         over = [s for s, v in self.seen.items() if v > budget] + list(self.refused)
         unknown = [s for s, r in self.refused.items() if r <= budget]
         caps = [(best + min(sizes)) // 2 for sizes in (
-            unknown, over if self.last in over else []) if sizes]
+            unknown, over if bisect and self.last in over else []) if sizes]
         return min(self.top(), max(best + 1, min(caps))) if caps else self.top()
 
     def descend(self, budget: int, shift: bool) -> None:
