@@ -8,7 +8,6 @@ a map called at every step of a training loop shows one live bar and leaves no l
 call, so the training loop's own output (or an outer bar) stays readable.
 """
 
-import functools
 import sys
 import threading
 from collections.abc import Callable
@@ -78,27 +77,33 @@ class ProgressState:
                 self.bar = None
 
 
-def ticker(total: int, desc: str = "chunkx", chained: bool = False) -> Callable[[Any], None]:
-    """A function to call in traced code with the 0-based step index; it drives one bar.
+class Ticker:
+    """Reports the steps of one compiled loop to its bar, in order: `tick(step, token, after)`.
 
-    Inside a `lax.scan` body the steps run in order and a `jax.debug.callback` suffices. In an
-    unrolled loop (`chained=True`) XLA may run independent callbacks in any order, so each tick
-    is an `io_callback` that takes the previous tick's result: the bar still moves forward.
+    Each report is an `io_callback` that takes the previous report's result (`token`) and one
+    element of `after` (the values the step computed): XLA runs the reports in order and each
+    after its step, in a scan, in an unrolled loop (whose independent callbacks XLA may run in
+    any order) and between a loop and the call after it. A report returns the next token.
     """
-    state = ProgressState(total, desc)
-    if not chained:  # `tick(step, *after)`: see `ProgressState.__call__`
-        return functools.partial(jax.debug.callback, state)
-    token = [jnp.int32(0)]
 
-    def after(step: Any, previous: Any) -> np.ndarray:
-        state(step)
+    def __init__(self, total: int, desc: str = "chunkx"):
+        self.state = ProgressState(total, desc)
+
+    def _report(self, step: Any, token: Any, *after: Any) -> np.ndarray:
+        self.state(step)
         return np.asarray(step, np.int32)
 
-    def chained_tick(step: Any) -> None:
+    def __call__(self, step: Any, token: Any = None, after: Any = None) -> jax.Array:
+        token = jnp.zeros((), jnp.int32) if token is None else token
+        done = [x for x in jax.tree_util.tree_leaves(after) if getattr(x, "size", 0)][:1]
+        done = [x[(0,) * x.ndim] for x in done]  # one element: a scalar to the host, not a chunk
         out = jax.ShapeDtypeStruct((), jnp.int32)
-        token[0] = io_callback(after, out, jnp.int32(step), token[0])
+        return io_callback(self._report, out, jnp.asarray(step, jnp.int32), token, *done)
 
-    return chained_tick
+
+def ticker(total: int, desc: str = "chunkx") -> Ticker:
+    """The reports of one loop of `total` steps to a bar reading `desc`."""
+    return Ticker(total, desc)
 
 
 def scan(
@@ -108,22 +113,23 @@ def scan(
     length: int,
     *,
     unroll: int = 1,
-    progress: bool = False,
-    tick: Callable[..., None] | None = None,
-) -> tuple[Any, Any]:
-    """`jax.lax.scan(step, init, xs)` over `length` steps, with a progress bar when asked.
+    tick: Ticker | None = None,
+) -> tuple[Any, Any, Any]:
+    """`jax.lax.scan(step, init, xs)` over `length` steps, with a progress bar when asked;
+    `(carry, ys, token)`.
 
-    With `progress=False` this is exactly `jax.lax.scan`. With `progress=True` every step
-    reports its index through `tick` (a `ticker`'s function, whose bar may count more steps
-    than the scan's) after computing, under `jit` too.
+    Without `tick` this is exactly `jax.lax.scan` (`token` is None). With it every step
+    reports its index after computing its carry, in order (`unroll` too), under `jit` too;
+    `token` orders a report after the loop's (`tick(length, token, ...)`).
     """
-    if not progress:
-        return jax.lax.scan(step, init, xs, length=length, unroll=unroll)
+    if tick is None:
+        return (*jax.lax.scan(step, init, xs, length=length, unroll=unroll), None)
 
-    def body(carry, x_i):
-        x, i = x_i
-        out = step(carry, x)
-        tick(i)
-        return out
+    def body(carry, x):
+        carry, i, token = carry
+        carry, y = step(carry, x)
+        return (carry, i + 1, tick(i, token, carry)), y
 
-    return jax.lax.scan(body, init, (xs, jnp.arange(length)), length=length, unroll=unroll)
+    init = (init, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+    (carry, _, token), ys = jax.lax.scan(body, init, xs, length=length, unroll=unroll)
+    return carry, ys, token

@@ -98,8 +98,9 @@ def test_off_adds_nothing_to_the_compiled_program(reduction):
 
     off_ir, off_hlo = compiled(False)
     on_ir, on_hlo = compiled(True)
-    # a host callback is a custom call to a python_*_callback target (cpu or gpu)
-    callback_op = re.compile(r"custom[-_]call.*python_\w*callback")
+    # a host callback is a custom call to a python_*_callback target (cpu or gpu), or a
+    # host transfer (tpu)
+    callback_op = re.compile(r"custom[-_]call.*python_\w*callback|is_host_transfer\s*=\s*true")
     for text in (off_ir, off_hlo):
         assert not callback_op.search(text)
     if jax.default_backend() == "cpu":  # and on CPU nothing else is a custom call
@@ -107,11 +108,15 @@ def test_off_adds_nothing_to_the_compiled_program(reduction):
     assert callback_op.search(on_ir) and callback_op.search(on_hlo)
 
 
+@pytest.mark.parametrize("unroll", [1, 4])
 @pytest.mark.parametrize("reducer", [chunkx.Sum(), chunkx.Concat()])
-def test_progress_counts_the_remainder_call(capfd, reducer):
-    """10 rows in chunks of 3: three scanned chunks and one remainder call, four steps."""
+def test_progress_counts_the_remainder_call(capfd, reducer, unroll):
+    """10 rows in chunks of 3: three scanned chunks and one remainder call, four steps, in
+    order, one chunk per iteration or several (a TPU's `Sum` loop runs four: XLA may run an
+    unrolled loop's independent reports in any order)."""
     x = jnp.linspace(0.0, 1.0, 10)
-    c = chunkx.Chunk(chunkx.Vmap(jnp.sin), 3, reducer=reducer, progress=True, grad="recompute")
+    c = chunkx.Chunk(chunkx.Vmap(jnp.sin), 3, reducer=reducer, progress=True, grad="recompute",
+                     unroll=unroll)
     out = jax.jit(c)(x)
     jax.effects_barrier()
     ref = jnp.sin(x) if isinstance(reducer, chunkx.Concat) else jnp.sum(jnp.sin(x))

@@ -76,13 +76,12 @@ def chunk_loop(
         return (acc, jax.lax.add(i, np.int32(1))), stacked
 
     init = (acc, jnp.zeros((), jnp.int32))
-    progress = tick is not None
     unroll = opts.unroll or default_unroll(opts.reducer, loop)
-    (acc, _), stacked = scan(body, init, None, k, unroll=unroll, progress=progress, tick=tick)
+    (acc, _), stacked, token = scan(body, init, None, k, unroll=unroll, tick=tick)
     if r:  # remainder="call": the leftover rows are one more piece
         acc, _ = loop.accumulate(acc, piece(*rows(source, k * s, r)), k * s, k)
         if tick is not None:  # counted too, reported after the loop's own steps
-            tick(k, *jax.tree_util.tree_leaves(acc))
+            tick(k, token, acc)
     return loop.finish(acc, stacked)
 
 
