@@ -17,7 +17,7 @@ from chunkx import (
     sparse_pullback_map,
 )
 from chunkx._plan import measure
-from helpers import assert_tree_close, temp_bytes
+from helpers import assert_tree_close, over, temp_bytes
 
 W = jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)
 
@@ -125,8 +125,11 @@ def test_second_order(name, higher_order):
 def test_check_grads_orders_1_and_2():
     fn, y = make("rowmap", 5)
     sp = jax.jit(lambda y: sparse_pullback(fn, y, 2))
-    check_grads(sp, (y,), order=1, modes=("fwd",))
-    check_grads(sp, (y,), order=2, modes=("rev",))  # checks orders 1 and 2
+    # central differences in float32: a step of about epsilon ** (1 / 3) balances rounding and
+    # truncation (JAX's default, 1e-4, suits float64: on a TPU, whose float32 functions round
+    # differently, it amplified rounding past the tolerance)
+    check_grads(sp, (y,), order=1, modes=("fwd",), eps=5e-3)
+    check_grads(sp, (y,), order=2, modes=("rev",), eps=5e-3)  # checks orders 1 and 2
 
 
 @pytest.mark.parametrize(
@@ -252,7 +255,8 @@ def test_reverse_mode_memory_is_bounded_by_chunking():
     def g(x):
         return jax.lax.scan(lambda c, _: (jnp.sin(c) + 0.5 * c, None), x, None, length=16)[0]
 
-    y = jnp.linspace(-1.0, 1.0, 2**14)
+    # compiled only; two million rows: a TPU keeps smaller residuals in on-chip memory
+    y = jax.ShapeDtypeStruct((2**21,), jnp.float32)
     temp = lambda f: jax.jit(f).lower(y).compile().memory_analysis().temp_size_in_bytes  # noqa: E731
     plain = temp(jax.grad(lambda y: jnp.sum(g(y))))
     chunked = temp(jax.grad(lambda y: jnp.sum(sparse_pullback(g, y, 512))))
@@ -280,13 +284,20 @@ def test_check_block_diagonal():
         check_block_diagonal(jnp.cumsum, x)
     with pytest.raises(ValueError, match=r"`sparse_pullback\(check_block_diagonal=True\)`: .*not"):
         sparse_pullback(jnp.cumsum, x, 4, check_block_diagonal=True)
-    with pytest.raises(RuntimeError, match="not block-diagonal"):
-        jax.jit(lambda x: sparse_pullback(jnp.cumsum, x, 4, check_block_diagonal=True))(x)
     # without the check the sparse rule silently returns column sums (the documented hazard)
     w = np.arange(9.0)
     g = jax.jit(jax.grad(lambda x: jnp.sum(sparse_pullback(jnp.cumsum, x) * w)))(x)
     assert_tree_close(g, (9 - np.arange(9)) * w)  # column sums of J times the cotangent
     assert not np.allclose(g, np.cumsum(w[::-1])[::-1])  # the true gradient J^T w
+
+
+@pytest.mark.x64
+@pytest.mark.skipif(jax.default_backend() == "tpu", reason="a TPU cannot raise from a running "
+                    "program: equinox's check prints its message and halts the program there")
+def test_check_block_diagonal_under_jit_raises():
+    x = jax.device_put(np.linspace(0.0, 1.0, 9))
+    with pytest.raises(RuntimeError, match="not block-diagonal"):
+        jax.jit(lambda x: sparse_pullback(jnp.cumsum, x, 4, check_block_diagonal=True))(x)
 
 
 def test_errors():
@@ -352,7 +363,8 @@ def test_sparse_pullback_auto_chunks_within_budget(monkeypatch):
     # "auto" really chunks: unchunked (batch_size=None, what a size of n runs) is over the
     # budget, and the compiled auto map is within it.
     whole = temp_bytes(lambda y: sparse_pullback(fn, y), y)
-    assert whole > budget >= temp_bytes(auto, y), (whole, budget, temp_bytes(auto, y))
+    over(whole, budget)
+    assert budget >= temp_bytes(auto, y), (whole, budget, temp_bytes(auto, y))
     assert temp_bytes(jax.grad(loss(auto)), y) < temp_bytes(jax.grad(loss(fn)), y)
     # no budget: what the host has free (the CPU's devices report no memory)
     assert_tree_close(sparse_pullback(fn, y, "auto"), sparse_pullback(fn, y))

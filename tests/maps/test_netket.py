@@ -18,7 +18,8 @@ import pytest
 import chunkx
 import netket_worker as W
 
-pytestmark = pytest.mark.x64  # float64 tolerances and references
+# float64 tolerances and references; netket's cases are complex128 (complex log-amplitudes)
+pytestmark = [pytest.mark.x64, pytest.mark.complex128]
 
 HERE = os.path.dirname(__file__)
 DATA = os.path.join(os.path.dirname(HERE), "data", "netket_reference")  # made by netket_worker.py

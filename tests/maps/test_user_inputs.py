@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import chunkx
-from helpers import assert_tree_close
+from helpers import assert_tree_close, over
 
 # -- 1. inputs on a caller's Explicit mesh ------------------------------------------------------
 
@@ -279,7 +279,8 @@ def test_compiled_temp_bytes_of_a_module_returning_step():
     dyn, static = eqx.partition(model, eqx.is_array)  # what users measure: a filtered jit
     run = jax.jit(lambda d, x: eqx.filter(step(eqx.combine(d, static), x), eqx.is_array))
     want = run.lower(dyn, x).compile().memory_analysis().temp_size_in_bytes
-    assert got == want and got > 0
+    assert got == want
+    over(got, 0, "the step")
 
 
 
