@@ -94,16 +94,19 @@ if jax.default_backend() == "tpu":
 # both workers compile (eager primitives above all) is compiled once. Every compilation still
 # reports its backend-compile event (a cache hit included), so the tests that count them count
 # the same, and a cached executable's memory analysis is the compiled one's.
-# The directory is the run's (the xdist workers share their parent's), removed when it ends.
+# The directory is the run's (the xdist workers share their parent's), removed when it ends;
+# CHUNKX_TEST_XLA_CACHE names one that outlives the run (benchmarks/tpu_suite.py's processes
+# on a chip share one).
 _RUN = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
-_XLA_CACHE = os.path.join(tempfile.gettempdir(), f"chunkx-tests-xla-{_RUN}")
+_KEEP = os.environ.get("CHUNKX_TEST_XLA_CACHE")
+_XLA_CACHE = _KEEP or os.path.join(tempfile.gettempdir(), f"chunkx-tests-xla-{_RUN}")
 jax.config.update("jax_compilation_cache_dir", _XLA_CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def pytest_unconfigure(config):
-    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the run's own process: after its workers
+    if not (os.environ.get("PYTEST_XDIST_WORKER") or _KEEP):  # the run's own: after its workers
         shutil.rmtree(_XLA_CACHE, ignore_errors=True)
 
 

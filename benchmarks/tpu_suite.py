@@ -1,0 +1,207 @@
+"""The test suite on one accelerator chip, in one process at a time, and its summary.
+
+On a TPU one process holds the chip, and the suite takes longer than one sitting: this runs
+test files one pytest process each, within a time budget, and records every test's outcome
+as it finishes (a JSON line, so a run cut off or a process that aborts keeps what it did).
+A test whose process dies (XLA aborting, a time limit) is recorded as `crashed`, and the rest
+of its file runs in a new process. `summarize` turns the records of any number of runs (the
+latest outcome of each test wins) into `benchmarks/results/tpu_suite.json`, which the
+accelerator page renders.
+
+    python benchmarks/tpu_suite.py run --out OUT --seconds 540 tests/combinators tests/maps
+    python benchmarks/tpu_suite.py summarize OUT/*.jsonl [--into benchmarks/results/tpu_suite.json]
+
+Not for CI: the CPU suite runs there, with `pytest` as the README says.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PYTEST = ["-p", "no:cacheprovider", "-o", "addopts=", "-q", "--tb=short",
+          "--jaxtyping-packages=chunkx,beartype.beartype", "-p", "tpu_suite"]
+
+
+# -- the pytest plugin (`-p tpu_suite`): one JSON line per test, written as it finishes --------
+
+def _record(line: dict, path: str | None = None) -> None:
+    with open(path or os.environ["TPU_SUITE_RECORD"], "a") as fh:
+        fh.write(json.dumps(line) + "\n")
+
+
+_ROOTDIR = [ROOT]
+
+
+def pytest_configure(config):
+    _ROOTDIR[0] = config.rootpath  # test ids are relative to it
+
+
+def _file(nodeid: str) -> str:
+    return str((_ROOTDIR[0] / nodeid.split("::")[0]).resolve())
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _record({"id": nodeid, "outcome": "started", "file": _file(nodeid)})
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logreport(report):
+    if report.when == "call" or report.outcome != "passed":  # a setup skip or failure, a call
+        reason = ""
+        if report.skipped and isinstance(report.longrepr, tuple):
+            reason = report.longrepr[2].removeprefix("Skipped: ")
+        elif report.failed:  # the assertion's own lines ("E   ...")
+            lines = [ln[1:].strip() for ln in report.longreprtext.splitlines()
+                     if ln.startswith("E ")]
+            reason = " ".join(lines[:4])[:300] or report.longreprtext.strip()[-300:]
+        _record({"id": report.nodeid, "file": _file(report.nodeid), "outcome": report.outcome,
+                 "when": report.when,
+                 "seconds": round(report.duration, 2), "reason": reason,
+                 "commit": os.environ.get("TPU_SUITE_COMMIT", "")})
+
+
+# -- running -----------------------------------------------------------------------------------
+
+def _test_files(paths: list[str]) -> list[str]:
+    files = []
+    for p in map(Path, paths):
+        files += sorted(map(str, p.rglob("test_*.py"))) if p.is_dir() else [str(p)]
+    return files
+
+
+def _finished(record: Path, file: str) -> tuple[set[str], str | None]:
+    """The tests of `file` with an outcome in `record`, and the last one started without."""
+    done, started = set(), None
+    if record.exists():
+        for line in record.read_text().splitlines():
+            r = json.loads(line)
+            if r.get("file") != file:
+                continue
+            if r["outcome"] == "started":
+                started = r["id"]
+            else:
+                done.add(r["id"])
+                started = None if started == r["id"] else started
+    return done, started
+
+
+def run(args) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record = out / "tpu_suite.jsonl"
+    env = {**os.environ, "TPU_SUITE_RECORD": str(record), "TPU_SUITE_COMMIT": args.commit,
+           # one XLA compilation cache for the run's processes (the suite's conftest reads it)
+           "CHUNKX_TEST_XLA_CACHE": os.path.join(tempfile.gettempdir(), "chunkx-tpu-suite-xla"),
+           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    end = time.time() + args.seconds
+    passed = {i for i, r in _latest(args.skip).items() if r["outcome"] in ("passed", "skipped")}
+    for f in _test_files(args.paths):
+        here = str(Path(f).resolve())
+        while (left := end - time.time()) > 20:
+            before, _ = _finished(record, here)
+            before |= {t for t in passed if (ROOT / t.split("::")[0]).resolve() == Path(here)}
+            deselect = [a for t in before for a in ("--deselect", t)]
+            try:
+                rc = subprocess.run([sys.executable, "-m", "pytest", *PYTEST, f, *deselect],
+                                    cwd=ROOT, env=env, timeout=left).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+            _, started = _finished(record, here)
+            if rc == "timeout":  # the budget ran out: `started` is left to a later run
+                print(f"out of time in {started}", flush=True)
+                return
+            if started is None:  # the file ran to its end
+                print(f"{f}: rc {rc}", flush=True)
+                break
+            if started in before:  # no progress: leave the file
+                break
+            _record({"id": started, "file": here, "outcome": "crashed",
+                     "reason": f"process ended: rc {rc}", "commit": args.commit}, str(record))
+            print(f"{started}: crashed (rc {rc})", flush=True)
+        else:
+            return
+
+
+# -- the summary -------------------------------------------------------------------------------
+
+def _latest(records: list[str]) -> dict[str, dict]:
+    """Each test's latest outcome in the records (files of JSON lines, in order)."""
+    latest = {}
+    for path in records:
+        for line in Path(path).read_text().splitlines():
+            r = json.loads(line)
+            if r["outcome"] != "started":
+                latest[r["id"]] = r
+    return latest
+
+
+def summarize(args) -> None:
+    latest = _latest(args.records)
+    files, skips, failures = {}, {}, []
+    for tid, r in sorted(latest.items()):
+        f = files.setdefault(tid.split("::")[0], {"passed": 0, "skipped": 0, "failed": 0,
+                                                  "crashed": 0, "seconds": 0.0})
+        f[r["outcome"]] += 1
+        f["seconds"] = round(f["seconds"] + r.get("seconds", 0.0), 1)
+        if r["outcome"] == "skipped":
+            skips[r["reason"]] = skips.get(r["reason"], 0) + 1
+        elif r["outcome"] in ("failed", "crashed"):
+            failures.append({"id": tid, "outcome": r["outcome"], "reason": r["reason"]})
+    collected = subprocess.run(  # every test id (collected on this machine: the same ids)
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-o", "addopts=", args.tests],
+        cwd=ROOT, capture_output=True, text=True).stdout.splitlines()
+    areas = {}
+    for tid in (t for t in collected if "::" in t):
+        name = str(Path(tid.split("::")[0]).parent)
+        a = areas.setdefault(name, {"name": name, **dict.fromkeys(
+            ("tests", "passed", "skipped", "failed", "crashed", "not run"), 0)})
+        a["tests"] += 1
+        a[latest[tid]["outcome"] if tid in latest else "not run"] += 1
+    res = {
+        "device": args.device, "jax": args.jax,
+        "commits": sorted({r.get("commit", "") for r in latest.values()}),
+        "totals": {k: sum(f[k] for f in files.values())
+                   for k in ("passed", "skipped", "failed", "crashed")},
+        "areas": list(areas.values()), "files": files,
+        "skips": [{"reason": k, "tests": v}
+                  for k, v in sorted(skips.items(), key=lambda kv: -kv[1])],
+        "failures": failures,
+    }
+    res["totals"]["not run"] = sum(a["not run"] for a in areas.values())
+    Path(args.into).write_text(json.dumps(res, indent=1) + "\n")
+    print(json.dumps(res["totals"]), f"-> {args.into}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(required=True)
+    r = sub.add_parser("run", help="run test files, one process each, within --seconds")
+    r.add_argument("paths", nargs="+")
+    r.add_argument("--out", required=True, help="folder of the records (tpu_suite.jsonl)")
+    r.add_argument("--seconds", type=float, default=540)
+    r.add_argument("--commit", default="", help="the commit the tree is (recorded per test)")
+    r.add_argument("--skip", nargs="*", default=[],
+                   help="records of earlier runs: their passed and skipped tests are left out")
+    r.set_defaults(go=run)
+    s = sub.add_parser("summarize", help="records -> the summary JSON")
+    s.add_argument("records", nargs="+")
+    s.add_argument("--into", default=str(HERE / "results" / "tpu_suite.json"))
+    s.add_argument("--tests", default="tests", help="the tests whose ids count")
+    s.add_argument("--device", default="TPU v5e (one chip)")
+    s.add_argument("--jax", default="")
+    s.set_defaults(go=summarize)
+    args = ap.parse_args()
+    args.go(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""benchmarks/tpu_suite.py: the chip's suite runner records every outcome, a process that
+aborts included, and its summary counts them against the collected tests."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = '''
+import os, pytest
+def test_passes(): pass
+def test_aborts(): os.abort()
+@pytest.mark.skip(reason="a reason")
+def test_skips(): pass
+def test_fails(): assert 1 == 2, "one is not two"
+def test_after(): pass
+'''
+
+
+def test_run_and_summarize(tmp_path):
+    tests = tmp_path / "area"
+    tests.mkdir()
+    (tests / "test_some.py").write_text(TESTS)
+    tool = [sys.executable, str(ROOT / "benchmarks" / "tpu_suite.py")]
+    subprocess.run([*tool, "run", "--out", str(tmp_path / "out"), "--seconds", "120",
+                    "--commit", "abc", str(tests)], cwd=ROOT, check=True, capture_output=True)
+    records = [json.loads(line) for line in (tmp_path / "out" / "tpu_suite.jsonl").open()]
+    outcome = {r["id"].split("::")[1]: r for r in records if r["outcome"] != "started"}
+    assert {k: r["outcome"] for k, r in outcome.items()} == {
+        "test_passes": "passed", "test_aborts": "crashed", "test_skips": "skipped",
+        "test_fails": "failed", "test_after": "passed"}  # the file ran on past the abort
+    assert outcome["test_skips"]["reason"] == "a reason"
+    assert "one is not two" in outcome["test_fails"]["reason"]
+    assert {r["commit"] for r in outcome.values()} == {"abc"}
+    # a later run leaves out what passed or skipped in the records it is given
+    subprocess.run([*tool, "run", "--out", str(tmp_path / "again"), "--skip",
+                    str(tmp_path / "out" / "tpu_suite.jsonl"), str(tests)], cwd=ROOT,
+                   check=True, capture_output=True)
+    again = [json.loads(line) for line in (tmp_path / "again" / "tpu_suite.jsonl").open()]
+    assert {r["id"].split("::")[1] for r in again} == {"test_aborts", "test_fails"}
+    into = tmp_path / "summary.json"
+    subprocess.run([*tool, "summarize", str(tmp_path / "out" / "tpu_suite.jsonl"), "--into",
+                    str(into), "--tests", str(tests)], cwd=ROOT, check=True, capture_output=True)
+    summary = json.loads(into.read_text())
+    assert summary["totals"] == {"passed": 2, "skipped": 1, "failed": 1, "crashed": 1,
+                                 "not run": 0}
+    assert summary["skips"] == [{"reason": "a reason", "tests": 1}]
+    assert sorted(f["outcome"] for f in summary["failures"]) == ["crashed", "failed"]
