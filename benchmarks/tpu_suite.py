@@ -8,7 +8,7 @@ of its file runs in a new process. `summarize` turns the records of any number o
 latest outcome of each test wins) into `benchmarks/results/tpu_suite.json`, which the
 accelerator page renders.
 
-    python benchmarks/tpu_suite.py run --out OUT --seconds 540 tests/combinators tests/maps
+    python benchmarks/tpu_suite.py run --out OUT --seconds 540 tests/maps --skip OLD.jsonl
     python benchmarks/tpu_suite.py summarize OUT/*.jsonl [--into benchmarks/results/tpu_suite.json]
 
 Not for CI: the CPU suite runs there, with `pytest` as the README says.
@@ -190,7 +190,8 @@ def main() -> None:
     r.add_argument("--seconds", type=float, default=540)
     r.add_argument("--commit", default="", help="the commit the tree is (recorded per test)")
     r.add_argument("--skip", nargs="*", default=[],
-                   help="records of earlier runs: their passed and skipped tests are left out")
+                   help="records of earlier runs (after the paths): their passed and skipped "
+                   "tests are left out")
     r.set_defaults(go=run)
     s = sub.add_parser("summarize", help="records -> the summary JSON")
     s.add_argument("records", nargs="+")

@@ -34,8 +34,8 @@ def test_run_and_summarize(tmp_path):
     assert "one is not two" in outcome["test_fails"]["reason"]
     assert {r["commit"] for r in outcome.values()} == {"abc"}
     # a later run leaves out what passed or skipped in the records it is given
-    subprocess.run([*tool, "run", "--out", str(tmp_path / "again"), "--skip",
-                    str(tmp_path / "out" / "tpu_suite.jsonl"), str(tests)], cwd=ROOT,
+    subprocess.run([*tool, "run", "--out", str(tmp_path / "again"), str(tests), "--skip",
+                    str(tmp_path / "out" / "tpu_suite.jsonl")], cwd=ROOT,
                    check=True, capture_output=True)
     again = [json.loads(line) for line in (tmp_path / "again" / "tpu_suite.jsonl").open()]
     assert {r["id"].split("::")[1] for r in again} == {"test_aborts", "test_fails"}
