@@ -103,12 +103,13 @@ def run(args) -> None:
            "CHUNKX_TEST_XLA_CACHE": os.path.join(tempfile.gettempdir(), "chunkx-tpu-suite-xla"),
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     end = time.time() + args.seconds
-    passed = {i for i, r in _latest(args.skip).items() if r["outcome"] in ("passed", "skipped")}
+    passed = {(r.get("file") or str((ROOT / i.split("::")[0]).resolve()), i)
+              for i, r in _latest(args.skip).items() if r["outcome"] in ("passed", "skipped")}
     for f in _test_files(args.paths):
         here = str(Path(f).resolve())
         while (left := end - time.time()) > 20:
             before, _ = _finished(record, here)
-            before |= {t for t in passed if (ROOT / t.split("::")[0]).resolve() == Path(here)}
+            before |= {t for file, t in passed if file == here}
             deselect = [a for t in before for a in ("--deselect", t)]
             try:
                 rc = subprocess.run([sys.executable, "-m", "pytest", *PYTEST, f, *deselect],

@@ -19,6 +19,7 @@ def test_after(): pass
 
 
 def test_run_and_summarize(tmp_path):
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # the root of the test ids
     tests = tmp_path / "area"
     tests.mkdir()
     (tests / "test_some.py").write_text(TESTS)
