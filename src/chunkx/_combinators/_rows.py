@@ -112,6 +112,29 @@ def repeats_later(size: int, start: int, n: int) -> bool:
     return start < n - size < start + size
 
 
+# -- how many rows a device and a chunk get -------------------------------------------------
+
+
+def per_device_rows(n: int, ndev: int) -> int:
+    """Rows one device chunks when `n` rows are split over `ndev` devices (the larger of a
+    device's share and the leftover rows, which `Shard` evaluates as one more piece)."""
+    return n if ndev == 1 else max(n // ndev, n % ndev)
+
+
+def equal_chunks(rows: int, size: int) -> int:
+    """The smallest chunk that splits `rows` rows into as many chunks as `size` does, all
+    nearly equal: `ceil(rows / ceil(rows / size))` (never larger than `size`)."""
+    if rows < 1:
+        return max(1, size)
+    return -(-rows // -(-rows // max(1, size)))
+
+
+def padded_rows_per_device(n: int, ndev: int) -> int:
+    """Rows per device where every device's block is padded to the same length (quantax's and
+    the T3 transposes' layout): `ceil(n / ndev)`."""
+    return -(-n // ndev)
+
+
 def moveaxis(x, src: int, dst: int):
     """`jnp.moveaxis(x, src, dst)`, or `x` as it is (an array) where the axis stays put: an
     eager call then copies nothing and compiles no program."""

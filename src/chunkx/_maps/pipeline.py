@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from .._checks import check_budget, check_choice, check_mesh_1d, check_positive, resolve_batch_size
-from .._combinators._rows import map_mapped, mapped_length
+from .._combinators._rows import map_mapped, mapped_length, per_device_rows
 from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.chunk import Chunk, Reduce
 from .._combinators.groups import Groups
@@ -21,7 +21,6 @@ from .._combinators.shard import Shard
 from .._combinators.unrolled import Unrolled
 from .._combinators.vmap import Vmap
 from .._plan.auto import Owner
-from .._plan.measure import per_device_rows
 from .._types import GradPolicy, InAxes, Remainder
 
 Planned = int | Literal["auto"] | None

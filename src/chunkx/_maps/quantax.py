@@ -10,10 +10,9 @@ import jax
 from jax.sharding import Mesh
 
 from .._checks import as_in_axes, check_in_axes
-from .._combinators._rows import map_mapped, moveaxis
+from .._combinators._rows import map_mapped, moveaxis, padded_rows_per_device
 from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.reduce import Concat
-from .._plan.measure import padded_rows_per_device
 from .._public import public
 from .._types import Budget, InAxes, Size
 from ._vmap_axes import Checked, layout

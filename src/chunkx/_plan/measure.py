@@ -200,29 +200,9 @@ def default_budget(who: str, arg: str = "batch_size", device: Any = None, held: 
                           f"down to {budget}")
 
 
-def per_device_rows(n: int, ndev: int) -> int:
-    """Rows one device chunks when `n` rows are split over `ndev` devices (the larger of a
-    device's share and the leftover rows, which `Shard` evaluates as one more piece)."""
-    return n if ndev == 1 else max(n // ndev, n % ndev)
-
-
 def divisor_below(rows: int, size: int) -> int:
     """The largest divisor of `rows` in `[1, max(size, 1)]` (a size leaving no remainder)."""
     return next(d for d in range(max(1, size), 0, -1) if rows % d == 0)
-
-
-def equal_chunks(rows: int, size: int) -> int:
-    """The smallest chunk that splits `rows` rows into as many chunks as `size` does, all
-    nearly equal: `ceil(rows / ceil(rows / size))` (never larger than `size`)."""
-    if rows < 1:
-        return max(1, size)
-    return -(-rows // -(-rows // max(1, size)))
-
-
-def padded_rows_per_device(n: int, ndev: int) -> int:
-    """Rows per device where every device's block is padded to the same length (quantax's and
-    the T3 transposes' layout): `ceil(n / ndev)`."""
-    return -(-n // ndev)
 
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 
 from chunkx import compiled_temp_bytes, fit_memory
 from chunkx._checks import check_budget, check_choice, check_positive
-from chunkx._plan.measure import equal_chunks, padded_rows_per_device, tree_bytes
+from chunkx._combinators._rows import equal_chunks, padded_rows_per_device
+from chunkx._plan.measure import tree_bytes
 from chunkx._types import Budget, Size
 
 from .._public import public

@@ -10,7 +10,7 @@ from functools import partial
 import jax
 
 from chunkx import Chunk, Concat, Pad, Shard, Sum, Vmap
-from chunkx._plan.measure import equal_chunks, padded_rows_per_device
+from chunkx._combinators._rows import equal_chunks, padded_rows_per_device
 from chunkx._types import Size
 
 
