@@ -176,6 +176,9 @@ def summarize(args) -> None:
         "skips": [{"reason": k, "tests": v}
                   for k, v in sorted(skips.items(), key=lambda kv: -kv[1])],
         "failures": failures,
+        "slowest": [{"id": i, "seconds": r["seconds"]} for i, r in sorted(
+            latest.items(), key=lambda kv: -kv[1].get("seconds", 0.0))[:10]
+            if r.get("seconds")],
     }
     res["totals"]["not run"] = sum(a["not run"] for a in areas.values())
     Path(args.into).write_text(json.dumps(res, indent=1) + "\n")
