@@ -12,6 +12,7 @@ import chunkx
 from chunkx import MemoryPlan, fit_memory, plan_chunk_size, plan_memory
 from chunkx._plan import measure
 from chunkx._plan.measure import default_budget, temp_bytes_of
+from helpers import over
 
 S = jax.ShapeDtypeStruct
 f32 = jnp.float32
@@ -68,6 +69,7 @@ def test_plan_fits_budget_and_twice_does_not(name):
     # chunk and a remainder) XLA compiles a different program whose memory can be lower again;
     # the planner's answer is the largest fitting size below the first size that does not fit.
     budget = compiled_temp(f, args, in_axes, N // 8 + 1, kw)
+    over(budget, 0, f"the map at {N // 8 + 1} rows")
     size = plan_chunk_size(f, *args, in_axes=in_axes, budget_bytes=budget, **kw)
     assert isinstance(size, int) and 1 <= size < N
     assert compiled_temp(f, args, in_axes, size, kw) <= budget
@@ -126,6 +128,7 @@ def test_auto_matches_explicit_size_and_vmap():
     w1, w2 = jnp.ones((6, 24), f32) / 6, jnp.ones((24, 5), f32) / 24
     ref = jax.vmap(_ref_mlp, (0, None, None))(x, w1, w2)
     budget = compiled_temp(_ref_mlp, (x, w1, w2), (0, None, None), 17, {})
+    over(budget, 0, "the map at 17 rows")
     size = plan_chunk_size(_ref_mlp, x, w1, w2, in_axes=(0, None, None), budget_bytes=budget)
     assert 1 <= size < 50
     explicit = chunkx.batch_vmap(_ref_mlp, (0, None, None), batch_size=size)(x, w1, w2)
