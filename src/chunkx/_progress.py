@@ -96,7 +96,9 @@ class Ticker:
     def __call__(self, step: Any, token: Any = None, after: Any = None) -> jax.Array:
         token = jnp.zeros((), jnp.int32) if token is None else token
         done = [x for x in jax.tree_util.tree_leaves(after) if getattr(x, "size", 0)][:1]
-        done = [x[(0,) * x.ndim] for x in done]  # one element: a scalar to the host, not a chunk
+        # one element (a scalar to the host, not a chunk), outside autodiff: a report has no
+        # derivative, and differentiating the loop differentiates around it
+        done = [jax.lax.stop_gradient(x[(0,) * x.ndim]) for x in done]
         out = jax.ShapeDtypeStruct((), jnp.int32)
         return io_callback(self._report, out, jnp.asarray(step, jnp.int32), token, *done)
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import chunkx
+from chunkx._combinators.unrolled import Unrolled  # chunk_map's Python loop
 from chunkx._progress import ProgressState
 
 
@@ -123,3 +124,30 @@ def test_progress_counts_the_remainder_call(capfd, reducer, unroll):
     np.testing.assert_allclose(out, ref, rtol=1e-6)
     bars = _bars(capfd.readouterr().err)
     assert len(bars) == 1 and "4/4" in bars[0]
+
+
+@pytest.mark.parametrize("grad", ["recompute", "store", "fused"])
+@pytest.mark.parametrize("reducer", [chunkx.Sum(), chunkx.Concat()])
+def test_progress_bar_does_not_stop_derivatives(capfd, reducer, grad):
+    """A bar reports from the loop, outside autodiff: grad, jvp and the Hessian of a map with
+    a bar are those without one (scanned and Python loops), and its bar still counts."""
+    if grad == "fused" and isinstance(reducer, chunkx.Concat):
+        pytest.skip("grad='fused' is for sums")
+    x = jnp.linspace(0.1, 1.0, 10)
+    loss = lambda f: lambda x: jnp.sum(f(x) ** 2)  # noqa: E731
+    quantities = lambda f: (jax.grad(loss(f))(x), jax.jvp(f, (x,), (x,)),  # noqa: E731
+                            jax.hessian(loss(f))(x))
+
+    def chunked(progress, loop):
+        if loop == "python":
+            return Unrolled(chunkx.Vmap(jnp.sin), 3, reducer=reducer, progress=progress)
+        return chunkx.Chunk(chunkx.Vmap(jnp.sin), 3, reducer=reducer, progress=progress,
+                            grad=grad)
+
+    for loop in ("scan", "python"):
+        got = jax.jit(lambda: quantities(chunked(True, loop)))()
+        jax.effects_barrier()
+        assert _bars(capfd.readouterr().err), loop
+        want = jax.jit(lambda: quantities(chunked(False, loop)))()
+        for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
