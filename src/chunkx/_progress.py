@@ -16,7 +16,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import io_callback
 
 #: Keep finished bars on screen (tqdm's `leave`); off, so repeated calls print no new lines.
 LEAVE_FINISHED_BARS = False
@@ -78,29 +77,23 @@ class ProgressState:
 
 
 class Ticker:
-    """Reports the steps of one compiled loop to its bar, in order: `tick(step, token, after)`.
+    """Reports the steps of one compiled loop to its bar: `tick(step, after)`.
 
-    Each report is an `io_callback` that takes the previous report's result (`token`) and one
-    element of `after` (the values the step computed): XLA runs the reports in order and each
-    after its step, in a scan, in an unrolled loop (whose independent callbacks XLA may run in
-    any order) and between a loop and the call after it. A report returns the next token.
+    Each report is a `jax.debug.callback` of the step's index and one element of `after` (the
+    values the step computed, outside autodiff): XLA runs it once its step is computed, so
+    reports follow the loop's chain of steps, in a scan, in an unrolled loop (whose reports
+    would otherwise depend on the step index only, which XLA may order anyhow) and after the
+    loop. A `jax.debug.callback` has no derivative and is allowed under `jax.checkpoint`.
     """
 
     def __init__(self, total: int, desc: str = "chunkx"):
         self.state = ProgressState(total, desc)
 
-    def _report(self, step: Any, token: Any, *after: Any) -> np.ndarray:
-        self.state(step)
-        return np.asarray(step, np.int32)
-
-    def __call__(self, step: Any, token: Any = None, after: Any = None) -> jax.Array:
-        token = jnp.zeros((), jnp.int32) if token is None else token
+    def __call__(self, step: Any, after: Any = None) -> None:
         done = [x for x in jax.tree_util.tree_leaves(after) if getattr(x, "size", 0)][:1]
-        # one element (a scalar to the host, not a chunk), outside autodiff: a report has no
-        # derivative, and differentiating the loop differentiates around it
+        # one element (a scalar to the host, not a chunk), outside autodiff
         done = [jax.lax.stop_gradient(x[(0,) * x.ndim]) for x in done]
-        out = jax.ShapeDtypeStruct((), jnp.int32)
-        return io_callback(self._report, out, jnp.asarray(step, jnp.int32), token, *done)
+        jax.debug.callback(self.state, step, *done)
 
 
 def ticker(total: int, desc: str = "chunkx") -> Ticker:
@@ -116,22 +109,21 @@ def scan(
     *,
     unroll: int = 1,
     tick: Ticker | None = None,
-) -> tuple[Any, Any, Any]:
-    """`jax.lax.scan(step, init, xs)` over `length` steps, with a progress bar when asked;
-    `(carry, ys, token)`.
+) -> tuple[Any, Any]:
+    """`jax.lax.scan(step, init, xs)` over `length` steps, with a progress bar when asked.
 
-    Without `tick` this is exactly `jax.lax.scan` (`token` is None). With it every step
-    reports its index after computing its carry, in order (`unroll` too), under `jit` too;
-    `token` orders a report after the loop's (`tick(length, token, ...)`).
+    Without `tick` this is exactly `jax.lax.scan`. With it every step reports its index after
+    computing its carry (`unroll` too), under `jit` too.
     """
     if tick is None:
-        return (*jax.lax.scan(step, init, xs, length=length, unroll=unroll), None)
+        return jax.lax.scan(step, init, xs, length=length, unroll=unroll)
 
     def body(carry, x):
-        carry, i, token = carry
+        carry, i = carry
         carry, y = step(carry, x)
-        return (carry, i + 1, tick(i, token, carry)), y
+        tick(i, carry)
+        return (carry, i + 1), y
 
-    init = (init, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
-    (carry, _, token), ys = jax.lax.scan(body, init, xs, length=length, unroll=unroll)
-    return carry, ys, token
+    (carry, _), ys = jax.lax.scan(body, (init, jnp.zeros((), jnp.int32)), xs, length=length,
+                                  unroll=unroll)
+    return carry, ys

@@ -129,14 +129,15 @@ def test_progress_counts_the_remainder_call(capfd, reducer, unroll):
 @pytest.mark.parametrize("grad", ["recompute", "store", "fused"])
 @pytest.mark.parametrize("reducer", [chunkx.Sum(), chunkx.Concat()])
 def test_progress_bar_does_not_stop_derivatives(capfd, reducer, grad):
-    """A bar reports from the loop, outside autodiff: grad, jvp and the Hessian of a map with
-    a bar are those without one (scanned and Python loops), and its bar still counts."""
+    """A bar reports from the loop, outside autodiff: grad, jvp, the Hessian and a gradient
+    through a user's `jax.checkpoint` of a map with a bar are those without one (scanned and
+    Python loops), and its bar still counts."""
     if grad == "fused" and isinstance(reducer, chunkx.Concat):
         pytest.skip("grad='fused' is for sums")
     x = jnp.linspace(0.1, 1.0, 10)
     loss = lambda f: lambda x: jnp.sum(f(x) ** 2)  # noqa: E731
     quantities = lambda f: (jax.grad(loss(f))(x), jax.jvp(f, (x,), (x,)),  # noqa: E731
-                            jax.hessian(loss(f))(x))
+                            jax.hessian(loss(f))(x), jax.grad(jax.checkpoint(loss(f)))(x))
 
     def chunked(progress, loop):
         if loop == "python":

@@ -168,8 +168,8 @@ class Chunk(eqx.Module):
       (the default): 4 on a TPU for the loop of an additive reducer ([`chunkx.Sum`][]), whose
       small steps pay the chip's per-iteration overhead, else 1.
     - `progress`: show a progress bar over the chunks (tqdm, from compiled code through
-      `jax.experimental.io_callback`, in order), and say when planning compiles; off, nothing
-      is added to the program.
+      `jax.debug.callback`, each chunk once computed), and say when planning compiles; off,
+      nothing is added to the program.
     - `memory_budget`: with an `"auto"` size, bytes of XLA temp memory per device; `None`:
       what the device has free when the plan is made, less the Chunk's outputs and a margin
       (on the CPU, a share of the host's available memory); see "Choose a chunk size".

@@ -77,11 +77,11 @@ def chunk_loop(
 
     init = (acc, jnp.zeros((), jnp.int32))
     unroll = opts.unroll or default_unroll(opts.reducer, loop)
-    (acc, _), stacked, token = scan(body, init, None, k, unroll=unroll, tick=tick)
+    (acc, _), stacked = scan(body, init, None, k, unroll=unroll, tick=tick)
     if r:  # remainder="call": the leftover rows are one more piece
         acc, _ = loop.accumulate(acc, piece(*rows(source, k * s, r)), k * s, k)
         if tick is not None:  # counted too, reported after the loop's own steps
-            tick(k, token, acc)
+            tick(k, acc)
     return loop.finish(acc, stacked)
 
 

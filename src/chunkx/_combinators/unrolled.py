@@ -43,7 +43,7 @@ class Unrolled(eqx.Module):
         if n <= s:
             return evaluate(self.fn, reducer, args, None, "Unrolled")
         starts = range(0, n, s)
-        tick, token = ticker(len(starts)) if self.progress else None, None
+        tick = ticker(len(starts)) if self.progress else None
         loop, acc, stacked = accumulation(reducer), None, []
         for j, i in enumerate(starts):
             start = min(i, n - s)
@@ -56,7 +56,7 @@ class Unrolled(eqx.Module):
             acc, y = loop.accumulate(acc, part, start, j)
             stacked.append(y)
             if tick is not None:
-                token = tick(j, token, acc)
+                tick(j, acc)
         if stacked[0] is None:
             return loop.finish(acc, None)
         return loop.finish(acc, jax.tree_util.tree_map(lambda *ys: jnp.stack(ys), *stacked))
