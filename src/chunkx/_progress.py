@@ -10,11 +10,9 @@ call, so the training loop's own output (or an outer bar) stays readable.
 
 import sys
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 #: Keep finished bars on screen (tqdm's `leave`); off, so repeated calls print no new lines.
@@ -95,35 +93,3 @@ class Ticker:
         done = [jax.lax.stop_gradient(x[(0,) * x.ndim]) for x in done]
         jax.debug.callback(self.state, step, *done)
 
-
-def ticker(total: int, desc: str = "chunkx") -> Ticker:
-    """The reports of one loop of `total` steps to a bar reading `desc`."""
-    return Ticker(total, desc)
-
-
-def scan(
-    step: Callable[[Any, Any], tuple[Any, Any]],
-    init: Any,
-    xs: Any,
-    length: int,
-    *,
-    unroll: int = 1,
-    tick: Ticker | None = None,
-) -> tuple[Any, Any]:
-    """`jax.lax.scan(step, init, xs)` over `length` steps, with a progress bar when asked.
-
-    Without `tick` this is exactly `jax.lax.scan`. With it every step reports its index after
-    computing its carry (`unroll` too), under `jit` too.
-    """
-    if tick is None:
-        return jax.lax.scan(step, init, xs, length=length, unroll=unroll)
-
-    def body(carry, x):
-        carry, i = carry
-        carry, y = step(carry, x)
-        tick(i, carry)
-        return (carry, i + 1), y
-
-    (carry, _), ys = jax.lax.scan(body, (init, jnp.zeros((), jnp.int32)), xs, length=length,
-                                  unroll=unroll)
-    return carry, ys

@@ -8,7 +8,7 @@ import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 
-from .._progress import scan, ticker
+from .._progress import Ticker
 from .._types import RowMask
 from ._protocol import (
     AbstractAccumulation,
@@ -64,7 +64,7 @@ def chunk_loop(
     step, part = _traced_once(piece, mapped, valid, call)
     loop.check_chunk(part, s)
     acc = loop.init(part, n)
-    tick = ticker(k + (r > 0), f"{what}: chunks of {s} rows") if opts.progress else None
+    tick = Ticker(k + (r > 0), f"{what}: chunks of {s} rows") if opts.progress else None
     at = _at(step, n, s, shift, remat)
 
     # chunks 0..k-1 in one scan; the chunk index is carried, not scanned over (`jnp.arange(k)`
@@ -73,11 +73,13 @@ def chunk_loop(
         acc, i = carry
         part, start = at(source, i)
         acc, stacked = loop.accumulate(acc, part, start, i)
+        if tick is not None:  # reported once the chunk is accumulated
+            tick(i, (acc, stacked))
         return (acc, jax.lax.add(i, np.int32(1))), stacked
 
     init = (acc, jnp.zeros((), jnp.int32))
     unroll = opts.unroll or default_unroll(opts.reducer, loop)
-    (acc, _), stacked = scan(body, init, None, k, unroll=unroll, tick=tick)
+    (acc, _), stacked = jax.lax.scan(body, init, None, k, unroll=unroll)
     if r:  # remainder="call": the leftover rows are one more piece
         acc, _ = loop.accumulate(acc, piece(*rows(source, k * s, r)), k * s, k)
         if tick is not None:  # counted too, reported after the loop's own steps

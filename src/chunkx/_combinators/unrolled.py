@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from .._checks import as_in_axes, as_size, check_positive, zero_in_axes
-from .._progress import ticker
+from .._progress import Ticker
 from .._types import InAxes
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._protocol import AbstractReducer, accumulation
@@ -43,7 +43,7 @@ class Unrolled(eqx.Module):
         if n <= s:
             return evaluate(self.fn, reducer, args, None, "Unrolled")
         starts = range(0, n, s)
-        tick = ticker(len(starts)) if self.progress else None
+        tick = Ticker(len(starts)) if self.progress else None
         loop, acc, stacked = accumulation(reducer), None, []
         for j, i in enumerate(starts):
             start = min(i, n - s)
