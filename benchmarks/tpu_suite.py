@@ -147,12 +147,8 @@ def _latest(records: list[str]) -> dict[str, dict]:
 
 def summarize(args) -> None:
     latest = _latest(args.records)
-    files, skips, failures = {}, {}, []
+    skips, failures = {}, []
     for tid, r in sorted(latest.items()):
-        f = files.setdefault(tid.split("::")[0], {"passed": 0, "skipped": 0, "failed": 0,
-                                                  "crashed": 0, "seconds": 0.0})
-        f[r["outcome"]] += 1
-        f["seconds"] = round(f["seconds"] + r.get("seconds", 0.0), 1)
         if r["outcome"] == "skipped":
             skips[r["reason"]] = skips.get(r["reason"], 0) + 1
         elif r["outcome"] in ("failed", "crashed"):
@@ -160,7 +156,7 @@ def summarize(args) -> None:
     collected = subprocess.run(  # every test id (collected on this machine: the same ids)
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-o", "addopts=", args.tests],
         cwd=ROOT, capture_output=True, text=True).stdout.splitlines()
-    areas = {}
+    areas = {}  # the counts: of the tests collected today, each by its latest outcome
     for tid in (t for t in collected if "::" in t):
         name = str(Path(tid.split("::")[0]).parent)
         a = areas.setdefault(name, {"name": name, **dict.fromkeys(
@@ -170,9 +166,9 @@ def summarize(args) -> None:
     res = {
         "device": args.device, "jax": args.jax,
         "commits": sorted({r.get("commit", "") for r in latest.values()}),
-        "totals": {k: sum(f[k] for f in files.values())
-                   for k in ("passed", "skipped", "failed", "crashed")},
-        "areas": list(areas.values()), "files": files,
+        "totals": {k: sum(a[k] for a in areas.values())
+                   for k in ("passed", "skipped", "failed", "crashed", "not run")},
+        "areas": list(areas.values()),
         "skips": [{"reason": k, "tests": v}
                   for k, v in sorted(skips.items(), key=lambda kv: -kv[1])],
         "failures": failures,
@@ -180,7 +176,6 @@ def summarize(args) -> None:
             latest.items(), key=lambda kv: -kv[1].get("seconds", 0.0))[:10]
             if r.get("seconds")],
     }
-    res["totals"]["not run"] = sum(a["not run"] for a in areas.values())
     Path(args.into).write_text(json.dumps(res, indent=1) + "\n")
     print(json.dumps(res["totals"]), f"-> {args.into}")
 
