@@ -152,7 +152,8 @@ def summarize(args) -> None:
         if r["outcome"] == "skipped":
             skips[r["reason"]] = skips.get(r["reason"], 0) + 1
         elif r["outcome"] in ("failed", "crashed"):
-            failures.append({"id": tid, "outcome": r["outcome"], "reason": r["reason"]})
+            failures.append({"id": tid, "outcome": r["outcome"], "reason": r["reason"],
+                             "commit": r.get("commit", "")})
     collected = subprocess.run(  # every test id (collected on this machine: the same ids)
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-o", "addopts=", args.tests],
         cwd=ROOT, capture_output=True, text=True).stdout.splitlines()

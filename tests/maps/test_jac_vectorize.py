@@ -72,8 +72,10 @@ def test_jacobian_matches_plain_loops():
         return jnp.stack(cols, axis=-1), jnp.stack(rows, axis=0)
 
     cols, rows = loops(x)
-    np.testing.assert_allclose(batch_jacfwd(f, batch_size=3)(x), cols)
-    np.testing.assert_allclose(batch_jacrev(f, batch_size=3)(x), rows)
+    # a TPU's float64 `sin` (emulated) differs by up to 3e-8 between two fusions of it
+    atol = 1e-7 if jax.default_backend() == "tpu" else 0
+    np.testing.assert_allclose(batch_jacfwd(f, batch_size=3)(x), cols, atol=atol)
+    np.testing.assert_allclose(batch_jacrev(f, batch_size=3)(x), rows, atol=atol)
 
 
 @pytest.mark.parametrize("ours,ref,_", JACS)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import chunkx.t3 as t3
+from helpers import over
 
 SHAPE = dict(mode_shapes=(6, 7), tucker_ranks=(3, 4), tt_ranks=(1, 3, 1), order=2)
 W = 1000  # one probe count: the estimators share their measurements
@@ -19,14 +20,14 @@ DATA = pathlib.Path(__file__).parents[1] / "data"
 
 
 @functools.cache
-def temp_bytes(W, cs):
+def temp_bytes(W, cs, shape=tuple(SHAPE.values())):
     """XLA temp bytes of the summed tangent transpose, measured independently of chunkx."""
-    N, n, r, K = SHAPE["mode_shapes"], SHAPE["tucker_ranks"], SHAPE["tt_ranks"], SHAPE["order"]
-    S = jax.ShapeDtypeStruct
-    frame = ([S((n[i], N[i]), jnp.float32) for i in range(2)],
-             *[[S((r[i], n[i], r[i + 1]), jnp.float32) for i in range(2)]] * 3)
-    zt = [S((K + 1, W, N[i]), jnp.float32) for i in range(2)]
-    ww = [S((W, N[i]), jnp.float32) for i in range(2)]
+    N, n, r, K = shape
+    S, d = jax.ShapeDtypeStruct, len(N)
+    frame = ([S((n[i], N[i]), jnp.float32) for i in range(d)],
+             *[[S((r[i], n[i], r[i + 1]), jnp.float32) for i in range(d)]] * 3)
+    zt = [S((K + 1, W, N[i]), jnp.float32) for i in range(d)]
+    ww = [S((W, N[i]), jnp.float32) for i in range(d)]
 
     def f(z, w, p, fr):
         return t3.tv_probe_derivatives_transpose(z, w, p, fr, K, True, cs)
@@ -43,16 +44,16 @@ def test_small_problem_runs_unchunked_as_t3toolbox():
 
 
 def test_estimate_cuts_memory_with_equal_chunks():
+    N, n, r, T = SHAPE["mode_shapes"], SHAPE["tucker_ranks"], SHAPE["tt_ranks"], 3
+    inputs = 4 * sum(T * W * Ni + 2 * W * Ni + ni * Ni + 3 * r[i] * ni * r[i + 1]
+                     for i, (Ni, ni) in enumerate(zip(N, n)))
+    over(temp_bytes(W, None), 2 * inputs, "the unchunked transpose")
     cs = t3.estimate_chunk_size(**SHAPE, n_probes=W)
     assert isinstance(cs, int) and 256 <= cs < W
     k = -(-W // cs)
     assert k * cs - W < k  # equal chunks: less than one padded row per chunk
     # balanced: XLA temp at most twice the transpose's own inputs (it was more unchunked),
     # unless that needs chunks under 256 probes: then chunks of about 256 that still save memory
-    N, n, r, T = SHAPE["mode_shapes"], SHAPE["tucker_ranks"], SHAPE["tt_ranks"], 3
-    inputs = 4 * sum(T * W * Ni + 2 * W * Ni + ni * Ni + 3 * r[i] * ni * r[i + 1]
-                     for i, (Ni, ni) in enumerate(zip(N, n)))
-    assert 2 * inputs < temp_bytes(W, None)
     if cs > -(-W // (W // 256)):
         assert temp_bytes(W, cs) <= 2 * inputs
     else:
@@ -64,6 +65,7 @@ def test_estimate_cuts_memory_with_equal_chunks():
 def test_max_chunk_size_within_program_scope_fits_its_budget(fraction):
     """`scope="program"`: the whole transpose program's XLA temp within the budget."""
     full = temp_bytes(W, None)
+    over(full, 0, "the unchunked transpose")
     target = int(fraction * full)
     cs = t3.max_chunk_size_within(**SHAPE, n_probes=W, target_bytes=target, scope="program")
     assert isinstance(cs, int) and 1 <= cs < W
@@ -85,8 +87,9 @@ def _per_row_independent(W=512, lo=128, hi=256):
 @pytest.mark.parametrize("target", [1, 3000, 10**5, 4e5, 10**9])
 def test_max_chunk_size_within_caps_the_assembly_as_t3toolbox(target):
     """t3toolbox's contract: `cs * per_row <= target`, at least 1, at most the local W."""
-    cs = t3.max_chunk_size_within(**SHAPE, n_probes=W, target_bytes=target)
     per_row = _per_row_independent()
+    over(per_row, 0, "a chunk's rows (the difference of two chunk sizes' temp)")
+    cs = t3.max_chunk_size_within(**SHAPE, n_probes=W, target_bytes=target)
     assert isinstance(cs, int) and 1 <= cs <= W
     if cs > 1:
         assert cs * per_row <= target * 1.001
@@ -101,6 +104,7 @@ def test_max_chunk_size_within_matches_t3toolbox():
         ours = t3.max_chunk_size_within(*BASELINE, 4096, target, n_shards=shards)
         theirs = sd.max_chunk_size_within(*BASELINE, 4096, target, n_shards=shards)
         assert abs(ours - theirs) <= 0.1 * theirs, (target, shards, ours, theirs)
+    over(temp_bytes(4096, 1, BASELINE), 10**6, "the whole transpose at one-probe chunks")
     with pytest.raises(ValueError, match=r"the budget is smaller than one row"):
         t3.max_chunk_size_within(*BASELINE, 4096, 10**6, scope="program")  # the whole program
 
