@@ -1,10 +1,10 @@
 """The test suite on one accelerator chip, in one process at a time, and its summary.
 
 On a TPU one process holds the chip, and the suite takes longer than one sitting: this runs
-test files one pytest process each, within a time budget, and records every test's outcome
+the test files in one pytest process, within a time budget, and records every test's outcome
 as it finishes (a JSON line, so a run cut off or a process that aborts keeps what it did).
-A test whose process dies (XLA aborting, a time limit) is recorded as `crashed`, and the rest
-of its file runs in a new process. `summarize` turns the records of any number of runs (the
+A test whose process dies (XLA aborting) is recorded as `crashed`, and the tests without an
+outcome run on in a new process. `summarize` turns the records of any number of runs (the
 latest outcome of each test wins) into `benchmarks/results/tpu_suite.json`, which the
 accelerator page renders.
 
@@ -78,58 +78,63 @@ def _test_files(paths: list[str]) -> list[str]:
     return files
 
 
-def _finished(record: Path, file: str) -> tuple[set[str], str | None]:
-    """The tests of `file` with an outcome in `record`, and the last one started without."""
+def _finished(record: Path) -> tuple[set[str], dict | None]:
+    """The tests with an outcome in `record`, and the record of the last one started without."""
     done, started = set(), None
     if record.exists():
         for line in record.read_text().splitlines():
             r = json.loads(line)
-            if r.get("file") != file:
-                continue
             if r["outcome"] == "started":
-                started = r["id"]
+                started = r
             else:
                 done.add(r["id"])
-                started = None if started == r["id"] else started
+                started = None if started and started["id"] == r["id"] else started
     return done, started
+
+
+def pytest_collection_modifyitems(config, items):
+    """Leave out the tests listed in `TPU_SUITE_DESELECT` (a file of test ids, one a line)."""
+    listed = os.environ.get("TPU_SUITE_DESELECT")
+    if not listed:
+        return
+    out = set(Path(listed).read_text().splitlines())
+    keep = [item for item in items if item.nodeid not in out]
+    config.hook.pytest_deselected(items=[item for item in items if item.nodeid in out])
+    items[:] = keep
 
 
 def run(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    record = out / "tpu_suite.jsonl"
+    record, deselect = out / "tpu_suite.jsonl", out / "deselect.txt"
     env = {**os.environ, "TPU_SUITE_RECORD": str(record), "TPU_SUITE_COMMIT": args.commit,
+           "TPU_SUITE_DESELECT": str(deselect),
            # one XLA compilation cache for the run's processes (the suite's conftest reads it)
            "CHUNKX_TEST_XLA_CACHE": os.path.join(tempfile.gettempdir(), "chunkx-tpu-suite-xla"),
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     end = time.time() + args.seconds
-    passed = {(r.get("file") or str((ROOT / i.split("::")[0]).resolve()), i)
-              for i, r in _latest(args.skip).items() if r["outcome"] in ("passed", "skipped")}
-    for f in _test_files(args.paths):
-        here = str(Path(f).resolve())
-        while (left := end - time.time()) > 20:
-            before, _ = _finished(record, here)
-            before |= {t for file, t in passed if file == here}
-            deselect = [a for t in before for a in ("--deselect", t)]
-            try:
-                rc = subprocess.run([sys.executable, "-m", "pytest", *PYTEST, f, *deselect],
-                                    cwd=ROOT, env=env, timeout=left).returncode
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
-            _, started = _finished(record, here)
-            if rc == "timeout":  # the budget ran out: `started` is left to a later run
-                print(f"out of time in {started}", flush=True)
-                return
-            if started is None:  # the file ran to its end
-                print(f"{f}: rc {rc}", flush=True)
-                break
-            if started in before:  # no progress: leave the file
-                break
-            _record({"id": started, "file": here, "outcome": "crashed",
-                     "reason": f"process ended: rc {rc}", "commit": args.commit}, str(record))
-            print(f"{started}: crashed (rc {rc})", flush=True)
-        else:
+    passed = {i for i, r in _latest(args.skip).items() if r["outcome"] in ("passed", "skipped")}
+    files = _test_files(args.paths)
+    # every file in one process (starting one costs the chip tens of seconds), a new one
+    # after a process dies, without the tests that have an outcome by then
+    while (left := end - time.time()) > 20:
+        before, _ = _finished(record)
+        deselect.write_text("\n".join(sorted(before | passed)) + "\n")
+        try:
+            rc = subprocess.run([sys.executable, "-m", "pytest", *PYTEST, *files],
+                                cwd=ROOT, env=env, timeout=left).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        done, started = _finished(record)
+        if rc == "timeout":  # the budget ran out: `started` is left to a later run
+            print(f"out of time in {started and started['id']}", flush=True)
             return
+        print(f"rc {rc}: {len(done - before)} tests", flush=True)
+        if started is None or started["id"] in before:  # ran to its end, or no progress
+            return
+        _record({**started, "outcome": "crashed", "reason": f"process ended: rc {rc}",
+                 "commit": args.commit}, str(record))
+        print(f"{started['id']}: crashed (rc {rc})", flush=True)
 
 
 # -- the summary -------------------------------------------------------------------------------
