@@ -25,6 +25,7 @@ def test_run_and_summarize(tmp_path):
     tests.mkdir()
     (tests / "test_some.py").write_text(TESTS)
     (tests / "test_more.py").write_text("def test_next_file(): pass\n")
+    (tests / "test_broken.py").write_text("import not_a_module\n")  # the others run on
     tool = [sys.executable, str(ROOT / "benchmarks" / "tpu_suite.py")]
     first = subprocess.run([*tool, "run", "--out", str(tmp_path / "out"), "--seconds", "120",
                             "--commit", "abc", str(tests)], cwd=ROOT, check=True,
