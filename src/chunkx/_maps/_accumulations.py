@@ -2,6 +2,7 @@
 [`chunkx.AbstractAccumulation`][] (`UserAccumulate`), the leaf reducer that hands it to the
 loop (`Accumulated`), and the loop of a pytree of them (`LeafLoops`)."""
 
+from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
@@ -84,30 +85,31 @@ def _(reducer: Accumulated, rows: Tree, valid: RowMask | None) -> Tree:
     return reducer.loop.reduce_chunk(rows)
 
 
-def each_leaf(treedef: Any, items: tuple, method: Any, *trees: Tree, extra: tuple = ()) -> list:
-    """`method` (a method's name, or a function taking the item first) of each of `items`, one
-    per leaf of the pytree prefix `treedef`, on its part of each of `trees`, with `extra`."""
-    split = [treedef.flatten_up_to(t) for t in trees]
+def per_leaf(method: str | Callable, trees: int = 1, join: Callable | None = None) -> Callable:
+    """The method of a pytree of items (`self.items`, one per leaf of the prefix
+    `self.treedef`) that runs `method` (a method's name, or a function taking the item first)
+    of each item on its part of the first `trees` arguments (the others passed to every item),
+    and puts the results back in the prefix's structure, or joins them with `join`."""
     call = (lambda r, *a: getattr(r, method)(*a)) if isinstance(method, str) else method
-    return [call(r, *xs, *extra) for r, *xs in zip(items, *split)]
+
+    def each(self, *args: Any) -> Any:
+        split = [self.treedef.flatten_up_to(t) for t in args[:trees]]
+        out = [call(r, *xs, *args[trees:]) for r, *xs in zip(self.items, *split)]
+        return self.treedef.unflatten(out) if join is None else join(out)
+
+    return each
 
 
 class LeafLoops(AbstractAccumulation):
     """A `Leaves` chunk loop: each leaf's reducer's accumulation on its part of the outputs'
     prefix (`treedef`)."""
 
-    loops: tuple[AbstractAccumulation, ...]
+    items: tuple[AbstractAccumulation, ...]
     treedef: Any = eqx.field(static=True)
 
-    def _each(self, method: str, *trees: Tree, extra: tuple = ()) -> list:
-        return each_leaf(self.treedef, self.loops, method, *trees, extra=extra)
-
-    def init(self, part: Tree, n: int) -> Tree:
-        return self.treedef.unflatten(self._each("init", part, extra=(n,)))
+    init = per_leaf("init")
+    finish = per_leaf("finish", trees=2)
 
     def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
-        pairs = self._each("accumulate", acc, part, extra=(start, index))
+        pairs = per_leaf("accumulate", trees=2, join=list)(self, acc, part, start, index)
         return tuple(self.treedef.unflatten([p[i] for p in pairs]) for i in (0, 1))
-
-    def finish(self, acc: Tree, stacked: Tree) -> Tree:
-        return self.treedef.unflatten(self._each("finish", acc, stacked))

@@ -44,7 +44,7 @@ from .._combinators.reduce import Concat, Sum, wide_sums, zero_masked
 from .._plan.measure import default_budget, divisor_below, tree_bytes
 from .._plan.search import MemoryPlan
 from .._types import RowMask, Tree
-from ._accumulations import Accumulated, LeafLoops, UserAccumulate, each_leaf
+from ._accumulations import Accumulated, LeafLoops, UserAccumulate, per_leaf
 from ._vmap_axes import Body, resolve
 from .pipeline import AXES, Options, check_options, compose, plan_call, plan_of
 
@@ -131,36 +131,20 @@ def _kind(x: Any) -> Any:
     return None
 
 
-def _per_leaf(method: str | Callable, trees: int = 1, join: Callable | None = None) -> Callable:
-    """The `Leaves` operation `method` (a reducer method's name, or a function taking the
-    reducer first): each leaf's reducer's on its part of the first `trees` arguments (pytrees
-    of the outputs' prefix; the others passed to every leaf), the results put back in the
-    prefix's structure, or joined by `join` (`all`: a predicate of every leaf's reducer)."""
-
-    def each(self, *args: Any) -> Any:
-        out = self._each(method, *args[:trees], extra=args[trees:])
-        return self.treedef.unflatten(out) if join is None else join(out)
-
-    return each
-
-
 class Leaves(AbstractReducer):
     """One reducer per leaf of a pytree prefix (`treedef`) of the outputs, and what each leaf
     is (`kinds`: an AccumulationType, or the user's accumulator)."""
 
-    reducers: tuple[AbstractReducer, ...]
+    items: tuple[AbstractReducer, ...]
     treedef: Any = eqx.field(static=True)
     kinds: tuple = ()
     who: str = eqx.field(static=True, default="")  # the public map, for its errors
 
-    reduce_rows = _per_leaf("reduce_rows")
-    combine = _per_leaf("combine", trees=2)
-    is_additive = _per_leaf("is_additive", trees=0, join=all)
-    compensates = _per_leaf("compensates", trees=0, join=all)
-    can_mask = _per_leaf("can_mask", trees=0, join=all)
-
-    def _each(self, method: str | Callable, *trees: Tree, extra: tuple = ()) -> list:
-        return each_leaf(self.treedef, self.reducers, method, *trees, extra=extra)
+    reduce_rows = per_leaf("reduce_rows")
+    combine = per_leaf("combine", trees=2)
+    is_additive = per_leaf("is_additive", trees=0, join=all)
+    compensates = per_leaf("compensates", trees=0, join=all)
+    can_mask = per_leaf("can_mask", trees=0, join=all)
 
     def check_rows(self, rows_struct: Tree, who: str) -> None:
         try:
@@ -170,7 +154,7 @@ class Leaves(AbstractReducer):
                 f"`{self.who or who}(accumulator=...)`: the accumulator tree must be a pytree "
                 f"prefix of the outputs (one AccumulationType or Accumulator per subtree): {e}"
             ) from None
-        self._each("check_rows", rows_struct, extra=(who,))
+        per_leaf("check_rows", join=list)(self, rows_struct, who)
 
     @property
     def user(self) -> bool:
@@ -231,12 +215,12 @@ class Leaves(AbstractReducer):
 # of the first argument (none for `shard_spec`), put back in the prefix's structure
 for _op, _trees in ((reduce_chunk, 1), (rounded, 1), (trim, 1), (shard_spec, 0),
                     (shard_local, 1), (shard_collect, 1)):
-    _op.register(Leaves, _per_leaf(_op, trees=_trees))
+    _op.register(Leaves, per_leaf(_op, trees=_trees))
 
 
 @accumulation.register
 def _(reducer: Leaves) -> AbstractAccumulation:
-    return LeafLoops(tuple(map(accumulation, reducer.reducers)), reducer.treedef)
+    return LeafLoops(tuple(map(accumulation, reducer.items)), reducer.treedef)
 
 
 class RowFn(eqx.Module):
