@@ -3,10 +3,10 @@
 On a TPU one process holds the chip, and the suite takes longer than one sitting: this runs
 the test files in one pytest process, within a time budget, and records every test's outcome
 as it finishes (a JSON line, so a run cut off or a process that aborts keeps what it did).
-A test whose process dies (XLA aborting) is recorded as `crashed`, and the tests without an
-outcome run on in a new process. `summarize` turns the records of any number of runs (the
-latest outcome of each test wins) into `benchmarks/results/tpu_suite.json`, which the
-accelerator page renders.
+A test whose process dies (XLA aborting), or that runs past `--test-seconds`, is recorded as
+`crashed`, and the tests without an outcome run on in a new process. `summarize` turns the
+records of any number of runs (the latest outcome of each test wins) into
+`benchmarks/results/tpu_suite.json`, which the accelerator page renders.
 
     python benchmarks/tpu_suite.py run --out OUT --seconds 540 tests/maps --skip OLD.jsonl
     python benchmarks/tpu_suite.py summarize OUT/*.jsonl [--into benchmarks/results/tpu_suite.json]
@@ -121,8 +121,10 @@ def run(args) -> None:
     while (left := end - time.time()) > 20:
         before, _ = _finished(record)
         deselect.write_text("\n".join(sorted(before | passed)) + "\n")
+        # a test past --test-seconds ends its process (pytest-timeout): crashed, the rest run on
+        limit = ["--timeout", str(args.test_seconds), "--timeout-method=thread"]
         try:
-            rc = subprocess.run([sys.executable, "-m", "pytest", *PYTEST, *files],
+            rc = subprocess.run([sys.executable, "-m", "pytest", *PYTEST, *limit, *files],
                                 cwd=ROOT, env=env, timeout=left).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
@@ -194,6 +196,7 @@ def main() -> None:
     r.add_argument("paths", nargs="+")
     r.add_argument("--out", required=True, help="folder of the records (tpu_suite.jsonl)")
     r.add_argument("--seconds", type=float, default=540)
+    r.add_argument("--test-seconds", type=int, default=420, help="one test's limit")
     r.add_argument("--commit", default="", help="the commit the tree is (recorded per test)")
     r.add_argument("--skip", nargs="*", default=[],
                    help="records of earlier runs (after the paths): their passed and skipped "
