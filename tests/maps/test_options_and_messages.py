@@ -162,6 +162,11 @@ def test_jit_chunk_vmap_errors_name_it():
     with pytest.raises(ValueError, match=r"`jit_chunk_vmap`: no mapped array to chunk: in_axes "
                        r"maps argument\(s\) \[0\]"):
         chunkx.jit_chunk_vmap(lambda a, b: b, (0, None), chunk_size=2)({}, jnp.ones(3))
+    # its options too (checked as chunk_map's, in its own name)
+    with pytest.raises(ValueError, match=r"^`jit_chunk_vmap\(chunk_size=-1\)`: chunk_size must "):
+        chunkx.jit_chunk_vmap(jnp.sin, chunk_size=-1)
+    with pytest.raises(ValueError, match=r"^`jit_chunk_vmap\(in_axes=\(0, 0, 0\)\)`"):
+        chunkx.jit_chunk_vmap(jnp.add, (0, 0, 0), chunk_size=2)(jnp.ones(3), jnp.ones(3))
 
 
 # -- option errors with the fix, in one line --------------------------------------------------

@@ -54,11 +54,12 @@ class ChunkMap(eqx.Module):
     def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
         """The map's value, or with `plan` (`"memory_plan"`, `"grad_memory_plan"`) the plan
         its Chunk follows for these arguments (`kwargs`: none, as `plan_call` passes them)."""
-        at, moved, zero, n = layout(self.in_axes, args)
-        pipeline = self._pipeline(_Moved(self.f, at, self.out_axes), zero, n, args)
+        at, moved, zero, n = layout(self.in_axes, args, self.opts.who)
+        pipeline = self._pipeline(_Moved(self.f, at, self.out_axes, self.opts.who), zero, n, args)
         if plan is not None:
             return plan_of(pipeline, plan, moved, zero, self.opts)
-        return _per_output(pipeline(*moved), self.out_axes, lambda o, ax: move_axis(o, 0, ax))
+        back = lambda o, ax: move_axis(o, 0, ax)  # noqa: E731
+        return _per_output(pipeline(*moved), self.out_axes, back, self.opts.who)
 
     def memory_plan(self, *args: Any):
         """The [`chunkx.MemoryPlan`][] that `chunk_size="auto"` follows for these arguments
@@ -108,12 +109,13 @@ class _Moved(eqx.Module):
     fn: Callable[..., Any]
     at: tuple[int | None, ...] = eqx.field(static=True)
     out_axes: int | tuple[int, ...] = eqx.field(static=True)
+    who: str = eqx.field(static=True)
 
     def __call__(self, *args: Any) -> Any:
         leaves, treedef = jax.tree_util.tree_flatten(args)
         leaves = [x if a is None else moveaxis(x, 0, a) for x, a in zip(leaves, self.at)]
         out = self.fn(*jax.tree_util.tree_unflatten(treedef, leaves))
-        return _per_output(out, self.out_axes, lambda o, ax: move_axis(o, ax, 0))
+        return _per_output(out, self.out_axes, lambda o, ax: move_axis(o, ax, 0), self.who)
 
 
 def move_axis(tree: Any, src: int, dst: int) -> Any:
@@ -121,7 +123,7 @@ def move_axis(tree: Any, src: int, dst: int) -> Any:
     return map_mapped(lambda x: moveaxis(x, src, dst), (tree,), (0,))[0]
 
 
-def _per_output(out: Any, out_axes: Any, fn: Callable[[Any, int], Any]) -> Any:
+def _per_output(out: Any, out_axes: Any, fn: Callable[[Any, int], Any], who: str) -> Any:
     """`fn(output, axis)` per output: a tuple output zips with a tuple `out_axes`, which
     must have one entry per output; an int `out_axes` (or a tuple's first entry, where `f`
     returns no tuple) is the axis of the whole output."""
@@ -129,7 +131,7 @@ def _per_output(out: Any, out_axes: Any, fn: Callable[[Any, int], Any]) -> Any:
         return fn(out, out_axes if isinstance(out_axes, int) else out_axes[0])
     if len(out_axes) != len(out):
         raise ValueError(
-            f"`chunk_map(out_axes={out_axes!r})`: f returned a tuple of "
+            f"`{who}(out_axes={out_axes!r})`: f returned a tuple of "
             f"{len(out)} outputs but out_axes has {len(out_axes)} entries."
         )
     return tuple(fn(o, ax) for o, ax in zip(out, out_axes))
@@ -209,7 +211,18 @@ def chunk_map(
         assert chunkx.chunk_map(f, chunk_size=None) is f  # nothing to chunk
         ```
     """
-    who = "chunk_map"
+    return _chunk_map("chunk_map", f, in_axes, out_axes, chunk_size, use_scan=use_scan,
+                      shard_batch=shard_batch, atleast_1chunk=atleast_1chunk, mesh=mesh,
+                      memory_budget=memory_budget, progress=progress,
+                      chunk_size_bwd=chunk_size_bwd)
+
+
+def _chunk_map(
+    who: str, f: Callable[..., Any], in_axes: InAxes, out_axes: Any, chunk_size: Any, *,
+    use_scan: bool, shard_batch: bool, mesh: Mesh | None, atleast_1chunk: bool = False,
+    memory_budget: Budget = None, progress: bool = False, chunk_size_bwd: Size = None,
+) -> Callable[..., Any]:
+    """`chunk_map`, its options checked in the name of the public map `who`."""
     check_in_axes(who, in_axes)
     opts = check_options(  # with use_scan, an "auto" map plans its reverse pass too
         who, chunk_size, memory_budget=memory_budget, grad_size=chunk_size_bwd,
@@ -226,7 +239,7 @@ def chunk_map(
         return f  # no mapped argument (every in_axes entry None), or nothing to chunk
     if out_axes is None or (isinstance(out_axes, tuple) and None in out_axes):
         raise NotImplementedError(
-            f"`{who}(out_axes={out_axes!r})`: `chunk_map` with `out_axes=None` not implemented; "
+            f"`{who}(out_axes={out_axes!r})`: `{who}` with `out_axes=None` not implemented; "
             "every output must carry the batch axis."
         )
     for a in out_axes if isinstance(out_axes, tuple) else (out_axes,):
@@ -269,5 +282,6 @@ def jit_chunk_vmap(
     """
     in_axes = as_in_axes(in_axes)  # a list works like a tuple
     vmapped = eqx.filter_vmap(f, in_axes=in_axes, out_axes=out_axes)
-    mapped = chunk_map(vmapped, in_axes, out_axes, chunk_size, True, shard_batch, False, mesh)
+    mapped = _chunk_map("jit_chunk_vmap", vmapped, in_axes, out_axes, chunk_size,
+                        use_scan=True, shard_batch=shard_batch, mesh=mesh)
     return eqx.filter_jit(Checked(mapped, in_axes, "jit_chunk_vmap", arrays_only=True))
