@@ -33,6 +33,15 @@ class Bound(eqx.Module):
     kwargs: dict = eqx.field(default_factory=dict)
     free_at: tuple[int, ...] | None = eqx.field(static=True, default=None)
 
+    @classmethod
+    def fixing(
+        cls, fn: Callable[..., Any], args: Any, at: Any, kwargs: dict | None = None
+    ) -> tuple["Bound", list]:
+        """`(fn with args[i] fixed for every position i in at and kwargs, the other args)`."""
+        at = tuple(i for i in range(len(args)) if i in at)
+        rest = [a for i, a in enumerate(args) if i not in at]
+        return cls(fn, tuple(args[i] for i in at), at, kwargs or {}), rest
+
     def __call__(self, *free: Any, **kwargs: Any) -> Any:
         slots = dict(zip(self.at, self.args))
         if self.free_at is not None:

@@ -302,8 +302,7 @@ class ChunkedVjp(eqx.Module):
             ct = _but_float0(lambda x: zero_masked(x, valid), ct)
         nd = self.nondiff_argnums
         diff = [i for i in range(len(primals)) if i not in nd]
-        free = tuple(primals[i] for i in diff)
-        fixed = Bound(eqx.combine(self.arrays, self.fun), tuple(primals[i] for i in nd), nd)
+        fixed, free = Bound.fixing(eqx.combine(self.arrays, self.fun), primals, nd)
         ys, pull, *aux = jax.vjp(fixed, *free, has_aux=self.has_aux)
         if aux and self.opts.size is not None:  # chunked: the aux rows are joined
             _check_aux_rows(aux[0], jax.tree_util.tree_leaves(primals[self.chunk_argnums[0]]))

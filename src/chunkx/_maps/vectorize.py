@@ -42,13 +42,6 @@ def _element(x: Any, start: int) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(jnp.shape(x)[start:], jnp.result_type(x))
 
 
-def _split_excluded(fn, excluded, args, kwargs):
-    """`fn` with the `excluded` positions and all keywords `kwargs` bound; the other arguments."""
-    at = tuple(i for i in range(len(args)) if i in excluded)
-    rest = [a for i, a in enumerate(args) if i not in excluded]
-    return Bound(fn, tuple(args[i] for i in at), at, kwargs), rest
-
-
 class BatchVectorize(eqx.Module):
     """The callable returned by [`chunkx.batch_vectorize`][]; an equinox Module (a pytree).
 
@@ -79,7 +72,7 @@ class BatchVectorize(eqx.Module):
                 "arguments are not supported (jnp.vectorize silently drops them); add their "
                 "names to excluded to pass them through unchanged."
             )
-        fn, dyn = _split_excluded(self.pyfunc, self.excluded, args, kwargs)
+        fn, dyn = Bound.fixing(self.pyfunc, args, self.excluded, kwargs)
         in_core, out_core = parse_signature(signature) if signature else ([()] * len(dyn), None)
         nones = {i for i, a in enumerate(dyn) if a is None}
         if any(i < len(in_core) and in_core[i] != () for i in nones):
@@ -92,7 +85,7 @@ class BatchVectorize(eqx.Module):
         if out_core is not None:
             _jnp_checks(self.excluded, signature, shown)
         loop_shapes = [a.shape[: a.ndim - len(c)] for a, c in zip(dyn, in_core) if a is not None]
-        fn, dyn = _split_excluded(fn, nones, dyn, {})  # None: passed through, as excluded
+        fn, dyn = Bound.fixing(fn, dyn, nones)  # None: passed through, as excluded
         out = _vectorize(fn, dyn, loop_shapes, self.batch_size, signature)
         if out_core is not None:  # what one element returned, as jnp.vectorize shows it
             loop = max(map(len, loop_shapes), default=0)
