@@ -72,13 +72,6 @@ def pytest_runtest_logreport(report):
 
 # -- running -----------------------------------------------------------------------------------
 
-def _test_files(paths: list[str]) -> list[str]:
-    files = []
-    for p in map(Path, paths):
-        files += sorted(map(str, p.rglob("test_*.py"))) if p.is_dir() else [str(p)]
-    return files
-
-
 def _finished(record: Path) -> tuple[set[str], dict | None]:
     """The tests with an outcome in `record`, and the record of the last one started without."""
     done, started = set(), None
@@ -115,17 +108,16 @@ def run(args) -> None:
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     end = time.time() + args.seconds
     passed = {i for i, r in _latest(args.skip).items() if r["outcome"] in ("passed", "skipped")}
-    files = _test_files(args.paths)
+    # a test past --test-seconds ends its process (pytest-timeout): crashed, the rest run on
+    command = [sys.executable, "-m", "pytest", *PYTEST, "--timeout", str(args.test_seconds),
+               "--timeout-method=thread", *args.paths]
     # every file in one process (starting one costs the chip tens of seconds), a new one
     # after a process dies, without the tests that have an outcome by then
     while (left := end - time.time()) > 20:
         before, _ = _finished(record)
         deselect.write_text("\n".join(sorted(before | passed)) + "\n")
-        # a test past --test-seconds ends its process (pytest-timeout): crashed, the rest run on
-        limit = ["--timeout", str(args.test_seconds), "--timeout-method=thread"]
         try:
-            rc = subprocess.run([sys.executable, "-m", "pytest", *PYTEST, *limit, *files],
-                                cwd=ROOT, env=env, timeout=left).returncode
+            rc = subprocess.run(command, cwd=ROOT, env=env, timeout=left).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
         done, started = _finished(record)
