@@ -55,8 +55,8 @@ class Unrolled(eqx.Module):
             acc = loop.init(part, n) if j == 0 else acc
             acc, y = loop.accumulate(acc, part, start, j)
             stacked.append(y)
-            if tick is not None:
-                tick(j, acc)
+            if tick is not None:  # after the chunk's accumulator and output, as the scan's
+                tick(j, (acc, y))
         if stacked[0] is None:
             return loop.finish(acc, None)
         return loop.finish(acc, jax.tree_util.tree_map(lambda *ys: jnp.stack(ys), *stacked))
