@@ -146,7 +146,12 @@ def _latest(records: list[str]) -> dict[str, dict]:
 
 
 def summarize(args) -> None:
-    latest = _latest(args.records)
+    collected = subprocess.run(  # every test id (collected on this machine: the same ids)
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-o", "addopts=", args.tests],
+        cwd=ROOT, capture_output=True, text=True).stdout.splitlines()
+    collected = [t for t in collected if "::" in t]
+    # the latest outcome of each test collected today (a test renamed or removed since drops out)
+    latest = {tid: r for tid, r in _latest(args.records).items() if tid in set(collected)}
     skips, failures = {}, []
     for tid, r in sorted(latest.items()):
         if r["outcome"] == "skipped":
@@ -154,11 +159,8 @@ def summarize(args) -> None:
         elif r["outcome"] in ("failed", "crashed"):
             failures.append({"id": tid, "outcome": r["outcome"], "reason": r["reason"],
                              "commit": r.get("commit", "")})
-    collected = subprocess.run(  # every test id (collected on this machine: the same ids)
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-o", "addopts=", args.tests],
-        cwd=ROOT, capture_output=True, text=True).stdout.splitlines()
     areas = {}  # the counts: of the tests collected today, each by its latest outcome
-    for tid in (t for t in collected if "::" in t):
+    for tid in collected:
         name = str(Path(tid.split("::")[0]).parent)
         a = areas.setdefault(name, {"name": name, **dict.fromkeys(
             ("tests", "passed", "skipped", "failed", "crashed", "not run"), 0)})
@@ -184,7 +186,7 @@ def summarize(args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(required=True)
-    r = sub.add_parser("run", help="run test files, one process each, within --seconds")
+    r = sub.add_parser("run", help="run tests in one pytest process (a new one after a crash), within --seconds")
     r.add_argument("paths", nargs="+")
     r.add_argument("--out", required=True, help="folder of the records (tpu_suite.jsonl)")
     r.add_argument("--seconds", type=float, default=540)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import chunkx
-from helpers import temp_bytes
+from helpers import fits, temp_bytes
 
 pytestmark = pytest.mark.x64  # float64 tolerances and references
 
@@ -159,6 +159,7 @@ def test_planned_size_budgets_the_one_program():
         return chunkx.Chunk(chunkx.Vmap(loss_row, (0, None)), size, reducer=chunkx.Sum(),
                             in_axes=(0, None), **kw)
 
+    fits(temp_bytes(chunked(1), x, W), budget)
     auto = chunked("auto", memory_budget=budget)
     size = auto.memory_plan(x, W).chunk_size
     assert 1 < size < 1001

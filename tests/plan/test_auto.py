@@ -132,14 +132,21 @@ def test_forward_linear_plan_in_two_compilations_within_ten_percent(fresh_cache)
     budget = 2**23  # between the measurements at n / 8 and n
     chunk = chunkx.Chunk(chunkx.Vmap(sorted_energy, (0, None)), "auto", reducer=chunkx.Sum(),
                          in_axes=(0, None), memory_budget=budget)
-    with BackendCompiles() as planning:
-        plan = chunk.memory_plan(x, w)
-    assert planning.count <= 2 and len(plan.points) == 2 and plan.chunk_size < 1024
 
     def at(size):
         return temp(chunkx.Chunk(chunkx.Vmap(sorted_energy, (0, None)), size,
                                  reducer=chunkx.Sum(), in_axes=(0, None), remainder="shift"),
                     x, w)
+
+    over(at(1024), budget, "the whole batch")
+    with BackendCompiles() as planning:
+        plan = chunk.memory_plan(x, w)
+    assert plan.chunk_size < 1024
+    # two probes plan a program whose temp memory is affine in the chunk size, as XLA:CPU's
+    # is here; XLA:TPU's is not at these sizes (rows pad to its tiles), and the planner
+    # searches on from the two probes (12 compilations on a v5e)
+    if jax.default_backend() == "cpu":
+        assert planning.count <= 2 and len(plan.points) == 2
 
     assert at(plan.chunk_size) <= budget
     # within 10% of the largest size that fits: memory grows with the size, so it suffices
@@ -163,6 +170,9 @@ def test_planning_traces_the_function_once_per_probe(fresh_cache):
 
     x, w = data(n=512)
     ref_v, ref_g = vmap_refs(512)
+    whole = chunkx.Chunk(chunkx.Vmap(energy, (0, None)), 512, reducer=chunkx.Sum(),
+                         in_axes=(0, None))
+    over(temp(jax.value_and_grad(whole, argnums=1), x, w), 2**20, "the whole batch's gradient")
 
     def first_call(size, grad_size, **kw):
         traces["n"] = 0
@@ -180,6 +190,8 @@ def test_planning_traces_the_function_once_per_probe(fresh_cache):
     assert (cold, fixed) == (8, 2)
 
 
+@pytest.mark.skipif(jax.default_backend() == "tpu", reason="a second process cannot open the "
+                    "TPU that the suite's process holds")
 def test_plan_cache_on_disk_second_process_compiles_nothing(fresh_cache):
     script = Path(__file__).with_name("plan_worker.py")
     env = dict(os.environ, CHUNKX_CACHE_DIR=str(fresh_cache))
@@ -233,6 +245,7 @@ def test_planned_sizes_start_on_a_tpus_tiles(fresh_cache, monkeypatch, rows, rem
     f = lambda r, w: jnp.tanh(jnp.tanh(r @ w) @ w.T)  # noqa: E731
     g = chunkx.Chunk(chunkx.Vmap(f, (0, None)), "auto", in_axes=(0, None),
                      memory_budget=1_000_000, remainder=remainder)
+    over(temp_bytes(chunkx.Vmap(f, (0, None)), x, w), 1_000_000)
     found = g.memory_plan(x, w).chunk_size
     assert 256 <= found < rows and found % 128  # the search's answer: not on a tile
     monkeypatch.setattr(auto, "row_tile", lambda: 128)
@@ -269,10 +282,13 @@ def test_chunk_auto_errors(monkeypatch):
         chunkx.Chunk(jnp.sin, None, grad_size="auto")
     with monkeypatch.context() as m:  # a host whose available memory is unknown
         m.setattr(measure, "host_available_bytes", lambda: None)
+        m.setattr(measure, "memory_stats", lambda device: None)  # nor does the device say
         with pytest.raises(ValueError, match=r"`Chunk\(size='auto'\)`: memory_budget must be "):
             chunkx.Chunk(jnp.sin, "auto")(jnp.ones(8))
+    x, w = data(n=64)
+    over(temp(chunkx.Chunk(chunkx.Vmap(sorted_energy, (0, None)), 1, in_axes=(0, None),
+                           reducer=chunkx.Sum()), x, w), 4, "one row")
     with pytest.raises(ValueError, match=r"`Chunk\(memory_budget=4\)`: the budget is smaller"):
-        x, w = data(n=64)
         chunkx.Chunk(chunkx.Vmap(sorted_energy, (0, None)), "auto", in_axes=(0, None),
                      reducer=chunkx.Sum(), memory_budget=4)(x, w)
 
@@ -336,6 +352,8 @@ def test_probes_measure_what_the_compiled_program_holds(size):
         assert measure.probe_temp_bytes(f, *args, who="test") == temp(f, *args)
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the probes' options are XLA:CPU's; "
+                    "elsewhere probes compile with XLA's defaults")
 def test_probes_fall_back_where_xla_lacks_an_option(monkeypatch):
     """A probe option that the installed XLA does not know ("No such compile option", as
     jax 0.12 answers for the legacy emitters) is dropped once, and the probe measures what a

@@ -11,7 +11,7 @@ import optax.microbatching as om
 import pytest
 
 import chunkx
-from helpers import assert_tree_close, over, temp_bytes
+from helpers import assert_tree_close, fits, over, temp_bytes
 
 X, W = jax.jit(lambda: (jnp.linspace(-1.0, 1.0, 1000 * 16).reshape(1000, 16),
                         jnp.ones((16, 16)) / 16))()  # one compiled program, the same bits
@@ -29,6 +29,7 @@ def loss(w, x):
 
 
 def test_micro_vmap_memory_plan_is_what_it_runs():
+    fits(temp_bytes(chunkx.micro_vmap(per, (0, None), microbatch_size=1), X, W), BUDGET)
     auto = chunkx.micro_vmap(per, (0, None), microbatch_size="auto", memory_budget=BUDGET)
     plan = auto.memory_plan(jax.ShapeDtypeStruct(X.shape, X.dtype), W)
     assert plan.n == 1000 and 1 <= plan.chunk_size < 1000 and plan.budget_bytes == BUDGET
@@ -72,6 +73,7 @@ def test_microbatch_memory_plan_is_the_divisor_it_runs(budget):
     """The whole program is within the budget: the loop is planned in what the rows permuted
     into optax's microbatches (a copy of X, 64000 bytes) leave of it."""
     f = lambda x, w: jnp.sum(jax.vmap(per, (0, None))(x, w))  # noqa: E731
+    fits(temp_bytes(chunkx.microbatch(f, 0, 1), X, W), budget, "microbatches of one row")
     auto = chunkx.microbatch(f, 0, "auto", memory_budget=budget)
     plan = auto.memory_plan(X, W)
     assert 1000 % plan.chunk_size == 0 and plan.chunk_size < 1000

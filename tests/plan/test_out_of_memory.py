@@ -15,7 +15,7 @@ import pytest
 
 import chunkx
 from chunkx._plan import cache, measure
-from helpers import BackendCompiles
+from helpers import BackendCompiles, over
 
 f32 = jnp.float32
 
@@ -87,11 +87,14 @@ def test_probes_refused_at_compile_time_plan_below_the_refusal(fresh_cache, monk
     sum_ = reducer == "sum"
     kw = {"reducer": chunkx.Sum()} if sum_ else {}
     whole = temp(chunkx.batch_vmap(f, (0, None), batch_size=512, **kw), x, w)
+    over(whole, 0, "the whole batch")  # so that a device of a fifth of it refuses it
     device = Refuses(monkeypatch, whole // 5)  # the whole batch is refused; no budget given
     g = chunkx.batch_vmap(f, (0, None), batch_size="auto", **kw)
     plan = g.memory_plan(x, w)
     assert 512 in plan.refused and device.refused and plan.chunk_size < 512
-    assert plan.budget_source.startswith("host memory")  # the CPU's default budget
+    # the default budget: on the CPU, of the host's memory; on a device, of its free memory
+    default = "host memory" if jax.default_backend() == "cpu" else f"{jax.local_devices()[0]} free"
+    assert plan.budget_source.startswith(default)
     fixed = chunkx.batch_vmap(f, (0, None), batch_size=plan.chunk_size, **kw)
     assert temp(fixed, x, w) <= device.limit  # the chosen program is not refused
     close(jax.jit(g)(x, w), ref)  # compiled by jit (not refused here): runs at the plan
