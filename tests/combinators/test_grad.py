@@ -108,10 +108,17 @@ def test_value_and_grad_vjp_jvp_match_vmap(reducer, n, size, grad, grad_size):
     red, p, x = REDUCERS[reducer][0], params(), rows(n)
     g = pipe(red, size, grad, grad_size, f=REDUCERS[reducer][1])
     ref_vg, ref_vjp, ref_jvp, ct = vmap_derivatives(reducer, n)
-    close(jax.value_and_grad(lambda p, x: scalar(g(p, x)), (0, 1))(p, x), ref_vg)
-    out, pull = jax.vjp(g, p, x)
-    close((out, pull(ct)), ref_vjp)
-    close(jax.jvp(g, (p, x), (p, x)), ref_jvp)
+
+    @jax.jit  # one program (on a TPU, whose float64 is emulated, eager ops compile slowly)
+    def derivatives(p, x, ct):
+        out, pull = jax.vjp(g, p, x)
+        return (jax.value_and_grad(lambda p, x: scalar(g(p, x)), (0, 1))(p, x),
+                (out, pull(ct)), jax.jvp(g, (p, x), (p, x)))
+
+    vg, vjp, jvp = derivatives(p, x, ct)
+    close(vg, ref_vg)
+    close(vjp, ref_vjp)
+    close(jvp, ref_jvp)
 
 
 #: first and second derivatives over both arguments, in every order of forward and reverse mode
