@@ -186,7 +186,8 @@ def summarize(args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(required=True)
-    r = sub.add_parser("run", help="run tests in one pytest process (a new one after a crash), within --seconds")
+    r = sub.add_parser("run", help="run tests in one pytest process (a new one after a "
+                                   "crash), within --seconds")
     r.add_argument("paths", nargs="+")
     r.add_argument("--out", required=True, help="folder of the records (tpu_suite.jsonl)")
     r.add_argument("--seconds", type=float, default=540)
