@@ -171,7 +171,7 @@ def cheap(r):
 def section_sum(q, reps):
     y = jax.random.normal(jax.random.key(2), ((1 << 20) // q, 32))
     out = {}
-    for s in (256, 4096 // q, 65_536 // q):
+    for s in (256, 4096 // q, 16_384 // q, 65_536 // q):  # 16,384: where unroll stops paying?
 
         def fori(y, s=s):
             def body(i, c):
