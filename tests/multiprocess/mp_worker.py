@@ -7,6 +7,7 @@ import pathlib
 import sys
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["JAX_PLATFORMS"] = "cpu"  # fake CPU devices, on any host (a chip stays free)
 import jax  # noqa: E402
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
