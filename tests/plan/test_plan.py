@@ -99,6 +99,20 @@ def test_budget_smaller_than_one_row():
         plan_chunk_size(mlp, *args, in_axes=in_axes, budget_bytes=100)
 
 
+def test_budget_smaller_than_any_size_where_memory_falls_with_the_size():
+    """Where memory does not fall with the chunk size (on a TPU small arrays pad to its tiles),
+    the message says what one row needs and the least of the sizes measured; here the whole
+    batch, the least of every size (brute force)."""
+    measure = lambda size: 10_000 - 10 * size  # noqa: E731
+    least = min(range(1, 101), key=measure)
+    with pytest.raises(ValueError, match=(
+        rf"`fit_memory\(budget_bytes=5000\)`: the budget is smaller than any chunk size of the "
+        rf"pipeline needs: one row needs {measure(1)} bytes of XLA temp memory, and chunk size "
+        rf"{least} needs {measure(least)}, the least of the sizes measured \(100, [\d, ]*1\)\. "
+        rf"Raise budget_bytes to at least {measure(least)}\.$")):
+        chunkx.fit_memory(measure, n=100, budget_bytes=5_000)
+
+
 def test_bad_budget_and_axes():
     args = (S((8, 3), f32),)
     with pytest.raises(ValueError, match=r"`plan_chunk_size\(budget_bytes=0\)`: budget_bytes"):

@@ -363,10 +363,19 @@ def _none_fits(seen, refused, budget, who, what, name) -> None:
             + "). One row does not fit in this device's memory."
         )
     least = min(seen, key=lambda size: (seen[size], size))
+    if least == 1 or 1 not in seen:
+        raise ValueError(
+            f"`{who}({name}={budget})`: the budget is smaller than one row of {what}: "
+            f"chunk size {least} needs {seen[least]} bytes of XLA temp memory, the least of "
+            f"any size. Raise {name} to at least {seen[least]}."
+        )
+    # memory that does not fall with the size (a TPU pads small arrays to its tiles)
+    sizes = ", ".join(map(str, sorted(seen, reverse=True)))
     raise ValueError(
-        f"`{who}({name}={budget})`: the budget is smaller than one row of {what}: "
-        f"chunk size {least} needs {seen[least]} bytes of XLA temp memory, the least of "
-        f"any size. Raise {name} to at least {seen[least]}."
+        f"`{who}({name}={budget})`: the budget is smaller than any chunk size of {what} "
+        f"needs: one row needs {seen[1]} bytes of XLA temp memory, and chunk size {least} "
+        f"needs {seen[least]}, the least of the sizes measured ({sizes}). Raise {name} to at "
+        f"least {seen[least]}."
     )
 
 
