@@ -99,8 +99,8 @@ def test_budget_smaller_than_one_row():
         plan_chunk_size(mlp, *args, in_axes=in_axes, budget_bytes=100)
 
 
-def test_budget_smaller_than_any_size_where_memory_falls_with_the_size():
-    """Where memory does not fall with the chunk size (on a TPU small arrays pad to its tiles),
+def test_budget_smaller_than_any_size_where_smaller_chunks_need_more():
+    """Where a smaller chunk needs no less memory (on a TPU small arrays pad to its tiles),
     the message says what one row needs and the least of the sizes measured; here the whole
     batch, the least of every size (brute force)."""
     measure = lambda size: 10_000 - 10 * size  # noqa: E731

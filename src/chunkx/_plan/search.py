@@ -369,7 +369,7 @@ def _none_fits(seen, refused, budget, who, what, name) -> None:
             f"chunk size {least} needs {seen[least]} bytes of XLA temp memory, the least of "
             f"any size. Raise {name} to at least {seen[least]}."
         )
-    # memory that does not fall with the size (a TPU pads small arrays to its tiles)
+    # a smaller chunk needs no less memory (a TPU pads small arrays to its tiles)
     sizes = ", ".join(map(str, sorted(seen, reverse=True)))
     raise ValueError(
         f"`{who}({name}={budget})`: the budget is smaller than any chunk size of {what} "
