@@ -151,7 +151,8 @@ def summarize(args) -> None:
         cwd=ROOT, capture_output=True, text=True).stdout.splitlines()
     collected = [t for t in collected if "::" in t]
     # the latest outcome of each test collected today (a test renamed or removed since drops out)
-    latest = {tid: r for tid, r in _latest(args.records).items() if tid in set(collected)}
+    today = set(collected)
+    latest = {tid: r for tid, r in _latest(args.records).items() if tid in today}
     skips, failures = {}, []
     for tid, r in sorted(latest.items()):
         if r["outcome"] == "skipped":
