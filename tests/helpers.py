@@ -229,3 +229,16 @@ def reader_env(text: str = "") -> dict[str, str]:
     if (m := _READER_DEVICES.search(text)) is not None:
         env["XLA_FLAGS"] = m[1]
     return env
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1, for the coordinator of a run of several processes. Skips
+    the test on a machine without sockets (a TPU's sandboxed host has none)."""
+    import socket
+
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    except OSError as err:
+        pytest.skip(f"the processes talk over 127.0.0.1; this machine has no sockets: {err}")

@@ -60,3 +60,45 @@ def test_run_and_summarize(tmp_path):
                                  "not run": 0}
     assert summary["skips"] == [{"reason": "a reason", "tests": 1}]
     assert sorted(f["outcome"] for f in summary["failures"]) == ["crashed", "crashed", "failed"]
+
+
+def test_summary_takes_the_newest_commits_outcome_and_marks_changed_tests(tmp_path):
+    """Of two records of a test, the one made at the newer commit counts, whatever the files'
+    order; a failure whose test function changed since its commit is marked `changed`
+    (reference: the records and the repository's history, written here)."""
+    def git(*args, date="2026-01-01T00:00:00"):
+        env = {"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date, "HOME": str(tmp_path),
+               "PATH": __import__("os").environ["PATH"]}
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              cwd=tmp_path, env=env, check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    area = tmp_path / "area"
+    area.mkdir()
+    source = "def test_a(): assert 0\n\n\ndef test_b(): assert 0\n"
+    (area / "test_x.py").write_text(source)
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "old")
+    old = git("rev-parse", "HEAD")
+    (area / "test_x.py").write_text(source + "\n")  # the file changes, not its functions
+    git("commit", "-qam", "new", date="2026-02-01T00:00:00")
+    new = git("rev-parse", "HEAD")
+    (area / "test_x.py").write_text(source.replace("def test_b(): assert 0", "def test_b(): pass"))
+
+    def record(test, outcome, commit):
+        return json.dumps({"id": f"area/test_x.py::{test}", "outcome": outcome,
+                           "reason": outcome, "commit": commit})
+
+    first, second = tmp_path / "1.jsonl", tmp_path / "2.jsonl"  # the newer commit's first
+    first.write_text("\n".join([record("test_a", "failed", new), record("test_b", "failed", new)]))
+    second.write_text("\n".join([record("test_a", "passed", old), record("test_b", "passed", old)]))
+    into = tmp_path / "summary.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tpu_suite.py"), "summarize",
+                    str(first), str(second), "--into", str(into), "--tests", str(area),
+                    "--root", str(tmp_path)], cwd=ROOT, check=True, capture_output=True)
+    summary = json.loads(into.read_text())
+    assert summary["totals"]["failed"] == 2 and summary["totals"]["passed"] == 0
+    changed = {f["id"].split("::")[1]: f["changed"] for f in summary["failures"]}
+    assert changed == {"test_a": False, "test_b": True} and summary["failures_changed"] == 1

@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -11,13 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import free_port
+
 pytestmark = pytest.mark.x64  # float64 tolerances and references
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def per_row(x, w):
@@ -33,7 +28,7 @@ def references(x, w):
 
 def _run(tmp_path, caches):
     worker = os.path.join(os.path.dirname(__file__), "mp_worker.py")
-    port, out = str(_free_port()), str(tmp_path / "mp.npz")
+    port, out = str(free_port()), str(tmp_path / "mp.npz")
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     procs = [
         subprocess.Popen([sys.executable, worker, port, str(i), out, str(caches[i])], env=env,

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 import chunkx
-from helpers import temp_bytes
+from helpers import fits, over, temp_bytes
 
 X, W = jnp.linspace(-1.0, 1.0, 16000).reshape(1000, 16), jnp.ones((16, 16)) / 16
 BUDGET = 2**16
@@ -29,6 +29,9 @@ BUILD = {
 @pytest.mark.parametrize("name", sorted(BUILD))
 @pytest.mark.parametrize("reducer", [None, chunkx.Sum()], ids=["concat", "sum"])
 def test_memory_plan_is_the_plan_the_map_runs(name, reducer):
+    whole, one = (BUILD[name](batch_size=size, reducer=reducer) for size in (1000, 1))
+    over(temp_bytes(whole, X, W), BUDGET, "the whole batch")
+    fits(temp_bytes(one, X, W), BUDGET, "one row")
     auto = BUILD[name](batch_size="auto", memory_budget=BUDGET, reducer=reducer)
     structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (X, W)]
     plan = auto.memory_plan(*structs)
@@ -43,12 +46,14 @@ def test_memory_plan_is_the_plan_the_map_runs(name, reducer):
 
 
 def test_grad_memory_plan_is_the_reverse_pass_the_gradient_runs():
+    grad = lambda m: jax.grad(lambda w: m(X, w))  # noqa: E731
+    one = chunkx.vmap(per, (0, None), batch_size=1000, grad_batch_size=1, reducer=chunkx.Sum())
+    fits(temp_bytes(grad(one), W), BUDGET, "the gradient a row at a time")
     auto = chunkx.vmap(per, (0, None), batch_size="auto", memory_budget=BUDGET,
                        reducer=chunkx.Sum())
     g = auto.grad_memory_plan(X, W).chunk_size
     f = auto.memory_plan(X, W).chunk_size
     fixed = chunkx.vmap(per, (0, None), batch_size=f, grad_batch_size=g, reducer=chunkx.Sum())
-    grad = lambda m: jax.grad(lambda w: m(X, w))  # noqa: E731
     assert temp_bytes(grad(auto), W) == temp_bytes(grad(fixed), W) <= BUDGET  # XLA's analysis
     want = jax.grad(lambda w: jnp.sum(jax.vmap(per, (0, None))(X, w)))(W)
     assert jnp.allclose(grad(auto)(W), want, rtol=1e-6)
