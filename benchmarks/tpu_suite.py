@@ -134,15 +134,47 @@ def run(args) -> None:
 
 # -- the summary -------------------------------------------------------------------------------
 
-def _latest(records: list[str]) -> dict[str, dict]:
-    """Each test's latest outcome in the records (files of JSON lines, in order)."""
-    latest = {}
+def _latest(records: list[str], root: Path = ROOT) -> dict[str, dict]:
+    """Each test's latest outcome in the records (files of JSON lines): of the commits they
+    were made at, the newest one's; at one commit, the last in the order given."""
+    found, when = [], {}
     for path in records:
         for line in Path(path).read_text().splitlines():
             r = json.loads(line)
             if r["outcome"] != "started":
-                latest[r["id"]] = r
+                found.append(r)
+    for commit in {r.get("commit", "") for r in found}:
+        shown = subprocess.run(["git", "show", "-s", "--format=%ct", commit], cwd=root,
+                               capture_output=True, text=True)
+        when[commit] = int(shown.stdout.split()[0]) if commit and not shown.returncode else 0
+    latest = {}
+    for r in sorted(found, key=lambda r: when[r.get("commit", "")]):  # stable: file order
+        latest[r["id"]] = r
     return latest
+
+
+def _changed(tid: str, record: dict, root: Path = ROOT) -> bool:
+    """Whether the test's function differs, in this tree, from its source at the commit the
+    record was made at (a failure since addressed, not yet run again on the chip)."""
+    commit, (path, name) = record.get("commit", ""), tid.split("[")[0].split("::")[:2]
+    old = subprocess.run(["git", "show", f"{commit}:./{path}"], cwd=root, capture_output=True,
+                         text=True)
+    if not commit or old.returncode:
+        return False
+    new = (root / path).read_text() if (root / path).exists() else ""
+    return _source(old.stdout, name) != _source(new, name)
+
+
+def _source(text: str, name: str) -> str | None:
+    """The source of the top-level function `name` in the module `text` (with its decorators)."""
+    import ast
+
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            lines = text.splitlines()[node.decorator_list[0].lineno - 1 if node.decorator_list
+                                      else node.lineno - 1:node.end_lineno]
+            return "\n".join(lines)
+    return None
 
 
 def summarize(args) -> None:
@@ -152,14 +184,15 @@ def summarize(args) -> None:
     collected = [t for t in collected if "::" in t]
     # the latest outcome of each test collected today (a test renamed or removed since drops out)
     today = set(collected)
-    latest = {tid: r for tid, r in _latest(args.records).items() if tid in today}
+    root = Path(args.root)
+    latest = {tid: r for tid, r in _latest(args.records, root).items() if tid in today}
     skips, failures = {}, []
     for tid, r in sorted(latest.items()):
         if r["outcome"] == "skipped":
             skips[r["reason"]] = skips.get(r["reason"], 0) + 1
         elif r["outcome"] in ("failed", "crashed"):
             failures.append({"id": tid, "outcome": r["outcome"], "reason": r["reason"],
-                             "commit": r.get("commit", "")})
+                             "commit": r.get("commit", ""), "changed": _changed(tid, r, root)})
     areas = {}  # the counts: of the tests collected today, each by its latest outcome
     for tid in collected:
         name = str(Path(tid.split("::")[0]).parent)
@@ -176,6 +209,7 @@ def summarize(args) -> None:
         "skips": [{"reason": k, "tests": v}
                   for k, v in sorted(skips.items(), key=lambda kv: -kv[1])],
         "failures": failures,
+        "failures_changed": sum(f["changed"] for f in failures),
         "slowest": [{"id": i, "seconds": r["seconds"]} for i, r in sorted(
             latest.items(), key=lambda kv: -kv[1].get("seconds", 0.0))[:10]
             if r.get("seconds")],
@@ -202,6 +236,8 @@ def main() -> None:
     s.add_argument("records", nargs="+")
     s.add_argument("--into", default=str(HERE / "results" / "tpu_suite.json"))
     s.add_argument("--tests", default="tests", help="the tests whose ids count")
+    s.add_argument("--root", default=str(ROOT), help="the folder the test ids are relative to, "
+                   "in the git repository whose commits the records name")
     s.add_argument("--device", default="TPU v5e (one chip)")
     s.add_argument("--jax", default="")
     s.set_defaults(go=summarize)
