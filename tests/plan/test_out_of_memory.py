@@ -155,6 +155,38 @@ def test_search_through_refusals_above_the_budget_compiles_few(says, shift, curv
         assert len(asked) <= (4 if says else 6) and plan.chunk_size == best, (asked, plan, best)
 
 
+@pytest.mark.parametrize("shift", [True, False], ids=["shift", "divisors"])
+def test_refusals_within_the_budget_plan_a_margin_below_them(shift):
+    """A device with less memory than the budget says (it refuses sizes whose need, as XLA
+    reports it, is within the budget): the answer keeps 10% below the least need refused, as
+    the default budget keeps 10% below the device's free memory, so that the program the
+    caller compiles, which differs a little from the probe, fits too (on a TPU it needed 0.5%
+    more than the probe). Where even one row needs more than that margin allows, the largest
+    size the device took is the answer. References: brute force over every size."""
+    from chunkx._plan.recover import refused_value
+    from chunkx._plan.search import search_sizes
+
+    n, budget, device = 2048, 20 * 2**30, 16 * 2**30
+    for need, margin in ((lambda g: 2 * 10**8 + 2 * 10**7 * g, True),  # 849 rows fit the device
+                         # one row needs 95% of the device, the whole batch 102%
+                         (lambda g: int(0.95 * device) + int(0.07 * device) // n * g, False)):
+        def measure(g):
+            v = int(need(g))
+            return refused_value(v) if v > device else v
+
+        plan = search_sizes(measure, n, budget, n, (n, n // 8), quick=True, shift=shift,
+                            who="w", what="x", name="budget")
+        least = min(need(g) for g in plan.refused)
+        within = [g for g in range(1, n + 1) if need(g) <= 0.9 * least]
+        assert bool(within) == margin
+        if within:  # the margin below the least refusal
+            assert plan.budget_bytes == int(0.9 * least)
+            assert plan.chunk_size == max(within), (plan, max(within))
+        else:  # none within the margin: the largest size measured that the device took
+            taken = [g for g, v in plan.points if v <= device]
+            assert plan.chunk_size == max(taken) and need(plan.chunk_size) <= device
+
+
 def test_every_size_refused_down_to_one_row(fresh_cache, monkeypatch):
     x, w = data(n=64)
     Refuses(monkeypatch, -1)  # every program

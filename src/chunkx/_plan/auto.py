@@ -41,7 +41,14 @@ from .measure import (
 )
 from .recover import is_oom, refused_value, reported_bytes
 from .reverse import ClosedOver, VjpProgram, planned_on_differentiation
-from .search import MemoryPlan, aligned, below_refused, proportional_size, search_sizes
+from .search import (
+    REFUSED_MARGIN,
+    MemoryPlan,
+    aligned,
+    below_refused,
+    proportional_size,
+    search_sizes,
+)
 
 
 class Owner(eqx.Module):
@@ -218,11 +225,14 @@ def _search(
     plan = search_sizes(m, *_limits(m, entry(key).cap, size, n, budget, req.shift),
                         quick=True, shift=req.shift, who=who.who, what=who.what, name=who.name)
     tiled = aligned(plan.chunk_size, plan.rows or n, req.shift, row_tile())
+    if plan.budget_bytes < budget:  # the device refused a size within the budget
+        source += (f"; less: {REFUSED_MARGIN:.0%} of the least the device refused as out of "
+                   "memory")
     plan = dataclasses.replace(plan, chunk_size=tiled, budget_source=source, fingerprint=key)
-    if first_time((key, budget, plan.chunk_size)):
+    if first_time((key, plan.budget_bytes, plan.chunk_size)):
         rows = f"(forward {size} of {n} rows)" if backward else f"of {n} rows"
         logger.info("%s(%s='auto'): %schunk size %d %s for %s (budget %d bytes)", who.who,
-                    who.arg, kind, plan.chunk_size, rows, who.what, budget)
+                    who.arg, kind, plan.chunk_size, rows, who.what, plan.budget_bytes)
     return plan, key
 
 

@@ -26,7 +26,8 @@ class MemoryPlan(eqx.Module):
     **Fields:**
 
     - `n`: the largest useful chunk size (rows per device).
-    - `budget_bytes`: the temp-memory budget.
+    - `budget_bytes`: the temp-memory budget: the one given, or less where the device refused
+      a size whose need XLA reported within it (see `budget_source`).
     - `points`: `(chunk size, temp bytes)` pairs that were compiled, in order of measurement.
     - `a`, `b`: the model's line `bytes ≈ a + b·B` for sizes that divide the rows (see
       [`chunkx.fit_memory`][]); `b = 0` when no line was needed.
@@ -250,13 +251,21 @@ def search_sizes(
     there (see `_trusted`: sizes leaving rows over cost more than the line through divisors
     says). Otherwise (without `quick`, or the line is flat, or every measured size is over the
     budget) the search measures until its answer is a measured size (see `fit_memory`).
+
+    Where the device refused a size whose need XLA reported within the budget, the device has
+    less than the budget says: from then on the search plans within `REFUSED_MARGIN` of the
+    least need refused (`budget_bytes` of the plan), so that the program the caller compiles,
+    which differs a little from the probe, fits as well. Where no size measured fits that, the
+    largest one the device took within the budget given is the answer.
     """
     run = _Measured(measure, n, rows)
     m = run.m
     for size in first:
         if m(size) <= budget and size == n:  # the whole batch fits: no chunking
             return run.plan(budget, float(m(n)), 0.0, n, n)
+    given = budget
     run.descend(budget, shift)
+    budget = run.capped(budget)
     if quick and run.seen:
         a, b = fit_line(run.seen.items())
         over = {**run.seen, **dict.fromkeys(run.refused, np.inf)}
@@ -268,6 +277,8 @@ def search_sizes(
             # near n / 8, or below the smallest size measured
             guess = divisor_below(rows, max(1, n // 8))
             m(guess if guess < min(over) else divisor_below(rows, min(over) - 1))
+            budget = run.capped(budget)
+
     def proposal() -> int | None:
         points = run.points(budget)
         size = _next_size(points, run.bound(budget), rows, budget)
@@ -280,9 +291,11 @@ def search_sizes(
         size := proposal()
     ) and not run.measured(size):
         m(size)
+        budget = run.capped(budget)
     if not any(v <= budget for v in run.seen.values()):
         m(1)  # memory does not fall as the size grows: one row is the least any size needs
-    fits = [s for s, v in run.seen.items() if v <= budget]
+        budget = run.capped(budget)
+    budget, fits = run.fitting(budget, given)
     if not fits:
         _none_fits(run.seen, run.refused, budget, who, what, name)
     models, learnt = _models(run.seen, rows)
@@ -317,6 +330,20 @@ class _Measured:
 
     def count(self) -> int:
         return len(self.seen) + len(self.refused)
+
+    def capped(self, budget: int) -> int:
+        """The budget, or `REFUSED_MARGIN` of the least need XLA reported for a size the device
+        refused where that is within the budget (the device has less than the budget says)."""
+        within = [r for r in self.refused.values() if 0 < r <= budget]
+        return min(budget, int(REFUSED_MARGIN * min(within))) if within else budget
+
+    def fitting(self, budget: int, given: int) -> tuple[int, list[int]]:
+        """`(budget, sizes measured within it)`; where none is within a budget `capped` below
+        the one `given`, the budget given and the sizes the device took within it."""
+        fits = [s for s, v in self.seen.items() if v <= budget]
+        if fits or budget >= given:
+            return budget, fits
+        return given, [s for s, v in self.seen.items() if v <= given]
 
     def top(self) -> int:
         """The largest size below every refused one (no answer at or above those)."""
@@ -355,11 +382,11 @@ def _none_fits(seen, refused, budget, who, what, name) -> None:
     """Raise the error of a search where no size fits, one row included."""
     if not seen:  # every size the device was asked for, down to one row, was refused
         sizes = ", ".join(map(str, sorted(refused, reverse=True)))
-        said = max(refused.values())
+        most = max(refused.values())
         raise ValueError(
             f"`{who}({name}={budget})`: the device refused {what} as out of memory at every "
             f"chunk size tried, down to one row ({sizes}; RESOURCE_EXHAUSTED when compiled"
-            + (f", XLA reported up to {said} bytes" if said else "")
+            + (f", XLA reported up to {most} bytes" if most else "")
             + "). One row does not fit in this device's memory."
         )
     least = min(seen, key=lambda size: (seen[size], size))
@@ -401,6 +428,11 @@ def aligned(size: int, rows: int, shift: bool, tile: int) -> int:
     rounded = size - size % tile
     return rounded if shift or rows % rounded == 0 or rows % size else size
 
+
+#: The share of the least need the device refused (XLA's report, where it is within the budget)
+#: that the search plans for: room for the difference between a probe and the program the
+#: caller compiles, as `DEVICE_MARGIN` leaves room below the device's free memory.
+REFUSED_MARGIN = 0.9
 
 #: The share of the budget above the line's fixed cost that a size predicted (not measured) by
 #: the quick search may use: room for a few percent of curvature between the measured points.
