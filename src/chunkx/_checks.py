@@ -59,9 +59,11 @@ def check_positive(
 
 
 def check_argnums(
-    who: str, name: str, value: Any, nargs: int | None = None, *, negative: bool = True
+    who: str, name: str, value: Any, nargs: int | None = None, *, negative: bool = True,
+    as_tuple: bool = False,
 ) -> int | tuple[int, ...]:
-    """`argnums` as JAX takes it: an int (returned as an int) or a sequence of ints (a tuple).
+    """`argnums` as JAX takes it: an int (returned as an int, or with `as_tuple` as a tuple of
+    one) or a sequence of ints (a tuple).
 
     Entries are integers of any integer type (`operator.index`), not bools. Without a range
     (`nargs=None` and `negative=True`) anything else is a `TypeError`. With `nargs`, every
@@ -91,12 +93,7 @@ def check_argnums(
         else:
             expected = f"index the {nargs} primals (0 <= i < {nargs})"
         raise ValueError(f"`{who}({name}={value!r})`: {name} must {expected}, got {i!r}.")
-    return nums if many else nums[0]
-
-
-def argnums_tuple(argnums: int | tuple[int, ...]) -> tuple[int, ...]:
-    """A checked `argnums` (`check_argnums`) as a tuple."""
-    return (argnums,) if isinstance(argnums, int) else argnums
+    return nums if many or as_tuple else nums[0]
 
 
 def is_index(x: Any) -> bool:
@@ -276,7 +273,8 @@ def resolve_batch_size(
 
     adv-jax-math's `**kwargs` rule: only `chunk_size` is accepted, and it applies only when
     `batch_size` is `None` (an explicit `batch_size` wins). `"auto"` is planned at trace time
-    within `memory_budget`, which is an error with any other size.
+    within `memory_budget` (already checked: `check_budget`), which is an error with any other
+    size.
     """
     bad = sorted(set(kwargs) - {"chunk_size"})
     if bad:
@@ -291,13 +289,11 @@ def resolve_batch_size(
         )
     if batch_size != "auto":
         batch_size = check_positive(who, name, batch_size, auto=auto)
-    if memory_budget is not None:
-        check_budget(who, "memory_budget", memory_budget)
-        if batch_size != "auto":
-            won = ("" if alias is None or name == "chunk_size"
-                   else f" ({name} wins over its alias chunk_size={alias!r})")
-            raise ValueError(
-                f"`{who}(memory_budget={memory_budget!r})`: memory_budget is only used with "
-                f"{name}='auto', got {name}={batch_size!r}{won}."
-            )
+    if memory_budget is not None and batch_size != "auto":
+        won = ("" if alias is None or name == "chunk_size"
+               else f" ({name} wins over its alias chunk_size={alias!r})")
+        raise ValueError(
+            f"`{who}(memory_budget={memory_budget!r})`: memory_budget is only used with "
+            f"{name}='auto', got {name}={batch_size!r}{won}."
+        )
     return batch_size

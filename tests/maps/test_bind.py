@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from chunkx._checks import argnums_tuple, check_argnums
+from chunkx._checks import check_argnums
 from chunkx._maps._bind import Bound
 
 
@@ -35,7 +35,7 @@ def test_check_argnums_keeps_jax_forms():
     assert check_argnums("g", "argnums", 1) == 1
     assert check_argnums("g", "argnums", np.int32(2)) == 2
     assert check_argnums("g", "argnums", [0, -1]) == (0, -1)
-    assert argnums_tuple(check_argnums("g", "argnums", 1)) == (1,)
+    assert check_argnums("g", "argnums", 1, as_tuple=True) == (1,)
     assert check_argnums("g", "argnums", (1, 0), 2, negative=False) == (1, 0)
 
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from .._checks import argnums_tuple, as_size, check_argnums, resolve_batch_size
+from .._checks import as_size, check_argnums, resolve_batch_size
 from .._combinators._rows import weakly_typed
 from .._public import public
 from .._types import Size
@@ -29,7 +29,7 @@ def _partial(who, fun, argnums, args, kwargs):
         jax.eval_shape(jax.jacfwd(lambda *_: 0.0, argnums), *[0.0] * n)
     except ValueError as e:
         raise ValueError(f"`{who}(argnums={argnums!r})`: {e}") from None
-    nums = tuple(i % n for i in argnums_tuple(argnums))
+    nums = tuple(i % n for i in ((argnums,) if isinstance(argnums, int) else argnums))
     rest = tuple(i for i in range(len(args)) if i not in nums)
     f = Bound(fun, tuple(args[i] for i in rest), rest, kwargs, free_at=nums)
     dyn_nums = 0 if isinstance(argnums, int) else tuple(range(len(nums)))

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PyTree
 
-from .._checks import argnums_tuple, as_in_axes, check_argnums, check_positive
+from .._checks import as_in_axes, check_argnums, check_positive
 from .._combinators._rows import mapped_length
 from .._combinators.reduce import Concat, Sum, zero_masked
 from .._combinators.vmap import Vmap
@@ -31,7 +31,7 @@ _NAMES = ("chunk_size", "chunk_size_bwd")  # netket's forward and backward sizes
 
 
 def _argnums(who: str, name: str, value: Argnums, nargs: int | None) -> tuple[int, ...]:
-    return argnums_tuple(check_argnums(who, name, value, nargs, negative=False))
+    return check_argnums(who, name, value, nargs, negative=False, as_tuple=True)
 
 
 def _sharded(axis_0_is_sharded: bool | None) -> bool:

@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import Mesh
 from jaxtyping import Int
 
-from .._checks import argnums_tuple, as_in_axes, check_argnums, check_positive
+from .._checks import as_in_axes, check_argnums, check_positive
 from .._combinators.reduce import identity
 from .._public import public
 from .._types import Budget
@@ -102,7 +102,7 @@ def microbatch(
     """
     if microbatch_size is None:
         return fun
-    argnums = argnums_tuple(check_argnums("microbatch", "argnums", argnums))
+    argnums = check_argnums("microbatch", "argnums", argnums, as_tuple=True)
     names = (argnames,) if isinstance(argnames, str) else tuple(argnames)
     axes = check_argnums("microbatch", "in_axes", in_axes)
     if not isinstance(axes, int) and len(axes) != len(argnums) + len(names):
@@ -289,7 +289,7 @@ def micro_grad(
         ```
     """
     who = "micro_grad"
-    batch = argnums_tuple(check_argnums(who, "batch_argnums", batch_argnums, negative=False))
+    batch = check_argnums(who, "batch_argnums", batch_argnums, negative=False, as_tuple=True)
     argnums = check_argnums(who, "argnums", argnums)
     expand = batch if keep_batch_dim else ()  # the examples keep a batch axis of length 1
     grad_fn = _GradFn(fun, has_aux, argnums, transform_fn, metrics_fn, expand)
