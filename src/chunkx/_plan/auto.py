@@ -222,8 +222,7 @@ def _search(
     kind = "backward " if backward else ""
     notice = f"chunkx: planning the {kind or 'forward '}chunk size (compiling)..."
     m = measured(key, measure, label, notice if req.progress else None)
-    plan = search_sizes(m, *_limits(m, entry(key).cap, size, n, budget, req.shift),
-                        quick=True, shift=req.shift, who=who.who, what=who.what, name=who.name)
+    plan = _quick(m, entry(key).cap, size, n, budget, req.shift, who)
     tiled = aligned(plan.chunk_size, plan.rows or n, req.shift, row_tile())
     if plan.budget_bytes < budget:  # the device refused a size within the budget
         source += (f"; less: {REFUSED_MARGIN:.0%} of the least the device refused as out of "
@@ -234,6 +233,30 @@ def _search(
         logger.info("%s(%s='auto'): %schunk size %d %s for %s (budget %d bytes)", who.who,
                     who.arg, kind, plan.chunk_size, rows, who.what, plan.budget_bytes)
     return plan, key
+
+
+def _quick(m, cap: int | None, size: int, n: int, budget: int, shift: bool, who) -> MemoryPlan:
+    """`search_sizes(quick=True)` over sizes up to `size` (or `cap`) of `n` rows.
+
+    On a TPU (`row_tile() > 1`), where the rows are a multiple of its tile and two tiles or
+    more are allowed, the search runs over whole tiles: sizes `k · tile`, whose chunks start on
+    the chip's tiles (see `aligned`). Its temp memory steps from tile to tile there, which a
+    search over rows would chase one size at a time; over tiles it takes a few compilations.
+    Where fewer than two tiles fit, the search runs over rows."""
+    kw = dict(quick=True, shift=shift, who=who.who, what=who.what, name=who.name)
+    tile, top = row_tile(), size if cap is None else min(size, cap)
+    if tile > 1 and n % tile == 0 and top >= 2 * tile:
+        def tiles(k: int) -> int:
+            return m(k * tile)
+
+        try:
+            plan = search_sizes(tiles, *_limits(tiles, None if cap is None else cap // tile,
+                                                size // tile, n // tile, budget, shift), **kw)
+        except ValueError:  # not even one tile fits: the search over rows says so
+            plan = None
+        if plan is not None and plan.chunk_size >= 2:
+            return plan.in_rows_of(tile)
+    return search_sizes(m, *_limits(m, cap, size, n, budget, shift), **kw)
 
 
 def _limits(m, cap: int | None, size: int, n: int, budget: int, shift: bool) -> tuple:

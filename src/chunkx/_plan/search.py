@@ -36,8 +36,9 @@ class MemoryPlan(eqx.Module):
       measured within the budget (the model, refitted on every measurement, predicts no
       larger size fits). From an `"auto"` size and [`chunkx.plan_chunk_size`][]: the size the
       line through two measurements gives within a margin of the budget, compiled only where
-      the measurements do not bracket it (see `points`); on a TPU, rounded down to a multiple
-      of 128 rows where the rows are one (chunks that start on the chip's tiles).
+      the measurements do not bracket it (see `points`); on a TPU, where the rows are a
+      multiple of 128, a multiple of 128 rows (chunks that start on the chip's tiles: the
+      search runs over whole tiles where two or more fit).
     - `remainder`: `(c0, c)`, the model's extra cost of a size that leaves `r > 0` rows over:
       `c0 + c·r` bytes (a remainder chunk is compiled and run on its own).
     - `rows`: the number of rows the remainder is taken from (usually `n`).
@@ -77,6 +78,15 @@ class MemoryPlan(eqx.Module):
     def bytes_at(self, size: int) -> int | None:
         """The measured temp bytes at `size`, or `None` if that size was not compiled."""
         return dict(self.points).get(size)
+
+    def in_rows_of(self, tile: int) -> "MemoryPlan":
+        """This plan, searched over whole tiles of `tile` rows, in rows."""
+        return MemoryPlan(
+            self.n * tile, self.budget_bytes, tuple((s * tile, v) for s, v in self.points),
+            self.a, self.b / tile, self.predicted * tile, self.chunk_size * tile,
+            (self.remainder[0], self.remainder[1] / tile),
+            None if self.rows is None else self.rows * tile,
+            tuple(s * tile for s in self.refused), self.budget_source, self.fingerprint)
 
     def predict(self, size: int) -> float:
         """The model's temp bytes at chunk size `size` (measured or not)."""
