@@ -255,8 +255,18 @@ def _quick(m, cap: int | None, size: int, n: int, budget: int, shift: bool, who)
         except ValueError:  # not even one tile fits: the search over rows says so
             plan = None
         if plan is not None and plan.chunk_size >= 2:
-            return plan.in_rows_of(tile)
+            return _in_rows(plan, tile)
     return search_sizes(m, *_limits(m, cap, size, n, budget, shift), **kw)
+
+
+def _in_rows(plan: MemoryPlan, tile: int) -> MemoryPlan:
+    """`plan`, searched over whole tiles of `tile` rows, in rows."""
+    c0, c = plan.remainder
+    return dataclasses.replace(
+        plan, n=plan.n * tile, points=tuple((s * tile, v) for s, v in plan.points),
+        b=plan.b / tile, predicted=plan.predicted * tile, chunk_size=plan.chunk_size * tile,
+        remainder=(c0, c / tile), rows=None if plan.rows is None else plan.rows * tile,
+        refused=tuple(s * tile for s in plan.refused))
 
 
 def _limits(m, cap: int | None, size: int, n: int, budget: int, shift: bool) -> tuple:

@@ -79,15 +79,6 @@ class MemoryPlan(eqx.Module):
         """The measured temp bytes at `size`, or `None` if that size was not compiled."""
         return dict(self.points).get(size)
 
-    def in_rows_of(self, tile: int) -> "MemoryPlan":
-        """This plan, searched over whole tiles of `tile` rows, in rows."""
-        return MemoryPlan(
-            self.n * tile, self.budget_bytes, tuple((s * tile, v) for s, v in self.points),
-            self.a, self.b / tile, self.predicted * tile, self.chunk_size * tile,
-            (self.remainder[0], self.remainder[1] / tile),
-            None if self.rows is None else self.rows * tile,
-            tuple(s * tile for s in self.refused), self.budget_source, self.fingerprint)
-
     def predict(self, size: int) -> float:
         """The model's temp bytes at chunk size `size` (measured or not)."""
         model = _Model(self.a, self.b, *self.remainder)
@@ -392,11 +383,11 @@ def _none_fits(seen, refused, budget, who, what, name) -> None:
     """Raise the error of a search where no size fits, one row included."""
     if not seen:  # every size the device was asked for, down to one row, was refused
         sizes = ", ".join(map(str, sorted(refused, reverse=True)))
-        most = max(refused.values())
+        said = max(refused.values())
         raise ValueError(
             f"`{who}({name}={budget})`: the device refused {what} as out of memory at every "
             f"chunk size tried, down to one row ({sizes}; RESOURCE_EXHAUSTED when compiled"
-            + (f", XLA reported up to {most} bytes" if most else "")
+            + (f", XLA reported up to {said} bytes" if said else "")
             + "). One row does not fit in this device's memory."
         )
     least = min(seen, key=lambda size: (seen[size], size))
