@@ -259,44 +259,39 @@ def search_sizes(
     which differs a little from the probe, fits as well. Where no size measured fits that, the
     largest one the device took within the budget given is the answer.
     """
-    run = _Measured(measure, n, rows)
+    run = _Measured(measure, n, rows, budget)
     m = run.m
     for size in first:
         if m(size) <= budget and size == n:  # the whole batch fits: no chunking
             return run.plan(budget, float(m(n)), 0.0, n, n)
-    given = budget
-    run.descend(budget, shift)
-    budget = run.capped(budget)
+    run.descend(shift)
     if quick and run.seen:
         a, b = fit_line(run.seen.items())
         over = {**run.seen, **dict.fromkeys(run.refused, np.inf)}
-        size = _trusted(m, over, _Model(a, b), run.top(), rows, budget, shift)
+        size = _trusted(m, over, _Model(a, b), run.top(), rows, run.budget, shift)
         if size is not None:
-            return run.plan(budget, a, b, size, size)
-        if all(v > budget for v in run.seen.values()) and min(over) > 1:
+            return run.plan(run.budget, a, b, size, size)
+        if all(v > run.budget for v in run.seen.values()) and min(over) > 1:
             # a loop over whole chunks (no slicing), as fit_memory's first guess: a divisor
             # near n / 8, or below the smallest size measured
             guess = divisor_below(rows, max(1, n // 8))
             m(guess if guess < min(over) else divisor_below(rows, min(over) - 1))
-            budget = run.capped(budget)
 
     def proposal() -> int | None:
-        points = run.points(budget)
-        size = _next_size(points, run.bound(budget), rows, budget)
+        points, budget = run.points(), run.budget
+        size = _next_size(points, run.bound(), rows, budget)
         # none within halfway to a size over the budget: the model may still allow a larger
         # one, which costs less where it leaves no rows over (a divisor of the rows)
         return size if size is not None else _next_size(
-            points, run.bound(budget, bisect=False), rows, budget)
+            points, run.bound(bisect=False), rows, budget)
 
     while run.seen and run.count() < _MAX_COMPILES and (
         size := proposal()
     ) and not run.measured(size):
         m(size)
-        budget = run.capped(budget)
-    if not any(v <= budget for v in run.seen.values()):
+    if not any(v <= run.budget for v in run.seen.values()):
         m(1)  # memory does not fall as the size grows: one row is the least any size needs
-        budget = run.capped(budget)
-    budget, fits = run.fitting(budget, given)
+    budget, fits = run.fitting()
     if not fits:
         _none_fits(run.seen, run.refused, budget, who, what, name)
     models, learnt = _models(run.seen, rows)
@@ -306,11 +301,12 @@ def search_sizes(
 
 
 class _Measured:
-    """The measurements of one search: temp bytes per size (`seen`), and the sizes the
-    device refused as out of memory with the bytes XLA reported (`refused`; 0: none)."""
+    """The measurements of one search within the budget `given`: temp bytes per size
+    (`seen`), and the sizes the device refused as out of memory with the bytes XLA reported
+    (`refused`; 0: none)."""
 
-    def __init__(self, measure: Callable[[int], int], n: int, rows: int):
-        self.measure, self.n, self.rows = measure, n, rows
+    def __init__(self, measure: Callable[[int], int], n: int, rows: int, given: int):
+        self.measure, self.n, self.rows, self.given = measure, n, rows, given
         self.seen: dict[int, int] = {}
         self.refused: dict[int, int] = {}
         self.last = 0  # the size measured last
@@ -332,35 +328,39 @@ class _Measured:
     def count(self) -> int:
         return len(self.seen) + len(self.refused)
 
-    def capped(self, budget: int) -> int:
-        """The budget, or `REFUSED_MARGIN` of the least need XLA reported for a size the device
-        refused where that is within the budget (the device has less than the budget says)."""
-        within = [r for r in self.refused.values() if 0 < r <= budget]
-        return min(budget, int(REFUSED_MARGIN * min(within))) if within else budget
+    @property
+    def budget(self) -> int:
+        """The budget given, or `REFUSED_MARGIN` of the least need XLA reported for a size the
+        device refused where that is within it (the device has less than the budget says)."""
+        within = [r for r in self.refused.values() if 0 < r <= self.given]
+        return min(self.given, int(REFUSED_MARGIN * min(within))) if within else self.given
 
-    def fitting(self, budget: int, given: int) -> tuple[int, list[int]]:
-        """`(budget, sizes measured within it)`; where none is within a budget `capped` below
-        the one `given`, the budget given and the sizes the device took within it."""
-        fits = [s for s, v in self.seen.items() if v <= budget]
-        if fits or budget >= given:
-            return budget, fits
-        return given, [s for s, v in self.seen.items() if v <= given]
+    def fitting(self) -> tuple[int, list[int]]:
+        """`(budget, sizes measured within it)`; where none is within a budget below the one
+        given (see `budget`), the budget given and the sizes the device took within it."""
+        for budget in (self.budget, self.given):
+            fits = [s for s, v in self.seen.items() if v <= budget]
+            if fits:
+                return budget, fits
+        return self.given, []  # none: the messages name the budget given
 
     def top(self) -> int:
         """The largest size below every refused one (no answer at or above those)."""
         return min(self.refused, default=self.n + 1) - 1
 
-    def points(self, budget: int) -> dict[int, int]:
+    def points(self) -> dict[int, int]:
         """The measurements, with the bytes XLA reported for a refused size where they are
         above the budget (the program's whole need: its temp memory is no more)."""
+        budget = self.budget
         return {**{s: r for s, r in self.refused.items() if r > budget}, **self.seen}
 
-    def bound(self, budget: int, bisect: bool = True) -> int:
+    def bound(self, bisect: bool = True) -> int:
         """The largest size to measure next: below every refused size, at most halfway from
         the best size that fits to a refused size whose bytes XLA did not report (no model
         learns from it), and, with `bisect`, where the last size measured was refused or over
         the budget (the model that chose it was wrong there), at most halfway to the smallest
         size over."""
+        budget = self.budget
         best = max((s for s, v in self.seen.items() if v <= budget), default=0)
         over = [s for s, v in self.seen.items() if v > budget] + list(self.refused)
         unknown = [s for s, r in self.refused.items() if r <= budget]
@@ -368,11 +368,11 @@ class _Measured:
             unknown, over if bisect and self.last in over else []) if sizes]
         return min(self.top(), max(best + 1, min(caps))) if caps else self.top()
 
-    def descend(self, budget: int, shift: bool) -> None:
+    def descend(self, shift: bool) -> None:
         """While every size measured was refused, measure below the smallest of them."""
         while not self.seen and self.count() < _MAX_COMPILES and min(self.refused) > 1:
             low = min(self.refused)
-            self.m(below_refused(low, self.refused[low], budget, self.rows, shift))
+            self.m(below_refused(low, self.refused[low], self.given, self.rows, shift))
 
     def plan(self, budget, a, b, predicted, size, remainder=(0.0, 0.0)) -> "MemoryPlan":
         return MemoryPlan(self.n, budget, tuple(self.seen.items()), a, b, predicted, size,
