@@ -15,6 +15,7 @@ Not for CI: the CPU suite runs there, with `pytest` as the README says.
 """
 
 import argparse
+import ast
 import json
 import os
 import subprocess
@@ -157,9 +158,11 @@ def _changed(tid: str, record: dict, root: Path = ROOT) -> bool:
     """Whether the test's function differs, in this tree, from its source at the commit the
     record was made at (a failure since addressed, not yet run again on the chip)."""
     commit, (path, name) = record.get("commit", ""), tid.split("[")[0].split("::")[:2]
+    if not commit:
+        return False
     old = subprocess.run(["git", "show", f"{commit}:./{path}"], cwd=root, capture_output=True,
                          text=True)
-    if not commit or old.returncode:
+    if old.returncode:
         return False
     new = (root / path).read_text() if (root / path).exists() else ""
     return _source(old.stdout, name) != _source(new, name)
@@ -167,8 +170,6 @@ def _changed(tid: str, record: dict, root: Path = ROOT) -> bool:
 
 def _source(text: str, name: str) -> str | None:
     """The source of the top-level function `name` in the module `text` (with its decorators)."""
-    import ast
-
     for node in ast.parse(text).body:
         if isinstance(node, ast.FunctionDef) and node.name == name:
             lines = text.splitlines()[node.decorator_list[0].lineno - 1 if node.decorator_list

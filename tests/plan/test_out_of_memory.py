@@ -160,8 +160,8 @@ def test_refusals_within_the_budget_plan_a_margin_below_them(shift):
     """A device with less memory than the budget says (it refuses sizes whose need, as XLA
     reports it, is within the budget): the answer keeps 10% below the least need refused, as
     the default budget keeps 10% below the device's free memory, so that the program the
-    caller compiles, which differs a little from the probe, fits too (on a TPU it needed 0.5%
-    more than the probe). Where even one row needs more than that margin allows, the largest
+    caller compiles, which differs a little from the probe, fits too (on a TPU a gradient
+    planned right at a simulated device's limit did not fit it). Where even one row needs more than that margin allows, the largest
     size the device took is the answer. References: brute force over every size."""
     from chunkx._plan.recover import refused_value
     from chunkx._plan.search import search_sizes
