@@ -397,7 +397,7 @@ def test_rows_of_a_matrix_map_hold_at_most_two_chunks_more_than_vmap():
 
 @pytest.mark.parametrize("remainder", ["call", "shift"])
 def test_rows_on_a_tpu_are_the_same_values(monkeypatch, remainder):
-    """On a TPU (simulated here) the loop multiplies each chunk's floating rows by a 1 computed
+    """On a TPU (simulated here, or real) the loop multiplies each chunk's floating rows by a 1 computed
     from the chunk index (so that XLA:TPU cannot convert the whole input before the loop): the
     program lowered differs from the CPU's, and its values and gradients are `jax.vmap`'s,
     bit for bit where the rows are integers."""
@@ -408,8 +408,9 @@ def test_rows_on_a_tpu_are_the_same_values(monkeypatch, remainder):
     def chunked_map(f, in_axes):
         return chunkx.Chunk(chunkx.Vmap(f, in_axes), 64, in_axes=in_axes, remainder=remainder)
 
-    chunked = chunked_map(f, (0, None))
-    here = jax.jit(chunked).lower(x, w).as_text()
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")  # the loop as on a CPU
+    jax.clear_caches()
+    here = jax.jit(chunked_map(f, (0, None))).lower(x, w).as_text()
     monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
     jax.clear_caches()
     chunked = chunked_map(f, (0, None))

@@ -49,6 +49,8 @@ def test_grad_memory_plan_is_the_reverse_pass_the_gradient_runs():
     grad = lambda m: jax.grad(lambda w: m(X, w))  # noqa: E731
     one = chunkx.vmap(per, (0, None), batch_size=1000, grad_batch_size=1, reducer=chunkx.Sum())
     fits(temp_bytes(grad(one), W), BUDGET, "the gradient a row at a time")
+    row = chunkx.vmap(per, (0, None), batch_size=1, reducer=chunkx.Sum())
+    fits(temp_bytes(row, X, W), BUDGET, "the map a row at a time")
     auto = chunkx.vmap(per, (0, None), batch_size="auto", memory_budget=BUDGET,
                        reducer=chunkx.Sum())
     g = auto.grad_memory_plan(X, W).chunk_size
