@@ -1,6 +1,6 @@
 """The maps' argument layer: `in_axes`/`out_axes` pytree prefixes as `jax.vmap` and
 `eqx.filter_vmap` read them, the per-argument entries of adv, netket and quantax
-(`by_argument`, `layout`, `Checked`), and the per-example call on resolved rows (`Body`)."""
+(`by_argument`, `Checked`), and the per-example call on resolved rows (`Body`)."""
 
 import inspect
 from collections.abc import Callable
@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from .._checks import in_axes_tuple
-from .._combinators._rows import mapped_length, moveaxis
+from .._combinators._rows import mapped_length
 from .._types import InAxes
 
 
@@ -169,14 +169,17 @@ class Body(eqx.Module):
 def by_argument(
     who: str, in_axes: Any, args: tuple, kwargs: dict, arrays_only: bool = False
 ) -> tuple:
-    """`(axes, leaves, at, treedef, names)`: adv's, netket's and quantax's `in_axes` (one int,
-    `None` or `eqx.if_array(k)` per positional argument, as `in_axes_tuple` checks it), each
-    entry as an int or `None` (`axes`), read by the shared resolver (`resolve`'s four); the
-    keywords pass whole. An entry `eqx.if_array(k)` maps the argument's array leaves along `k`
-    and passes its other leaves whole. An int entry `k` does the same (quantax's `chunk_map`
-    broadcasts a Python number), or with `arrays_only` (`jax.vmap`'s rule, which adv, netket
-    and quantax's `jit_chunk_vmap` follow) maps every leaf, which must be an array: a Python
-    number is refused (`resolve`)."""
+    """`(axes, leaves, at, treedef, n)` of adv's, netket's and quantax's `in_axes` (one int,
+    `None` or `eqx.if_array(k)` per positional argument, as `in_axes_tuple` checks it): each
+    entry as an int or `None` (`axes`); the leaves of `(args, kwargs)`, each one's mapped axis
+    (non-negative; `None` where it passes whole) and their treedef, as `resolve` reads them (the
+    keywords pass whole); and the mapped arrays' common length, checked on their structs with
+    the mapped axis in front (`mapped_length`: nothing is moved; an error where there is none).
+    An entry `eqx.if_array(k)` maps the argument's array leaves along `k` and passes its other
+    leaves whole. An int entry `k` does the same (quantax's `chunk_map` broadcasts a Python
+    number), or with `arrays_only` (`jax.vmap`'s rule, which adv, netket and quantax's
+    `jit_chunk_vmap` follow) maps every leaf, which must be an array: a Python number is
+    refused (`resolve`)."""
     entries = in_axes_tuple(who, in_axes, len(args))
     axes = tuple(getattr(a, "axis", a) for a in entries)
 
@@ -186,22 +189,11 @@ def by_argument(
         return eqx.if_array(axis)
 
     mapped = (tuple(map(spec, entries, axes)), None)
-    return axes, *resolve(who, mapped, (args, kwargs), "the arguments", in_axes)
-
-
-def layout(
-    in_axes: InAxes, args: tuple, who: str = "chunk_map", arrays_only: bool = False
-) -> tuple:
-    """`(at, moved, zero, n)`: each leaf's mapped axis (non-negative; `None` where it passes
-    whole), read by `by_argument` (an int entry as `eqx.if_array(k)` unless `arrays_only`); the
-    arguments with those axes moved to the front; one axis (0 or None) per argument; the
-    mapped arrays' common length (`mapped_length`: an error where there is none).
-    `arrays_only`: a mapped argument's leaves must all be arrays (`by_argument`)."""
-    axes, leaves, at, treedef, _ = by_argument(who, in_axes, args, {}, arrays_only)
-    moved = [x if a is None else moveaxis(x, a, 0) for x, a in zip(leaves, at)]
-    moved = jax.tree_util.tree_unflatten(treedef, moved)[0]
-    zero = tuple(None if a is None else 0 for a in axes)
-    return tuple(at), moved, zero, mapped_length(moved, zero, who)
+    leaves, at, treedef, _ = resolve(who, mapped, (args, kwargs), "the arguments", in_axes)
+    front = [x if a is None else jax.ShapeDtypeStruct(
+        (x.shape[a], *x.shape[:a], *x.shape[a + 1 :]), x.dtype) for x, a in zip(leaves, at)]
+    n = mapped_length(jax.tree_util.tree_unflatten(treedef, front)[0], axes, who)
+    return axes, leaves, tuple(at), treedef, n
 
 
 class Checked(eqx.Module):
@@ -215,5 +207,5 @@ class Checked(eqx.Module):
     arrays_only: bool = eqx.field(static=True, default=False)
 
     def __call__(self, *args: Any) -> Any:
-        layout(self.in_axes, args, self.who, self.arrays_only)
+        by_argument(self.who, self.in_axes, args, {}, self.arrays_only)
         return self.fn(*args)

@@ -7,11 +7,9 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 import equinox as eqx
-import jax
 from jax.sharding import Mesh
 
-from .._checks import as_in_axes, check_in_axes
-from .._combinators._rows import mapped_length
+from .._checks import as_in_axes, check_in_axes, in_axes_tuple
 from .._combinators._sharding import auto_twin, on_inputs_mesh, to_mesh
 from .._combinators.reduce import AbstractReducer, identity
 from .._public import public
@@ -73,27 +71,18 @@ class BatchVmap(AbstractChunkedVmap):
             return out if self.post is None else self.post(out)
 
     def _resolve(self, args: tuple, kwargs: dict) -> tuple:
-        """adv's `in_axes` (one int, `None` or `eqx.if_array(k)` per argument): an entry `k`
-        (or `eqx.if_array(k)`) maps every array leaf
-        of its argument along `k` (negative: from the end of that leaf's shape) and passes the
-        other leaves whole, as `eqx.if_array(k)` does; keywords pass whole. Nothing is moved
-        here: the lengths are checked on the mapped leaves' structs with their axis in front."""
+        """adv's `in_axes` (one int, `None` or `eqx.if_array(k)` per argument), read by
+        `by_argument`: an entry `k` (or `eqx.if_array(k)`) maps every array leaf of its argument
+        along `k` (negative: from the end of that leaf's shape) and passes the other leaves
+        whole, as `eqx.if_array(k)` does; keywords pass whole; the lengths are checked."""
         who = self._who
-        axes, leaves, at, treedef, names = by_argument(who, self.in_axes, args, kwargs, True)
-        if all(a is None for a in axes):
+        if all(getattr(a, "axis", a) is None for a in in_axes_tuple(who, self.in_axes, len(args))):
             raise ValueError(
                 f"`{who}(in_axes={self.in_axes!r})`: at least one argument must be mapped; "
                 "every in_axes entry is None."
             )
-        front = [x if a is None else _in_front(x, a) for x, a in zip(leaves, at)]
-        mapped_length(jax.tree_util.tree_unflatten(treedef, front)[0], axes, who)
-        return leaves, at, treedef, names
-
-
-def _in_front(x: Any, axis: int) -> jax.ShapeDtypeStruct:
-    """The struct of array `x` with `axis` (non-negative: `resolve`'s) moved to the front."""
-    shape = x.shape  # an array's: resolve maps arrays only
-    return jax.ShapeDtypeStruct((shape[axis], *shape[:axis], *shape[axis + 1 :]), x.dtype)
+        _, leaves, at, treedef, _ = by_argument(who, self.in_axes, args, kwargs, True)
+        return leaves, at, treedef
 
 
 @public

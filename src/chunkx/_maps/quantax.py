@@ -15,7 +15,7 @@ from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.reduce import Concat
 from .._public import public
 from .._types import Budget, InAxes, Size
-from ._vmap_axes import Checked, layout
+from ._vmap_axes import Checked, by_argument
 from .pipeline import Options, check_options, compose, fn_name, plan_call, plan_of
 
 _BWD_PLANNED = "chunk_size='auto', use_scan=True, chunk_size_bwd=None"  # for messages
@@ -54,7 +54,10 @@ class ChunkMap(eqx.Module):
     def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
         """The map's value, or with `plan` (`"memory_plan"`, `"grad_memory_plan"`) the plan
         its Chunk follows for these arguments (`kwargs`: none, as `plan_call` passes them)."""
-        at, moved, zero, n = layout(self.in_axes, args, self.opts.who)
+        axes, leaves, at, treedef, n = by_argument(self.opts.who, self.in_axes, args, {})
+        moved = [x if a is None else moveaxis(x, a, 0) for x, a in zip(leaves, at)]
+        moved = jax.tree_util.tree_unflatten(treedef, moved)[0]
+        zero = tuple(None if a is None else 0 for a in axes)
         pipeline = self._pipeline(_Moved(self.f, at, self.out_axes, self.opts.who), zero, n, args)
         if plan is not None:
             return plan_of(pipeline, plan, moved, zero, self.opts)

@@ -43,7 +43,7 @@ class AbstractChunkedVmap(eqx.Module):
 
     @abc.abstractmethod
     def _resolve(self, args: tuple, kwargs: dict) -> tuple:
-        """`(leaves, axes, treedef, names)` of `(args, kwargs)`, as `_vmap_axes.resolve`, the
+        """`(leaves, axes, treedef)` of `(args, kwargs)`, as `_vmap_axes.resolve`, the
         mapped axes' sizes checked (once, in the map's own words)."""
 
     batch_size = property(operator.attrgetter("opts.size"))
@@ -94,7 +94,7 @@ class AbstractChunkedVmap(eqx.Module):
         output, or those `_sorted` tells), which go where out_axes says; the others come from
         one row."""
         who = self._who
-        leaves, axes, treedef, names = self._resolve(args, kwargs)
+        leaves, axes, treedef = self._resolve(args, kwargs)
         if all(a is None for a in axes):
             if plan is not None:
                 raise ValueError(f"`{who}.{plan}`: no argument is mapped; nothing to plan.")
@@ -225,7 +225,7 @@ class ChunkedVmap(AbstractChunkedVmap):
                 f"`{who}`: the mapped axes must all have the same size (and equal "
                 f"axis_size where given), got: {seen}."
             )
-        return leaves, axes, treedef, names
+        return leaves, axes, treedef
 
 
 def _build(
