@@ -198,14 +198,13 @@ def by_argument(
 
 class Checked(eqx.Module):
     """`fn(*args)`, the mapped arguments (axes, lengths, array leaves) checked against
-    `in_axes` first, in the name of the public map `who` (`arrays_only`: a mapped argument
-    holds arrays only, as `jax.vmap` asks)."""
+    `in_axes` first, in the name of the public map `who` (a mapped argument holds arrays only,
+    as `jax.vmap` asks: netket's maps and `jit_chunk_vmap`)."""
 
     fn: Callable[..., Any]
     in_axes: InAxes = eqx.field(static=True)
     who: str = eqx.field(static=True)
-    arrays_only: bool = eqx.field(static=True, default=False)
 
     def __call__(self, *args: Any) -> Any:
-        by_argument(self.who, self.in_axes, args, {}, self.arrays_only)
+        by_argument(self.who, self.in_axes, args, {}, arrays_only=True)
         return self.fn(*args)

@@ -55,12 +55,12 @@ def _apply(who, lift, f, in_axes, chunk_size, axis_0_is_sharded, pvary_argnums):
         _argnums(who, "pvary_argnums", pvary_argnums, None)
     fn = f if lift is None else lift(f, in_axes)
     if chunk_size is None:  # `f` itself, or its Vmap checked in the map's name
-        return fn if lift is None else Checked(fn, in_axes, who, arrays_only=True)
+        return fn if lift is None else Checked(fn, in_axes, who)
     # [Shard ∘] Chunk ∘ fn: every chunk in one scan, the last one shifted back over rows
     # already done (one compiled program for any number of rows). The Shard runs on the mesh
     # it finds when called: the one set with `jax.set_mesh` (netket sets one), else all devices.
     opts = check_options(who, chunk_size, shard=_sharded(axis_0_is_sharded), names=_NAMES)
-    return Checked(compose(fn, in_axes, Concat(), opts, who), in_axes, who, arrays_only=True)
+    return Checked(compose(fn, in_axes, Concat(), opts, who), in_axes, who)
 
 
 @public

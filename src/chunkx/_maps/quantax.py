@@ -287,4 +287,4 @@ def jit_chunk_vmap(
     vmapped = eqx.filter_vmap(f, in_axes=in_axes, out_axes=out_axes)
     mapped = _chunk_map("jit_chunk_vmap", vmapped, in_axes, out_axes, chunk_size,
                         use_scan=True, shard_batch=shard_batch, mesh=mesh)
-    return eqx.filter_jit(Checked(mapped, in_axes, "jit_chunk_vmap", arrays_only=True))
+    return eqx.filter_jit(Checked(mapped, in_axes, "jit_chunk_vmap"))
