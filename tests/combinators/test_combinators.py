@@ -397,14 +397,15 @@ def test_rows_of_a_matrix_map_hold_at_most_two_chunks_more_than_vmap():
 
 @pytest.mark.parametrize("remainder", ["call", "shift"])
 def test_rows_on_a_tpu_are_the_same_values(monkeypatch, remainder):
-    """On a TPU (simulated here, or real) the loop multiplies each chunk's floating rows by a 1 computed
-    from the chunk index (so that XLA:TPU cannot convert the whole input before the loop): the
-    program lowered differs from the CPU's, and its values and gradients are `jax.vmap`'s,
-    bit for bit where the rows are integers."""
+    """On a TPU (simulated here, or real) the loop multiplies each chunk's floating rows by a 1
+    computed from the chunk index (so that XLA:TPU cannot convert the whole input before the
+    loop): the program lowered differs from the CPU's, and its values and gradients are
+    `jax.vmap`'s, bit for bit where the rows are integers."""
     w = jax.random.normal(jax.random.key(0), (8, 16))
     x = jax.random.normal(jax.random.key(1), (1000, 8))
     xi = jnp.arange(1000, dtype=jnp.int32)
     f = lambda r, w: jnp.tanh(r @ w)  # noqa: E731
+
     def chunked_map(f, in_axes):
         return chunkx.Chunk(chunkx.Vmap(f, in_axes), 64, in_axes=in_axes, remainder=remainder)
 
