@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import chunkx
+from chunkx._combinators.unrolled import Unrolled
 from helpers import assert_tree_close, over
 
 # -- 1. inputs on a caller's Explicit mesh ------------------------------------------------------
@@ -84,6 +85,34 @@ def test_padding_and_grouped_maps_on_caller_explicit_mesh():
     for g in maps:  # eager: JAX needs a context mesh to pad on an Explicit mesh; jit: buffers
         assert_tree_close(g(x), jnp.sin(jnp.arange(10.0)))
         assert_tree_close(jax.jit(g)(x), jnp.sin(jnp.arange(10.0)))
+
+
+@pytest.mark.devices(4)
+@pytest.mark.parametrize("kept", [False, True])
+def test_filter_vmap_of_an_ensemble_split_over_an_explicit_mesh(kept):
+    # the rows split over the caller's Explicit mesh: the map traces one row to sort its
+    # outputs (a slice the mesh refuses unless the row is replicated first)
+    mesh = _caller_mesh()
+    keys = jax.random.split(jax.random.PRNGKey(0), 12)
+    ensemble = eqx.filter_vmap(lambda k: eqx.nn.MLP(3, 2, 8, 1, key=k))(keys)
+    split = jax.tree_util.tree_map(
+        lambda a: jax.device_put(a, NamedSharding(mesh, P("caller"))) if eqx.is_array(a) else a,
+        ensemble)
+    x = jax.random.normal(jax.random.PRNGKey(1), (5, 3))
+
+    def f(m, x):
+        y = jax.vmap(m)(x)
+        return (y, jnp.sum(x), "tag") if kept else y
+
+    axes = (eqx.if_array(0), None)
+    out_axes = (0, None, None) if kept else eqx.if_array(0)
+    ref = eqx.filter_vmap(f, in_axes=axes, out_axes=out_axes)(ensemble, x)
+    arrays, other = eqx.partition(ref, eqx.is_array)
+    for shard in (True, False):
+        g = chunkx.filter_vmap(f, in_axes=axes, out_axes=out_axes, batch_size=2, shard=shard)
+        for got in (eqx.filter_jit(g)(split, x), g(split, x)):
+            assert_tree_close(eqx.filter(got, eqx.is_array), arrays)
+            assert eqx.filter(got, eqx.is_array, inverse=True) == other  # "tag" as it is
 
 
 # -- 2. NumPy inputs and array-likes ------------------------------------------------------------
@@ -292,3 +321,26 @@ def test_bare_chunk_eager_on_explicit_caller_mesh(remainder):
     x = jax.device_put(jnp.arange(7.0), NamedSharding(_caller_mesh(), P()))
     out = chunkx.Chunk(chunkx.Vmap(jnp.sin), 3, remainder=remainder)(x)
     np.testing.assert_allclose(out, jax.vmap(jnp.sin)(jnp.arange(7.0)), rtol=1e-6)
+
+
+@pytest.mark.devices(4)
+@pytest.mark.parametrize(("size", "remainder"), [(2, "shift"), (3, "shift"), (3, "call"), (8, "call")])
+@pytest.mark.parametrize("reducer", [chunkx.Concat(), chunkx.Sum()])
+def test_chunk_of_rows_split_over_an_explicit_mesh(size, remainder, reducer):
+    """Rows split over the caller's Explicit mesh, chunks that do not split evenly over it:
+    the rows are gathered first (JAX refuses the slice otherwise); sizes that do, unchanged."""
+    mesh = _caller_mesh()
+    x = jax.random.normal(jax.random.PRNGKey(0), (16, 3))
+    split = jax.device_put(x, NamedSharding(mesh, P("caller")))
+    f = lambda r: jnp.tanh(r) * r  # noqa: E731
+    want = jax.vmap(f)(x) if isinstance(reducer, chunkx.Concat) else jnp.sum(jax.vmap(f)(x), 0)
+    g = chunkx.Chunk(chunkx.Vmap(f), size, reducer=reducer, remainder=remainder)
+    assert_tree_close(g(split), want)
+    assert_tree_close(jax.jit(g)(split), want)
+    if remainder == "shift":  # the Python loop (chunk_map's use_scan=False) shifts too
+        assert_tree_close(Unrolled(chunkx.Vmap(f), size, reducer)(split), want)
+    with jax.set_mesh(mesh):  # `grad` on an Explicit mesh needs it, in JAX itself
+        got = jax.jit(jax.grad(lambda x: jnp.sum(jnp.cos(g(x)))))(split)
+    want_grad = jax.grad(lambda x: jnp.sum(jnp.cos(
+        jax.vmap(f)(x) if isinstance(reducer, chunkx.Concat) else jnp.sum(jax.vmap(f)(x), 0))))(x)
+    assert_tree_close(got, want_grad)

@@ -1,9 +1,11 @@
 """Private helpers for meshes: the default mesh, axis types, laying an array out on a mesh."""
 
 import contextlib
+import math
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -103,6 +105,22 @@ def explicit_layout(struct) -> NamedSharding | None:
     if isinstance(sharding, NamedSharding) and is_explicit(sharding.mesh):
         return sharding
     return None
+
+
+def whole_rows(x, *sizes: int):
+    """`x` with its leading axis whole on its Explicit mesh where that axis is split over mesh
+    axes and a chunk of one of `sizes` rows would not split evenly over them (JAX refuses such
+    a slice of a split axis): the rows are gathered onto every device, the other axes keep
+    their layout. Anything else unchanged."""
+    layout = explicit_layout(x) if eqx.is_array(x) and jnp.ndim(x) else None
+    split = layout.spec[0] if layout is not None and len(layout.spec) else None
+    if split is None:
+        return x
+    names = split if isinstance(split, tuple) else (split,)
+    ways = math.prod(layout.mesh.shape[a] for a in names)
+    if all(s % ways == 0 for s in sizes):
+        return x
+    return place(x, layout.mesh, P(None, *layout.spec[1:]))
 
 
 def place(x, mesh: Mesh | AbstractMesh, spec: P):

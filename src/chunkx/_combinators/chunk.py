@@ -5,6 +5,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import equinox as eqx
+import jax
 
 from .._checks import (
     as_in_axes,
@@ -31,8 +32,8 @@ from .._types import GradPolicy, InAxes, Remainder, RowMask
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._protocol import AbstractReducer, accumulation, can_shift
 from ._rows import compiled_if_eager, join_args, mapped_length, split_args
-from ._sharding import on_inputs_mesh
-from .fused import fused_call, grad_policy, regrad_call
+from ._sharding import on_inputs_mesh, whole_rows
+from .fused import fused_call, grad_policy, piece_sizes, regrad_call
 from .loop import chunk_loop, evaluate
 from .reduce import Concat
 
@@ -349,6 +350,9 @@ class Chunk(eqx.Module):
         if s is None or n <= min(s, self.grad_size or s):
             return evaluate(self.fn, self.reducer, args, valid, "Chunk")
         mapped, fixed, static = split_args(args, axes)
+        # rows split over an Explicit mesh that some chunk would not split evenly: gathered
+        sizes = piece_sizes(self, n)
+        mapped, valid = jax.tree_util.tree_map(lambda x: whole_rows(x, *sizes), (mapped, valid))
         policy, lifted = grad_policy(self, mapped, fixed, static, n)
         if policy == "fused":
             return fused_call(self, lifted, valid)

@@ -13,6 +13,7 @@ from .._types import InAxes
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._protocol import AbstractReducer, accumulation
 from ._rows import counted_rows, map_mapped, mapped_length, repeats_later, stop_repeated
+from ._sharding import on_inputs_mesh, whole_rows
 from .loop import evaluate
 from .reduce import Concat
 
@@ -38,11 +39,17 @@ class Unrolled(eqx.Module):
         check_positive("Unrolled", "size", self.size, allow_none=False)
 
     def __call__(self, *args: Any) -> Any:
+        with on_inputs_mesh(args):  # eager inputs on an Explicit mesh: the gathers join them
+            return self._call(args)
+
+    def _call(self, args: tuple) -> Any:
         axes = zero_in_axes("Unrolled", self.in_axes, len(args))
         n, s, reducer = mapped_length(args, axes, "Unrolled"), self.size, self.reducer
         if n <= s:
             return evaluate(self.fn, reducer, args, None, "Unrolled")
         starts = range(0, n, s)
+        # rows split over an Explicit mesh that a chunk would not split evenly: gathered
+        args = map_mapped(lambda x: whole_rows(x, s), args, axes)
         tick = Ticker(len(starts)) if self.progress else None
         loop, acc, stacked = accumulation(reducer), None, []
         for j, i in enumerate(starts):

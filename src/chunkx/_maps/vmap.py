@@ -17,7 +17,7 @@ from jaxtyping import PyTree
 
 from .._checks import check_entries, check_in_axes, check_positive
 from .._combinators._rows import compiled_if_eager, is_eager, moveaxis
-from .._combinators._sharding import on_inputs_mesh
+from .._combinators._sharding import on_inputs_mesh, replicated
 from .._combinators.reduce import AbstractReducer, Concat, keeps_rows, users_reduction
 from .._combinators.vmap import Vmap
 from .._plan.recover import Eager
@@ -151,7 +151,9 @@ class AbstractChunkedVmap(eqx.Module):
             return jax.tree_util.tree_unflatten(treedef, kept), (treedef, axes)
 
         probe = eqx.filter_vmap(sort, in_axes=AXES, out_axes=None)
-        one = jax.tree_util.tree_map(lambda x: x[:1], rows)
+        # one row, replicated where the rows are split over an Explicit mesh (which refuses a
+        # slice of one row of a split axis); unused where no kept output needs values
+        one = jax.tree_util.tree_map(lambda x: replicated(x)[:1], rows)
         try:  # traced, as _call always is; only the outputs kept need one row's values
             kept, (treedef, axes) = eqx.filter_eval_shape(probe, one, fixed)
             if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(kept)):
