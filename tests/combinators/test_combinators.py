@@ -304,6 +304,14 @@ def test_presummed_sum_chunks_and_devices(n):
     np.testing.assert_allclose(jax.jit(pipe)(x, r), x.T @ r, rtol=1e-12)
     with pytest.raises(ValueError, match=r"`Sum\(presummed=True\)`: a pre-summed partial cannot"):
         chunkx.Chunk(gram, 2, reducer=red, remainder="shift")(x[:9], r[:9])
+    # a function that keeps its rows given as pre-summed: the leftover piece's partial (1 row)
+    # would be broadcast into the chunks' (2 rows); refused, with both shapes
+    rows = chunkx.Vmap(lambda x, r: x * r[0])
+    for compensated in (True, False):
+        red = chunkx.Sum(presummed=True, compensated=compensated)
+        with pytest.raises(ValueError, match=r"`Sum\(presummed=True.*\)`: the partial results of "
+                           r"two pieces have the shapes \(2, 3\) and \(1, 3\)"):
+            chunkx.Chunk(rows, 2, reducer=red)(x[:9], r[:9])
 
 
 @pytest.mark.parametrize("n", [7, 10, 11])

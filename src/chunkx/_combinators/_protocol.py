@@ -22,6 +22,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 from jax.sharding import AbstractMesh, Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -285,6 +286,7 @@ class _Fold(AbstractAccumulation):
 
     def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
         combine = self.reducer.combine
+        _check_same_shapes(self.reducer, acc, part)
         if self.reducer.compensates():
             return comp.add(acc, part), None
         if self.reducer.is_additive():
@@ -295,6 +297,23 @@ class _Fold(AbstractAccumulation):
 
     def finish(self, acc: Tree, stacked: Tree) -> Tree:
         return rounded(self.reducer, comp.value(acc)) if self.reducer.compensates() else acc
+
+
+def _check_same_shapes(reducer: AbstractReducer, acc: Tree, part: Tree) -> None:
+    """Raise where a piece's partial differs in shape from the fold's carry: a partial that
+    depends on the piece's rows (a leftover piece has fewer) would be broadcast into it."""
+    def shapes(tree):  # one per leaf of the partial (a running sum's: its total's)
+        leaves = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, comp.Running))
+        return [jnp.shape(x.sums[0] if isinstance(x, comp.Running) else x) for x in leaves]
+
+    for a, p in zip(shapes(acc), shapes(part)):
+        if a != p:
+            raise ValueError(
+                f"`{reducer!r}`: the partial results of two pieces have the shapes "
+                f"{a} and {p}; a partial must not depend on the rows of "
+                "its piece (a pre-summed function returns the sum over its rows, without the "
+                "mapped axis)."
+            )
 
 
 def check_collapses(reduce: Callable, rows_struct: Tree, what: str) -> None:
