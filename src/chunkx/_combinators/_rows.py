@@ -4,10 +4,12 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from .._plan.recover import run_eager
 from .._types import AxisSpec
-from ._sharding import explicit_layout, sharding_of
+from ._sharding import explicit_layout, sharding_of, whole_rows
 
 
 def _where(i: int, path: tuple, names: tuple[str, ...] | None = None) -> str:
@@ -212,8 +214,20 @@ def weakly_typed(x):
 
 
 def swap_blocks(x, a: int, b: int):
-    """`(a, b, c, ...)` blocks of the leading axis -> `(b, a, c, ...)`, flattened again."""
+    """`(a, b, c, ...)` blocks of the leading axis -> `(b, a, c, ...)`, flattened again.
+
+    Rows split over an Explicit mesh stay on their devices into the swap where the `a` blocks
+    split evenly over the devices (each device's rows a whole number of blocks), else are
+    gathered first; the swapped rows, whose order no split of one flat axis can express, come
+    back whole (gathered onto every device), the other axes keep their layout.
+    """
     n = x.shape[0]
     if n == 0:  # no rows (no blocks to swap)
         return x
-    return x.reshape((a, b, n // (a * b)) + x.shape[1:]).swapaxes(0, 1).reshape(x.shape)
+    x = whole_rows(x, a)  # a chunk of `a` rows splits evenly where the blocks do
+    blocks = x.reshape((a, b, n // (a * b)) + x.shape[1:]).swapaxes(0, 1)
+    layout = explicit_layout(blocks)
+    if layout is None or all(s is None for s in tuple(layout.spec)[:3]):
+        return blocks.reshape(x.shape)
+    whole = NamedSharding(layout.mesh, P(None, *tuple(layout.spec)[3:]))
+    return jax.lax.reshape(blocks, x.shape, out_sharding=whole)
