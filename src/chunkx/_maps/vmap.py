@@ -57,7 +57,8 @@ class AbstractChunkedVmap(eqx.Module):
         """The [`chunkx.MemoryPlan`][] of the reverse pass: its `chunk_size` is the backward size.
 
         With `batch_size="auto"` the backward chunk size is planned on the compiled VJP of the
-        map with the forward size fixed at its own plan. Differentiating the map plans for what
+        map at the forward size of its own plan (at a lower one where that leaves the reverse
+        pass no room: see "Gradients" in the docs). Differentiating the map plans for what
         is differentiated; this method plans for the floating arguments that are not mapped and
         the arrays the function holds or closes over (every floating argument if there are none of
         those), which is the same plan when those are what the gradient is taken with respect

@@ -11,6 +11,9 @@ map hands it. Every public `"auto"` is this one mechanism.
   rule): compile the VJP of the Chunk at the forward size with respect to what is
   differentiated, at two backward sizes (the forward size and a divisor near `1/8` of it if
   the whole batch ran as one chunk, else divisors near `1/8` and `1/2` of it): two compilations.
+  Where the reverse pass runs the forward loop and the forward plan's size leaves it no room
+  (that loop and the weights' cotangents fill the budget), the gradient runs its forward loop
+  at a lower size (`_reverse`); the call alone keeps the forward plan's.
 
 A probe the device refuses as out of memory (XLA's `RESOURCE_EXHAUSTED`, see `recover.py`) is
 a measurement above any budget: the search goes on below it. Measurements are kept per
@@ -22,6 +25,7 @@ program (`cache.lower_cap`).
 
 import dataclasses
 import hashlib
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +48,7 @@ from .reverse import ClosedOver, VjpProgram, planned_on_differentiation
 from .search import (
     REFUSED_MARGIN,
     MemoryPlan,
+    NoSizeFits,
     aligned,
     below_refused,
     proportional_size,
@@ -61,11 +66,17 @@ class Owner(eqx.Module):
     name: str = "memory_budget"
     what: str = "the chunked function"
 
-    def reverse(self) -> "Owner":
-        """The owner as the reverse pass's messages name it."""
-        what = f"the reverse pass (the VJP of {self.what})"
+    def reverse(self, forward: int | None = None) -> "Owner":
+        """The owner as the reverse pass's messages name it; with `forward`, the chunk size of
+        the forward loop that the reverse pass runs."""
+        loop = f", its forward loop in chunks of {_rows(forward)}" if forward else ""
+        what = f"the reverse pass (the VJP of {self.what}{loop})"
         arg = self.arg if self.who != "Chunk" else "grad_size"
         return dataclasses.replace(self, arg=arg, what=what)
+
+
+def _rows(k: int) -> str:
+    return f"{k} row" if k == 1 else f"{k} rows"
 
 
 class Request(eqx.Module):
@@ -170,9 +181,115 @@ def _forward(req: Request, tree: tuple, n: int, sig: dict | None = None) -> tupl
 def reverse_plan(
     req: Request, tree: tuple, size: int, n: int, wrt: tuple[bool, ...], axes: tuple
 ) -> MemoryPlan:
-    """The backward chunk size of a Chunk at forward size `size`, for differentiating the array
-    leaves of `tree` marked in `wrt`."""
-    return _search(req, tree, n, min(size, n), (wrt, axes))[0]
+    """The backward chunk size of a Chunk at forward size `size` (or at a lower one where none
+    fits there: see `_reverse`), for differentiating the array leaves of `tree` marked in
+    `wrt`. A planned forward size below `n` is one the reverse pass runs (see
+    `Chunk.grad_memory_plan`)."""
+    runs = True if req.size == "auto" and size < n else None
+    return _reverse(req, tree, n, size, (wrt, axes), {}, runs)[0]
+
+
+#: The share of the budget that a forward size lowered for the reverse pass aims the reverse
+#: pass's least need at (see `_lower_forward`): room for its backward chunks to grow.
+FORWARD_ROOM = 0.9
+#: The most forward sizes the reverse pass is searched at: the forward plan's and lower ones.
+MAX_FORWARDS = 3
+
+
+def _reverse(
+    req: Request, tree: tuple, n: int, size: int, reverse: tuple, sig: dict | None = None,
+    runs: bool | None = None,
+) -> tuple[MemoryPlan, int]:
+    """The reverse plan at forward size `size`, and that size.
+
+    A reverse pass that runs the forward loop (`runs`, `Chunk.reverse_runs_forward`; `None`:
+    asked of the Chunk where needed) holds the forward loop's memory, and the weights'
+    cotangents beside it: at a forward size planned to the budget, no backward size may fit.
+    There, where the forward size is planned (`size="auto"`), the reverse pass is planned at a
+    lower forward size that leaves it room (`_lower_forward`): without compiling, where the
+    forward plan cut the rows (`size < n`) and says that its loop and those cotangents alone
+    are over the budget; else, or again, where a search finds no backward size, from what it
+    measured; at most `MAX_FORWARDS` searches. `reverse_plan` (`grad_memory_plan`) decides
+    alike, so it reports the plan the gradient follows. The differentiated program runs its
+    forward loop at the size found (the call alone keeps the forward plan's). Each forward size
+    is a program of its own in the plan cache (its key holds the size)."""
+    size = first = min(size, n)
+    lowers = req.size == "auto"  # the user's own forward size is kept
+    tried: list[tuple[int, int | None]] = []  # (size searched, least need of its reverse pass)
+    if lowers and runs and first < n:  # as `reverse_plan` knows it: a forward loop cut to fit
+        size = _lower_forward(req, tree, n, first, tried, reverse, sig) or first
+    while True:
+        try:
+            loop = size if runs and size < n else None  # the forward loop, for messages
+            plan = _search(req, tree, n, size, reverse, sig, forward=loop)[0]
+            break
+        except NoSizeFits as err:
+            tried.append((size, err.need))
+            if lowers and runs is None:
+                runs = req.at(tree[0], n, None).reverse_runs_forward(tree[1], tree[2])
+            lower = None
+            if lowers and runs and len(tried) < MAX_FORWARDS:
+                lower = _lower_forward(req, tree, n, size, tried, reverse, sig, err.budget)
+            if lower is None and tried == [(first, err.need)]:
+                raise
+            if lower is None:
+                sizes = [s for s, _ in tried]
+                said = _rows(sizes[0]) if len(sizes) == 1 else f"{', '.join(map(str, sizes))} rows"
+                raise NoSizeFits(
+                    f"{err} The gradient's forward loop was tried in chunks of {said} (the "
+                    f"forward plan's size is {first}; a lower one leaves the reverse pass more "
+                    "room).", err.need, err.budget) from None
+            size = lower
+    if size < first and first_time(("lowered", plan.fingerprint, first)):
+        who = req.owner
+        logger.info("%s(%s='auto'): the reverse pass leaves no room with the forward loop in "
+                    "chunks of %d rows: the gradient runs it in chunks of %d (the call alone "
+                    "in chunks of %d)", who.who, who.arg, first, size, first)
+    return plan, size
+
+
+def _lower_forward(
+    req: Request, tree: tuple, n: int, size: int, tried: list, reverse: tuple,
+    sig: dict | None, budget: int | None = None,
+) -> int | None:
+    """A forward size below `size` at which the reverse pass should need `FORWARD_ROOM` of
+    `budget`, or `None` where no lower size can help (or, before any search, where none is
+    needed).
+
+    The reverse pass's need falls with the forward size as the forward loop's memory does. With
+    nothing `tried` (`(size, least need of its reverse pass)` pairs, none within the budget),
+    its need is at least the forward plan's bytes at `size` and the weights' cotangents
+    (`_held_bytes`): `None` where that is within the forward plan's budget. After one search,
+    its need falls by the slope of the forward plan's line (its bytes per row where it has no
+    line); after two, by the slope between the last two (where the lower size needed no less,
+    the forward loop is not what is over: `None`). Where the device refused every backward
+    size, half the size. A divisor of the rows unless the loop shifts its last chunk; on a TPU
+    a multiple of its tile (see `aligned`)."""
+    if size <= 1:
+        return None
+    fwd = _forward(req, tree, n, sig)[0]
+    if not tried:
+        wrt, axes = reverse
+        need = (fwd.bytes_at(size) or fwd.predict(size)) + _held_bytes(tree, wrt, axes)
+        budget = fwd.budget_bytes
+        if need <= budget:
+            return None
+    else:
+        need = tried[-1][1]
+    known = [(s, v) for s, v in tried if v is not None]
+    if need is None:
+        lower = size // 2
+    else:
+        if len(known) >= 2:
+            (s0, v0), (s1, v1) = known[-2:]
+            per_row = (v0 - v1) / (s0 - s1)
+        else:
+            per_row = fwd.b if fwd.b > 0 else fwd.predict(fwd.chunk_size) / fwd.chunk_size
+        if per_row <= 0:
+            return None
+        lower = size - math.ceil((need - FORWARD_ROOM * budget) / per_row)
+    lower = max(1, min(size - 1, lower))
+    return aligned(lower if req.shift else divisor_below(n, lower), n, req.shift, row_tile())
 
 
 def _signature(req: Request, tree: tuple, n: int, sig: dict | None) -> tuple[str, Any]:
@@ -190,14 +307,15 @@ def _signature(req: Request, tree: tuple, n: int, sig: dict | None) -> tuple[str
 
 def _search(
     req: Request, tree: tuple, n: int, size: int, reverse: tuple | None = None,
-    sig: dict | None = None,
+    sig: dict | None = None, forward: int | None = None,
 ) -> tuple[MemoryPlan, str]:
     """`search_sizes(quick=True)` for one pass of the Chunk on `tree` (`n` rows): the forward
     pass (sizes up to `size = n`), or with `reverse = (wrt, axes)` the VJP at forward size
     `size` (backward sizes up to `size`); at most the cap that run-time refusals left (see
     `recover.py`). Measurements are kept under a fingerprint of the program and the options
     (not the budget: what XLA measures does not depend on it); a new plan is logged once at
-    INFO. Returns the plan and its fingerprint."""
+    INFO. `forward`: the chunk size of the forward loop the reverse pass runs, for messages
+    (`None`: none, or not known). Returns the plan and its fingerprint."""
     backward = reverse is not None
     wrt, axes = reverse if backward else (None, ())
     program, out = _signature(req, tree, n, sig)
@@ -217,7 +335,7 @@ def _search(
                 raise
             return refused_value(reported_bytes(str(err)))  # above any budget
 
-    who = req.owner.reverse() if backward else req.owner
+    who = req.owner.reverse(forward) if backward else req.owner
     label = f"{who.who} (reverse pass)" if backward else f"{who.who}({who.arg}='auto')"
     kind = "backward " if backward else ""
     notice = f"chunkx: planning the {kind or 'forward '}chunk size (compiling)..."
@@ -320,7 +438,10 @@ def auto_call(req: Request, args: tuple, valid: Any, axes: tuple, n: int) -> Any
     With `grad_size="auto"` too, the forward size is planned only where it runs: when the call
     is not differentiated, or where its reverse pass runs the forward loop
     (`Chunk.reverse_runs_forward`); a fused value-and-gradient runs at the backward size alone,
-    and its forward size is the whole batch (one call, never run)."""
+    and its forward size is the whole batch (one call, never run). Where the reverse pass runs
+    the forward loop and leaves no backward size room at the forward plan's size, the
+    differentiated program runs it at a lower one (see `_reverse`): process 0 plans both, and
+    every process uses its forward size, then its backward size."""
     from .agree import agreed_size
 
     tree = planned_tree(req.fn, args, valid)
@@ -337,24 +458,29 @@ def auto_call(req: Request, args: tuple, valid: Any, axes: tuple, n: int) -> Any
     if req.grad_size != "auto":
         return req.at(req.fn, forward(tree), req.grad_size)(*args, valid=valid)
 
-    def forward_of_reverse(t: Any) -> int:
+    def forward_of_reverse(t: Any) -> int:  # the forward size the reverse plan starts from
         if req.size != "auto":
             return req.size
         if "reverse" not in sizes:
-            runs = req.at(t[0], n, None).reverse_runs_forward(t[1], t[2])
-            sizes["reverse"] = forward(t) if runs else n
+            sizes["runs"] = req.at(t[0], n, None).reverse_runs_forward(t[1], t[2])
+            sizes["reverse"] = forward(t) if sizes["runs"] else n
         return sizes["reverse"]
 
     def run(t: Any, g: int | None) -> Any:
-        size = forward(t) if g is None else forward_of_reverse(t)
+        size = forward(t) if g is None else sizes["gradient"]
         return _AtSize(req.at, size)(t, g)
 
     def plan(t: Any, wrt: tuple) -> int:
         size = min(forward_of_reverse(t) or n, n)
+        found: dict = {}
 
-        def backward() -> int:
-            return _search(req, t, n, size, (wrt, axes), sig)[0].chunk_size
+        def reverse() -> int:  # on process 0: both sizes
+            p, found["forward"] = _reverse(req, t, n, size, (wrt, axes), sig, sizes.get("runs"))
+            found["backward"] = p.chunk_size
+            return found["forward"]
 
-        return agreed_size(backward, who, "backward chunk size")
+        # the forward size the gradient runs, `run` reads it (called right after `plan`)
+        sizes["gradient"] = agreed_size(reverse, who, "forward chunk size of the gradient")
+        return agreed_size(lambda: found["backward"], who, "backward chunk size")
 
     return planned_on_differentiation(run, plan, tree)

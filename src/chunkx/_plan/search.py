@@ -379,31 +379,44 @@ class _Measured:
                           remainder, self.rows, tuple(sorted(self.refused)))
 
 
+class NoSizeFits(ValueError):
+    """The error of a search where no chunk size fits the budget, one row included: `need`, the
+    least bytes any size measured needs (`None` where the device refused every size), and
+    `budget`, the budget given."""
+
+    def __init__(self, message: str, need: int | None, budget: int):
+        super().__init__(message)
+        self.need, self.budget = need, budget
+
+    def __reduce__(self):
+        return type(self), (str(self), self.need, self.budget)
+
+
 def _none_fits(seen, refused, budget, who, what, name) -> None:
-    """Raise the error of a search where no size fits, one row included."""
+    """Raise the error of a search where no size fits, one row included (`NoSizeFits`)."""
     if not seen:  # every size the device was asked for, down to one row, was refused
         sizes = ", ".join(map(str, sorted(refused, reverse=True)))
         said = max(refused.values())
-        raise ValueError(
+        raise NoSizeFits(
             f"`{who}({name}={budget})`: the device refused {what} as out of memory at every "
             f"chunk size tried, down to one row ({sizes}; RESOURCE_EXHAUSTED when compiled"
             + (f", XLA reported up to {said} bytes" if said else "")
-            + "). One row does not fit in this device's memory."
+            + "). One row does not fit in this device's memory.", None, budget
         )
     least = min(seen, key=lambda size: (seen[size], size))
     if least == 1 or 1 not in seen:
-        raise ValueError(
+        raise NoSizeFits(
             f"`{who}({name}={budget})`: the budget is smaller than one row of {what}: "
             f"chunk size {least} needs {seen[least]} bytes of XLA temp memory, the least of "
-            f"any size. Raise {name} to at least {seen[least]}."
+            f"any size. Raise {name} to at least {seen[least]}.", seen[least], budget
         )
     # a smaller chunk needs no less memory (a TPU pads small arrays to its tiles)
     sizes = ", ".join(map(str, sorted(seen, reverse=True)))
-    raise ValueError(
+    raise NoSizeFits(
         f"`{who}({name}={budget})`: the budget is smaller than any chunk size of {what} "
         f"needs: one row needs {seen[1]} bytes of XLA temp memory, and chunk size {least} "
         f"needs {seen[least]}, the least of the sizes measured ({sizes}). Raise {name} to at "
-        f"least {seen[least]}."
+        f"least {seen[least]}.", seen[least], budget
     )
 
 
