@@ -217,7 +217,7 @@ def _reverse(
     lowers = req.size == "auto"  # the user's own forward size is kept
     tried: list[tuple[int, int | None]] = []  # (size searched, least need of its reverse pass)
     if lowers and runs and first < n:  # as `reverse_plan` knows it: a forward loop cut to fit
-        size = _lower_forward(req, tree, n, first, tried, reverse, sig) or first
+        size = _lower_forward(req, tree, n, first, tried, reverse, sig=sig) or first
     while True:
         try:
             loop = size if runs and size < n else None  # the forward loop, for messages
@@ -229,7 +229,8 @@ def _reverse(
                 runs = req.at(tree[0], n, None).reverse_runs_forward(tree[1], tree[2])
             lower = None
             if lowers and runs and len(tried) < MAX_FORWARDS:
-                lower = _lower_forward(req, tree, n, size, tried, reverse, sig, err.budget)
+                lower = _lower_forward(
+                    req, tree, n, size, tried, reverse, sig=sig, budget=err.budget)
             if lower is None and tried == [(first, err.need)]:
                 raise
             if lower is None:
@@ -249,7 +250,7 @@ def _reverse(
 
 
 def _lower_forward(
-    req: Request, tree: tuple, n: int, size: int, tried: list, reverse: tuple,
+    req: Request, tree: tuple, n: int, size: int, tried: list, reverse: tuple, *,
     sig: dict | None, budget: int | None = None,
 ) -> int | None:
     """A forward size below `size` at which the reverse pass should need `FORWARD_ROOM` of
