@@ -9,7 +9,7 @@ from jax.sharding import PartitionSpec as P
 
 from .._plan.recover import run_eager
 from .._types import AxisSpec
-from ._sharding import explicit_layout, sharding_of, whole_rows
+from ._sharding import explicit_layout, place_as, replicated, sharding_of, whole_rows
 
 
 def _where(i: int, path: tuple, names: tuple[str, ...] | None = None) -> str:
@@ -153,6 +153,31 @@ def where_rows(valid, x, y):
     valid = jnp.asarray(valid, bool)
     mask = jax.lax.broadcast_in_dim(valid, jnp.shape(x), (0,), out_sharding=explicit_layout(x))
     return jax.lax.select(mask, x, y)
+
+
+def times_mask(x, valid):
+    """`x` with the rows where `valid` is false set to zero: floating rows multiplied by the
+    mask, exact where those rows are finite (XLA then still contracts a sum of per-row
+    products, per-example gradients of a layer, into one matrix product, where a select would
+    make it hold every row's product), other rows selected."""
+    if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+        return where_rows(valid, x, jnp.zeros_like(x))
+    mask = jnp.asarray(valid, bool)  # promoted to `x`'s dtype, weak type kept
+    return x * jax.lax.broadcast_in_dim(mask, jnp.shape(x), (0,), out_sharding=explicit_layout(x))
+
+
+def stand_in(tree, valid):
+    """The rows of `tree` where `valid`, elsewhere a copy of its first valid row (row 0 where
+    none is) behind `stop_gradient`: masked rows that may hold anything (a caller's padding)
+    made copies of a real row, whose values a sum can multiply by zero exactly."""
+    first = jnp.argmax(jnp.asarray(valid, bool))
+
+    def leaf(x):
+        row = jax.lax.dynamic_index_in_dim(replicated(x), first, 0, keepdims=True)
+        row = jax.lax.stop_gradient(jnp.broadcast_to(row, jnp.shape(x)))
+        return where_rows(valid, x, place_as(row, x))
+
+    return jax.tree_util.tree_map(leaf, tree)
 
 
 def stop_repeated(x, counted):

@@ -136,6 +136,12 @@ def place(x, mesh: Mesh | AbstractMesh, spec: P):
 _constrain = jax.jit(jax.lax.with_sharding_constraint, static_argnums=1)
 
 
+def place_as(y, x):
+    """`y` laid out as `x` where `x` is typed on an Explicit mesh; anything else unchanged."""
+    layout = explicit_layout(x) if eqx.is_array(x) else None
+    return y if layout is None else place(y, layout.mesh, layout.spec)
+
+
 def replicated(x):
     """`x` replicated on its Explicit mesh (rows are then cut, padded or permuted without
     collectives that JAX cannot infer); anything else unchanged."""

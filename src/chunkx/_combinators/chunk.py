@@ -30,7 +30,7 @@ from .._plan.recover import Eager
 from .._plan.search import MemoryPlan
 from .._types import GradPolicy, InAxes, Remainder, RowMask
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
-from ._protocol import AbstractReducer, accumulation, can_shift
+from ._protocol import AbstractReducer, accumulation, can_shift, fn_masks
 from ._rows import compiled_if_eager, join_args, mapped_length, split_args
 from ._sharding import on_inputs_mesh, whole_rows
 from .fused import fused_call, grad_policy, piece_sizes, regrad_call
@@ -120,6 +120,13 @@ class Chunk(eqx.Module):
     functions with side effects, such as callbacks; a second compiled program); a Monoid that
     cannot mask and `Sum(presummed=True)` (unless its function masks rows itself,
     `mask_in_fn=True`) use it by default. To pad instead, wrap in [`chunkx.Pad`][].
+
+    A [`chunkx.Sum`][] multiplies the rows a chunk masks (the repeated ones, a Pad's copies)
+    by zero rather than selecting them out: XLA then keeps a sum of per-row products (the
+    per-example gradients of a layer) as one matrix product instead of holding every row's.
+    Rows that the caller masks (`valid=`, padding that may hold anything) are not evaluated
+    as they are: a chunk in which no row counts is skipped, and in the others a masked row is
+    evaluated on a copy of the chunk's first row that counts.
 
     Reverse mode (`grad`) keeps the memory bound of one chunk in three ways:
 
@@ -365,7 +372,9 @@ class Chunk(eqx.Module):
 
         source = (mapped, valid)
         loop = accumulation(self.reducer)
-        return chunk_loop(piece, loop, source, n, s, self, remat=policy == "recompute")
+        # a caller's masked rows (padding) may hold anything: a sum skips or stands in for them
+        skip = valid is not None and self.reducer.is_additive() and not fn_masks(self.reducer)
+        return chunk_loop(piece, loop, source, n, s, self, remat=policy == "recompute", skip=skip)
 
 
 layer_in_axes.register(Chunk, own_axes)

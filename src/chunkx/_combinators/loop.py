@@ -18,7 +18,7 @@ from ._protocol import (
     fn_masks,
     reduce_chunk,
 )
-from ._rows import counted_rows, rows, stop_repeated, struct_of
+from ._rows import counted_rows, rows, stand_in, stop_repeated, struct_of, zeros_like_struct
 
 
 def evaluate(
@@ -40,7 +40,7 @@ def evaluate(
 
 def chunk_loop(
     piece, loop: AbstractAccumulation, source, n, s, opts, *, what: str = "chunkx",
-    remat: bool = False, call: bool = True,
+    remat: bool = False, call: bool = True, skip: bool = False,
 ) -> Any:
     """`piece(rows, valid)` over chunks of `s` rows of `source = (mapped, valid)`, accumulated.
 
@@ -53,6 +53,11 @@ def chunk_loop(
     The loop body calls that trace as one jitted step (`call`), or replays it op by op
     (`call=False`: XLA then sees the piece's outputs where the loop writes them, as for the
     fused gradient's row Jacobians).
+
+    `skip` (an additive reducer's loop over rows masked by its caller, whose masked rows may
+    hold anything): a chunk without a row that counts is skipped (its partial is zero, one
+    `lax.cond`), and in the others the masked rows are stood in for by a copy of the chunk's
+    first counted row (`stand_in`), so that a sum multiplies them out exactly.
     """
     shift = opts.remainder_policy() == "shift" and n % s != 0
     k, r = (-(-n // s), 0) if shift else divmod(n, s)
@@ -62,6 +67,8 @@ def chunk_loop(
     if shift and valid is None:
         valid = jax.eval_shape(lambda: counted_rows(s, 0, n))
     step, part = _traced_once(piece, mapped, valid, call)
+    if skip:
+        step = _skipping(step, part)
     loop.check_chunk(part, s)
     acc = loop.init(part, n)
     tick = Ticker(k + (r > 0), f"{what}: chunks of {s} rows") if opts.progress else None
@@ -81,7 +88,8 @@ def chunk_loop(
     unroll = opts.unroll or default_unroll(opts.reducer, loop)
     (acc, _), stacked = jax.lax.scan(body, init, None, k, unroll=unroll)
     if r:  # remainder="call": the leftover rows are one more piece
-        acc, _ = loop.accumulate(acc, piece(*rows(source, k * s, r)), k * s, k)
+        last = _skipping(piece, part) if skip else piece
+        acc, _ = loop.accumulate(acc, last(*rows(source, k * s, r)), k * s, k)
         if tick is not None:  # counted too, reported after the loop's own steps
             tick(k, acc)
     return loop.finish(acc, stacked)
@@ -128,6 +136,19 @@ def _at(piece, n, s, shift, remat, varying=False):
         return piece(mapped, valid), start
 
     return jax.checkpoint(at, prevent_cse=False) if remat else at
+
+
+def _skipping(piece, part):
+    """`piece(rows, valid)`, its masked rows stood in for (`stand_in`), or zeros shaped as
+    `part` where no row counts."""
+
+    def run(mapped, valid):
+        def zeros(mapped, valid):
+            return zeros_like_struct(part)
+
+        return jax.lax.cond(jnp.any(valid), piece, zeros, stand_in(mapped, valid), valid)
+
+    return run
 
 
 def _times_one(tree, i):

@@ -38,7 +38,7 @@ from ._protocol import (
     shard_spec,
     trim,
 )
-from ._rows import stop_repeated, where_rows
+from ._rows import stop_repeated, times_mask, where_rows
 from ._sharding import replicated
 
 #: Reductions known to be `+`: a Monoid folding with one of them sums its chunks' partials.
@@ -213,7 +213,8 @@ class Sum(AbstractReducer):
         return self.compensated
 
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
-        return rounded(self, reduce_chunk(self, rows, valid))  # rounded once to the rows' dtype
+        # rounded once to the rows' dtype; masked rows selected out, whatever they hold
+        return rounded(self, _sums(self, rows, valid, multiply=False))
 
     def combine(self, a: Tree, b: Tree) -> Tree:
         return jax.tree_util.tree_map(jnp.add, a, b)
@@ -234,9 +235,15 @@ def _(reducer: Sum, part: Tree) -> Tree:
 
 @reduce_chunk.register
 def _(reducer: Sum, rows: Tree, valid: RowMask | None) -> Tree:
-    # the sums of the rows as a chunk loop's partials: a compensated loop adds a
-    # bfloat16/float16 chunk's float32 sum unrounded (`comp.Wide`); the rows themselves where
-    # they are pre-summed
+    # a chunk loop's masked rows are real rows (repeated, padded with copies, or stood in for
+    # by one: see `loop.py`), so they are multiplied out
+    return _sums(reducer, rows, valid, multiply=True)
+
+
+def _sums(reducer: Sum, rows: Tree, valid: RowMask | None, multiply: bool) -> Tree:
+    """The sums of the rows as a chunk loop's partials: a compensated loop adds a
+    bfloat16/float16 chunk's float32 sum unrounded (`comp.Wide`); the rows themselves where
+    they are pre-summed. `multiply`: see `_row_sum`."""
     if reducer.presummed:
         if valid is not None and not reducer.mask_in_fn:
             raise ValueError(
@@ -244,7 +251,7 @@ def _(reducer: Sum, rows: Tree, valid: RowMask | None) -> Tree:
                 "remainder='call', or Pad(fill='zero') for a map linear in its rows."
             )
         return rows
-    sums = jax.tree_util.tree_map(lambda x: _row_sum(x, valid), rows)
+    sums = jax.tree_util.tree_map(lambda x: _row_sum(x, valid, multiply), rows)
     return sums if reducer.compensated else comp.narrow(sums)
 
 
@@ -355,8 +362,11 @@ def _(reducer: Monoid) -> bool:
     return True
 
 
-def _row_sum(x: Any, valid: RowMask | None) -> Any:
+def _row_sum(x: Any, valid: RowMask | None, multiply: bool = False) -> Any:
     """The sum over axis 0 of the `valid` rows of `x`, as `comp.widen` makes it a partial.
+
+    `multiply`: the masked rows are multiplied out (`times_mask`: exact where they are
+    finite), not selected out, so that XLA keeps a sum of per-row products as one contraction.
 
     Bool and integers narrower than 32 bits add up in `jnp.sum`'s dtype (the default integer
     of their signedness: a count, not a logical or, not modulo 256); bfloat16/float16 in
@@ -366,7 +376,7 @@ def _row_sum(x: Any, valid: RowMask | None) -> Any:
     if dtype == jnp.bool_ or (jnp.issubdtype(dtype, jnp.integer) and dtype.itemsize < 4):
         dtype = jax.eval_shape(jnp.sum, jax.ShapeDtypeStruct((0,), dtype)).dtype
     if valid is not None:
-        x = zero_masked(x, valid)
+        x = times_mask(x, valid) if multiply else zero_masked(x, valid)
     return comp.widen(jnp.sum(x, axis=0, dtype=comp.carry_dtype(dtype)), dtype)
 
 

@@ -38,9 +38,15 @@ from .._combinators._protocol import (
     shard_spec,
     trim,
 )
-from .._combinators._rows import mapped_length, moveaxis, swap_blocks, zeros_like_struct
+from .._combinators._rows import (
+    mapped_length,
+    moveaxis,
+    swap_blocks,
+    times_mask,
+    zeros_like_struct,
+)
 from .._combinators._sharding import replicated
-from .._combinators.reduce import Concat, Sum, wide_sums, zero_masked
+from .._combinators.reduce import Concat, Sum, wide_sums
 from .._plan.measure import default_budget, divisor_below, tree_bytes
 from .._plan.search import MemoryPlan
 from .._types import RowMask, Tree
@@ -252,7 +258,8 @@ class RowFn(eqx.Module):
         out = jax.lax.cond(jnp.any(mask), compute, lambda _: zeros_like_struct(skip), rows)
         if not self.per_example:
             return out
-        return jax.tree_util.tree_map(lambda y: zero_masked(y, mask), out)
+        # the rows not flagged in a chunk that runs are copies of real ones (padding)
+        return jax.tree_util.tree_map(lambda y: times_mask(y, mask), out)
 
 
 class Interleave(eqx.Module):
