@@ -822,3 +822,36 @@ def test_micro_vmap_mean_of_integer_and_boolean_outputs_as_optax(acc):
     for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         assert g.dtype == w.dtype
         np.testing.assert_allclose(g, w, rtol=1e-6)
+
+
+def test_summed_per_example_rows_not_run_keep_their_memory():
+    """micro_vmap's SUM of per-example gradients where some rows do not run (microbatches
+    past `num_real_microbatches`, a batch padded to whole microbatches): XLA keeps the sum of
+    each microbatch's gradients one contraction, as without such rows, not every row's
+    gradient (several times the temp memory before); the values are optax's."""
+    w = (normal(30, (32, 16), jnp.float32) / 4, normal(31, (32,), jnp.float32) / 4,
+         normal(32, (4, 32), jnp.float32) / 8, normal(33, (4,), jnp.float32) / 8)
+
+    def loss(w, x):  # one example's: layers `W @ x + b`, as equinox's Linear
+        return jnp.sum((w[2] @ jnp.tanh(w[0] @ x + w[1]) + w[3]) ** 2)
+
+    x = normal(34, (512, 16), jnp.float32)
+    axes, summed = (None, 0), chunkx.AccumulationType.SUM
+
+    def ours_at(x, r):
+        return chunkx.micro_vmap(jax.grad(loss), axes, microbatch_size=64, accumulator=summed,
+                                 num_real_microbatches=r)
+
+    def temp(g, x):
+        return jax.jit(g).lower(w, x).compile().memory_analysis().temp_size_in_bytes
+
+    every = temp(ours_at(x, None), x)
+    some = om.micro_vmap(jax.grad(loss), axes, microbatch_size=64, accumulator=theirs("SUM"),
+                         num_real_microbatches=5)
+    close(jax.jit(ours_at(x, 5))(w, x), jax.jit(some)(w, x))
+    assert temp(ours_at(x, 5), x) <= 1.5 * every, (temp(ours_at(x, 5), x), every)
+    padded = x[:509]  # 8 microbatches of 64 rows, the last padded
+    assert temp(ours_at(padded, None), padded) <= 1.5 * every
+    want = jax.tree_util.tree_map(lambda g: jnp.sum(g, 0),
+                                  jax.vmap(jax.grad(loss), axes)(w, padded))
+    close(jax.jit(ours_at(padded, None))(w, padded), want)

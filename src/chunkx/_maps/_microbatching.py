@@ -272,6 +272,7 @@ class Interleave(eqx.Module):
     count: int = eqx.field(static=True)  # microbatches: K
     num_real: Any = None
     masked: bool = eqx.field(static=True, default=False)
+    as_valid: bool = eqx.field(static=True, default=False)  # the flags as `fn`'s `valid=`
 
     def __call__(self, rows: Any, fixed: Any, *, valid: RowMask | None = None) -> Any:
         n = mapped_length((rows,), (0,), "Interleave")
@@ -283,7 +284,7 @@ class Interleave(eqx.Module):
             run = k if self.num_real is None else self.num_real  # microbatches run
             head = (swap_blocks(m & (jnp.arange(n) % k < run), s, k),)  # chunk j: rows j::k
         rows = jax.tree_util.tree_map(lambda x: swap_blocks(x, s, k), rows)
-        out = self.fn(*head, rows, fixed)
+        out = self.fn(rows, fixed, valid=head[0]) if self.as_valid else self.fn(*head, rows, fixed)
 
         def leaf(kind, part):  # concatenated rows back in batch order
             if kind is not AccumulationType.CONCAT:
@@ -391,7 +392,11 @@ class Microbatched(eqx.Module):
         padded = k is not None and k * mb != n
         # masked rows: padded ones, of a microbatch past `num_real`, or padded over the devices
         masked = k is not None and (padded or r is not None or n % d != 0)
-        row_fn = RowFn(body, at, self.per_example, masked, self.vmap_fn)
+        # a per-example map whose outputs are all summed flags its rows as the loop's row mask:
+        # the loop skips a chunk with none to run and keeps the sum of the others' rows one
+        # contraction (a flag per row inside `RowFn` holds every row's output)
+        summed = masked and self.per_example and leaves.is_additive() and leaves.can_mask()
+        row_fn = RowFn(body, at, self.per_example, masked and not summed, self.vmap_fn)
         g = opts.grad_size // d if isinstance(opts.grad_size, int) else opts.grad_size
         local = None if opts.size is None else mb if k is None else mb // d  # None: all rows
         # rows that are each their own output need not be grouped into optax's microbatches
@@ -401,9 +406,9 @@ class Microbatched(eqx.Module):
                    and all(t is AccumulationType.CONCAT for t in leaves.kinds))
         grouped = k is not None and (masked or not rowwise)
         core = compose(
-            row_fn, (0,) * masked + AXES, leaves,
+            row_fn, (0,) * (masked and not summed) + AXES, leaves,
             dataclasses.replace(opts, size=local, grad_size=g), who, outer_axes=AXES,
-            around=(lambda c: Interleave(c, leaves, k, r, masked)) if grouped else None,
+            around=(lambda c: Interleave(c, leaves, k, r, masked, summed)) if grouped else None,
             pad=mb if padded else 1,
         )
         if plan is not None:  # an "auto" size (no rows padded): the plan of the loop's Chunk
