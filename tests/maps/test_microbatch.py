@@ -825,10 +825,10 @@ def test_micro_vmap_mean_of_integer_and_boolean_outputs_as_optax(acc):
 
 
 def test_summed_per_example_rows_not_run_keep_their_memory():
-    """micro_vmap's SUM of per-example gradients where some rows do not run (microbatches
-    past `num_real_microbatches`, a batch padded to whole microbatches): XLA keeps the sum of
-    each microbatch's gradients one contraction, as without such rows, not every row's
-    gradient (several times the temp memory before); the values are optax's."""
+    """micro_vmap's SUM of per-example gradients, and micro_grad's, where some rows do not
+    run (microbatches past `num_real_microbatches`, a batch padded to whole microbatches):
+    XLA keeps the sum of each microbatch's gradients one contraction, as without such rows,
+    not every row's gradient (several times the temp memory before); the values are optax's."""
     w = (normal(30, (32, 16), jnp.float32) / 4, normal(31, (32,), jnp.float32) / 4,
          normal(32, (4, 32), jnp.float32) / 8, normal(33, (4,), jnp.float32) / 8)
 
@@ -855,3 +855,15 @@ def test_summed_per_example_rows_not_run_keep_their_memory():
     want = jax.tree_util.tree_map(lambda g: jnp.sum(g, 0),
                                   jax.vmap(jax.grad(loss), axes)(w, padded))
     close(jax.jit(ours_at(padded, None))(w, padded), want)
+
+    # micro_grad: the summed gradients beside each example's loss (kept rows)
+    def batch_loss(w, xs):
+        return jnp.mean(jax.vmap(loss, (None, 0))(w, xs))
+
+    def grads_at(m, r):
+        return m.micro_grad(batch_loss, batch_argnums=1, microbatch_size=64,
+                            num_real_microbatches=r)
+
+    every = temp(grads_at(chunkx, None), x)
+    assert temp(grads_at(chunkx, 5), x) <= 1.5 * every, (temp(grads_at(chunkx, 5), x), every)
+    close(jax.jit(grads_at(chunkx, 5))(w, x), jax.jit(grads_at(om, 5))(w, x))

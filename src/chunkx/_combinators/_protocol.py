@@ -94,7 +94,8 @@ class AbstractAccumulation(eqx.Module):
 #: module taking the reducer first, and the chunk loop's `AbstractAccumulation` methods. A
 #: reducer that defines one as a method is refused (no combinator would call it).
 _MACHINERY = (
-    "init", "accumulate", "finish", "check_chunk", "fn_masks", "can_shift", "reduce_chunk",
+    "init", "accumulate", "finish", "check_chunk", "fn_masks", "skips_masked", "can_shift",
+    "reduce_chunk",
     "call_masked", "trim", "rounded", "shard_spec", "shard_local", "shard_collect",
 )
 
@@ -199,6 +200,14 @@ def fn_masks(reducer: AbstractReducer) -> bool:
     """Whether the batched function itself takes the row mask (as `valid=`, wherever a piece
     has one) and leaves masked rows out of what it returns; by default it does not."""
     return False
+
+
+@functools.singledispatch
+def skips_masked(reducer: AbstractReducer) -> bool:
+    """Whether a chunk loop over rows its caller masks may skip a chunk in which no row counts
+    (its partial then zeros) and evaluate the masked rows of the others on a copy of one that
+    counts: by default where the reducer is additive (zero is its identity)."""
+    return reducer.is_additive()
 
 
 @functools.singledispatch

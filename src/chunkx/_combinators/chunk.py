@@ -30,7 +30,7 @@ from .._plan.recover import Eager
 from .._plan.search import MemoryPlan
 from .._types import GradPolicy, InAxes, Remainder, RowMask
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
-from ._protocol import AbstractReducer, accumulation, can_shift, fn_masks
+from ._protocol import AbstractReducer, accumulation, can_shift, fn_masks, skips_masked
 from ._rows import compiled_if_eager, join_args, mapped_length, split_args
 from ._sharding import on_inputs_mesh, whole_rows
 from .fused import fused_call, grad_policy, piece_sizes, regrad_call
@@ -373,7 +373,7 @@ class Chunk(eqx.Module):
         source = (mapped, valid)
         loop = accumulation(self.reducer)
         # a caller's masked rows (padding) may hold anything: a sum skips or stands in for them
-        skip = valid is not None and self.reducer.is_additive() and not fn_masks(self.reducer)
+        skip = valid is not None and skips_masked(self.reducer) and not fn_masks(self.reducer)
         return chunk_loop(piece, loop, source, n, s, self, remat=policy == "recompute", skip=skip)
 
 

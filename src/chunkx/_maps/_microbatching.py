@@ -36,6 +36,7 @@ from .._combinators._protocol import (
     shard_collect,
     shard_local,
     shard_spec,
+    skips_masked,
     trim,
 )
 from .._combinators._rows import (
@@ -46,7 +47,7 @@ from .._combinators._rows import (
     zeros_like_struct,
 )
 from .._combinators._sharding import replicated
-from .._combinators.reduce import Concat, Sum, wide_sums
+from .._combinators.reduce import Concat, Sum, keeps_rows, wide_sums
 from .._plan.measure import default_budget, divisor_below, tree_bytes
 from .._plan.search import MemoryPlan
 from .._types import RowMask, Tree
@@ -224,6 +225,14 @@ for _op, _trees in ((reduce_chunk, 1), (rounded, 1), (trim, 1), (shard_spec, 0),
     _op.register(Leaves, per_leaf(_op, trees=_trees))
 
 
+@skips_masked.register
+def _(reducer: Leaves) -> bool:
+    # built-in accumulations only, each a sum or rows kept: a chunk of rows not to run adds
+    # zeros and writes zero rows, as `RowFn` gives them
+    return all(isinstance(k, AccumulationType) for k in reducer.kinds) and all(
+        r.is_additive() or keeps_rows(r) for r in reducer.items)
+
+
 @accumulation.register
 def _(reducer: Leaves) -> AbstractAccumulation:
     return LeafLoops(tuple(map(accumulation, reducer.items)), reducer.treedef)
@@ -392,10 +401,10 @@ class Microbatched(eqx.Module):
         padded = k is not None and k * mb != n
         # masked rows: padded ones, of a microbatch past `num_real`, or padded over the devices
         masked = k is not None and (padded or r is not None or n % d != 0)
-        # a per-example map whose outputs are all summed flags its rows as the loop's row mask:
+        # a per-example map of built-in accumulations flags its rows as the loop's row mask:
         # the loop skips a chunk with none to run and keeps the sum of the others' rows one
         # contraction (a flag per row inside `RowFn` holds every row's output)
-        summed = masked and self.per_example and leaves.is_additive() and leaves.can_mask()
+        summed = masked and self.per_example and skips_masked(leaves) and leaves.can_mask()
         row_fn = RowFn(body, at, self.per_example, masked and not summed, self.vmap_fn)
         g = opts.grad_size // d if isinstance(opts.grad_size, int) else opts.grad_size
         local = None if opts.size is None else mb if k is None else mb // d  # None: all rows
