@@ -657,8 +657,13 @@ def test_errors():
                      (dict(microbatch_size=2, grad_microbatch_size=1), "grad_microbatch_size")]:
         with pytest.raises(ValueError, match=rf"`micro_vmap\(accumulator=...\)`: a user-written Accumulator .* cannot take {what}"):
             chunkx.micro_vmap(g, (0, None), accumulator=user, **kw)(x[:8] if "shard" in kw else x, w)
-    with pytest.raises(ValueError, match=r"`microbatch`: mapped arguments must share the length"):
+    with pytest.raises(ValueError, match=r"`microbatch`: mapped arguments must share the length"
+                       r" of their leading axis, got args\[0\] shape \(4,\), args\[1\] shape \(6,\)\.$"):
         chunkx.microbatch(lambda a, b: a + b, (0, 1), 2)(jnp.ones(4), jnp.ones(6))
+    with pytest.raises(ValueError, match=r"`micro_grad`: .*, got args\[1\] shape \(4, 3\), "
+                       r"args\[2\]\['y'\] shape \(3,\)\.$"):  # the arguments as the user names them
+        chunkx.micro_grad(lambda p, x, d: jnp.mean(x @ p - d["y"]), batch_argnums=(1, 2),
+                          microbatch_size=2)(jnp.ones(3), jnp.ones((4, 3)), {"y": jnp.ones(3)})
     with pytest.raises(ValueError, match=r"`micro_vmap`: the batch is empty \(0 rows\)"):
         chunkx.micro_vmap(jnp.sin, microbatch_size=2)(jnp.ones((0, 3)))
     with pytest.raises(ValueError, match=r"`reshape_batch_axis\(microbatch_size=3\)`: the batch axis 0 has 10 rows"):

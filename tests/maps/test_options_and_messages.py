@@ -259,3 +259,32 @@ def test_the_combinators_ask_for_an_instance_and_a_bool():
     ]
     with pytest.raises(TypeError, match="reducer"):  # in this process: the hook's account
         chunkx.Chunk(jnp.sin, 2, reducer=chunkx.Sum)
+
+
+def test_positional_maps_refuse_keywords_in_their_own_name():
+    """netket's and quantax's maps take their arguments positionally (one in_axes entry
+    each): a keyword is refused naming the map, not an internal class."""
+    f = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    x, w = jnp.ones((10, 3)), jnp.ones((3, 2))
+    batched = jax.vmap(f, (0, None))
+    for who, g in [("vmap_chunked", chunkx.vmap_chunked(f, (0, None), chunk_size=4)),
+                   ("vmap_chunked", chunkx.vmap_chunked(f, (0, None), chunk_size=None)),
+                   ("apply_chunked", chunkx.apply_chunked(batched, (0, None), chunk_size=4)),
+                   ("chunk_map", chunkx.chunk_map(batched, (0, None), chunk_size=4)),
+                   ("jit_chunk_vmap", chunkx.jit_chunk_vmap(f, (0, None), chunk_size=4))]:
+        with pytest.raises(TypeError, match=rf"^`{who}`: the arguments are passed positionally "
+                           r".*got keyword argument\(s\) \[.w.\]; pass them positionally\."):
+            g(x, w=w)
+        assert jnp.allclose(g(x, w), batched(x, w))  # positionally, as netket's and quantax's
+
+
+@pytest.mark.parametrize("use_scan", [True, False])
+def test_chunk_map_out_axes_out_of_range_in_its_name(use_scan):
+    f = jax.vmap(jnp.sum)  # one scalar per row: mapped rank 1
+    g = chunkx.chunk_map(f, chunk_size=2, out_axes=1, use_scan=use_scan)
+    with pytest.raises(ValueError, match=r"^`chunk_map\(out_axes=\.\.\.\)`: axis 1 is out of "
+                       r"range for an output of per-example shape \(\) \(mapped rank 1\)\."):
+        g(jnp.ones((6, 3)))
+    h = jax.vmap(lambda x: x * 2, out_axes=-1)  # in range, negative: as quantax places it
+    assert_tree_close(chunkx.chunk_map(h, chunk_size=2, out_axes=-1, use_scan=use_scan)(
+        jnp.arange(18.0).reshape(6, 3)), h(jnp.arange(18.0).reshape(6, 3)))

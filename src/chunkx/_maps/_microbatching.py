@@ -373,12 +373,13 @@ class Microbatched(eqx.Module):
         """`fun` on the batch `(args, kwargs)`; with `plan` (`"memory_plan"`,
         `"grad_memory_plan"`), the plan its "auto" size follows."""
         opts, who, leaves = self.opts, self.opts.who, self.leaves
-        flat, at, treedef, _ = self._resolve(args, kwargs)
+        flat, at, treedef, names = self._resolve(args, kwargs)
         rows = [None if a is None else moveaxis(x, a, 0) for x, a in zip(flat, at)]
         fixed = [x if a is None else None for x, a in zip(flat, at)]
         # rows cut and permuted on one layout (each device's under Shard)
         pair = (rows if opts.shard else jax.tree_util.tree_map(replicated, rows), fixed)
-        n = mapped_length(pair, AXES, who)
+        named = {nm: x for x, nm in zip(rows, names) if x is not None}  # as the user names them
+        n = mapped_length(tuple(named.values()), (0,) * len(named), who, tuple(named))
         if n == 0:
             raise ValueError(f"`{who}`: the batch is empty (0 rows); there is no microbatch.")
         body, at = Body(self.fun, treedef), tuple(at)

@@ -205,6 +205,18 @@ class Checked(eqx.Module):
     in_axes: InAxes = eqx.field(static=True)
     who: str = eqx.field(static=True)
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        positional_only(self.who, kwargs)
         by_argument(self.who, self.in_axes, args, {}, arrays_only=True)
         return self.fn(*args)
+
+
+def positional_only(who: str, kwargs: dict) -> None:
+    """Raise where a map that takes its arguments positionally (netket's, quantax's, as their
+    own do) is given keywords."""
+    if kwargs:
+        raise TypeError(
+            f"`{who}`: the arguments are passed positionally (in_axes has one entry per "
+            f"positional argument), got keyword argument(s) {sorted(kwargs)}; pass them "
+            "positionally."
+        )

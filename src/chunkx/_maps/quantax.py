@@ -15,7 +15,7 @@ from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.reduce import Concat
 from .._public import public
 from .._types import Budget, InAxes, Size
-from ._vmap_axes import Checked, by_argument
+from ._vmap_axes import Checked, by_argument, out_axis, positional_only
 from .pipeline import Options, check_options, compose, fn_name, plan_call, plan_of
 
 _BWD_PLANNED = "chunk_size='auto', use_scan=True, chunk_size_bwd=None"  # for messages
@@ -47,7 +47,8 @@ class ChunkMap(eqx.Module):
         """Whether the chunks run in one `lax.scan` (else a Python loop: `opts.unrolled`)."""
         return not self.opts.unrolled
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        positional_only(self.opts.who, kwargs)
         with on_inputs_mesh(args):
             return self._call(args, {})
 
@@ -118,7 +119,12 @@ class _Moved(eqx.Module):
         leaves, treedef = jax.tree_util.tree_flatten(args)
         leaves = [x if a is None else moveaxis(x, 0, a) for x, a in zip(leaves, self.at)]
         out = self.fn(*jax.tree_util.tree_unflatten(treedef, leaves))
-        return _per_output(out, self.out_axes, lambda o, ax: move_axis(o, ax, 0), self.who)
+
+        def front(o, ax):  # each leaf's mapped axis, checked against its rank in f's name
+            return map_mapped(lambda x: moveaxis(x, out_axis(self.who, x.shape[1:], ax), 0),
+                              (o,), (0,))[0]
+
+        return _per_output(out, self.out_axes, front, self.who)
 
 
 def move_axis(tree: Any, src: int, dst: int) -> Any:
