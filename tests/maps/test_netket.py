@@ -415,6 +415,17 @@ def test_rows_validated():
     pb = chunkx.vjp_chunked(F, P_REAL, S, chunk_argnums=1, chunk_size=4)
     with pytest.raises(ValueError, match=r"`vjp_chunked\(chunk_argnums=\(1,\)\)`: mapped arguments must share the length of their leading axis, got primals\[1\] shape \(22, 6\), cotangents shape \(21,\)\."):
         pb(jnp.ones(21))
+    # the cotangents' rows as the output's (JAX's own message named the chunk's shapes)
+    with pytest.raises(ValueError, match=r"^`vjp_chunked`: the cotangents must have the shape "
+                       r"of fun's output, got rows of shape \(1,\) in cotangents for output rows "
+                       r"of shape \(\)\."):
+        pb(jnp.ones((22, 1)))
+    with pytest.raises(ValueError, match=r"^`vjp_chunked`: the cotangents need one row per row of "
+                       r"the chunked primals \(those of chunk_argnums=\(1,\)\), got a leaf of shape"):
+        pb(jnp.float32(1.0))
+    with pytest.raises(ValueError, match=r"^`vjp_chunked`: the cotangents must have the structure "
+                       r"of fun's output"):
+        pb((jnp.ones(22),))
 
 
 def test_aux_without_rows_refused_when_chunked():

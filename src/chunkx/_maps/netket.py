@@ -269,6 +269,12 @@ class ChunkedVjp(eqx.Module):
     def __call__(self, cotangents: PyTree[Any]) -> Any:
         chunk, every = self.chunk_argnums, range(len(self.primals))
         if self.opts.size is not None:  # chunked: the cotangents have the primals' rows
+            for c in jax.tree_util.tree_leaves(cotangents):
+                if jnp.ndim(c) == 0:
+                    raise ValueError(
+                        f"`{_VJP}`: the cotangents need one row per row of the chunked "
+                        f"primals (those of chunk_argnums={chunk}), got a leaf of shape ()."
+                    )
             _check_rows(self.primals, chunk, cotangents)
         idx = None if self.scatter is None else jnp.arange(self.scatter, dtype=jnp.int32)
         axes = (0, 0) + tuple(0 if i in chunk else None for i in every)
@@ -304,6 +310,7 @@ class ChunkedVjp(eqx.Module):
         diff = [i for i in range(len(primals)) if i not in nd]
         fixed, free = Bound.fixing(eqx.combine(self.arrays, self.fun), primals, nd)
         ys, pull, *aux = jax.vjp(fixed, *free, has_aux=self.has_aux)
+        _check_cotangent(ys, ct)
         if aux and self.opts.size is not None:  # chunked: the aux rows are joined
             _check_aux_rows(aux[0], jax.tree_util.tree_leaves(primals[self.chunk_argnums[0]]))
         g = _pull(pull, ys, ct, not _is_complex(free))
@@ -320,6 +327,24 @@ class ChunkedVjp(eqx.Module):
         keep = self.forward is None
         y = rows(ys) if keep and self.return_forward else None
         return y, g, rows(aux[0]) if keep and self.has_aux else None
+
+
+def _check_cotangent(ys, ct) -> None:
+    """Raise unless the cotangents of a chunk have the structure and shapes of its outputs
+    `ys`, in per-row terms (each leaf's shape past the rows)."""
+    cts, structure = jax.tree_util.tree_flatten(ct)
+    if structure != jax.tree_util.tree_structure(ys):
+        raise ValueError(
+            f"`{_VJP}`: the cotangents must have the structure of fun's output, got "
+            f"{structure} for {jax.tree_util.tree_structure(ys)}."
+        )
+    for (path, y), c in zip(jax.tree_util.tree_flatten_with_path(ys)[0], cts):
+        if jnp.shape(c)[1:] != jnp.shape(y)[1:]:
+            raise ValueError(
+                f"`{_VJP}`: the cotangents must have the shape of fun's output, got rows of "
+                f"shape {jnp.shape(c)[1:]} in cotangents{jax.tree_util.keystr(path)} for "
+                f"output rows of shape {jnp.shape(y)[1:]}."
+            )
 
 
 def _check_aux_rows(aux, chunked: list) -> None:
