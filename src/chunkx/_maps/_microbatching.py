@@ -405,8 +405,8 @@ class Microbatched(eqx.Module):
         # a per-example map of built-in accumulations flags its rows as the loop's row mask:
         # the loop skips a chunk with none to run and keeps the sum of the others' rows one
         # contraction (a flag per row inside `RowFn` holds every row's output)
-        summed = masked and self.per_example and skips_masked(leaves) and leaves.can_mask()
-        row_fn = RowFn(body, at, self.per_example, masked and not summed, self.vmap_fn)
+        as_valid = masked and self.per_example and skips_masked(leaves) and leaves.can_mask()
+        row_fn = RowFn(body, at, self.per_example, masked and not as_valid, self.vmap_fn)
         g = opts.grad_size // d if isinstance(opts.grad_size, int) else opts.grad_size
         local = None if opts.size is None else mb if k is None else mb // d  # None: all rows
         # rows that are each their own output need not be grouped into optax's microbatches
@@ -416,9 +416,9 @@ class Microbatched(eqx.Module):
                    and all(t is AccumulationType.CONCAT for t in leaves.kinds))
         grouped = k is not None and (masked or not rowwise)
         core = compose(
-            row_fn, (0,) * (masked and not summed) + AXES, leaves,
+            row_fn, (0,) * (masked and not as_valid) + AXES, leaves,
             dataclasses.replace(opts, size=local, grad_size=g), who, outer_axes=AXES,
-            around=(lambda c: Interleave(c, leaves, k, r, masked, summed)) if grouped else None,
+            around=(lambda c: Interleave(c, leaves, k, r, masked, as_valid)) if grouped else None,
             pad=mb if padded else 1,
         )
         if plan is not None:  # an "auto" size (no rows padded): the plan of the loop's Chunk
