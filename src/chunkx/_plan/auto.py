@@ -467,11 +467,12 @@ def auto_call(req: Request, args: tuple, valid: Any, axes: tuple, n: int) -> Any
             sizes["reverse"] = forward(t) if sizes["runs"] else n
         return sizes["reverse"]
 
-    def run(t: Any, g: int | None) -> Any:
-        size = forward(t) if g is None else sizes["gradient"]
+    def run(t: Any, gradient: tuple[int, int] | None) -> Any:
+        # the call at its forward size, or the differentiated call at the sizes `plan` found
+        size, g = (forward(t), None) if gradient is None else gradient
         return _AtSize(req.at, size)(t, g)
 
-    def plan(t: Any, wrt: tuple) -> int:
+    def plan(t: Any, wrt: tuple) -> tuple[int, int]:
         size = min(forward_of_reverse(t) or n, n)
         found: dict = {}
 
@@ -480,8 +481,7 @@ def auto_call(req: Request, args: tuple, valid: Any, axes: tuple, n: int) -> Any
             found["backward"] = p.chunk_size
             return found["forward"]
 
-        # the forward size the gradient runs, `run` reads it (called right after `plan`)
-        sizes["gradient"] = agreed_size(reverse, who, "forward chunk size of the gradient")
-        return agreed_size(lambda: found["backward"], who, "backward chunk size")
+        gradient = agreed_size(reverse, who, "forward chunk size of the gradient")
+        return gradient, agreed_size(lambda: found["backward"], who, "backward chunk size")
 
     return planned_on_differentiation(run, plan, tree)

@@ -86,14 +86,17 @@ def _live(tree: Any, mask: tuple[bool, ...] | None) -> tuple[list, Callable[[Any
     return [x for x, m in zip(leaves, mask) if m], rebuild
 
 
-def planned_on_differentiation(run: Run, plan: Callable[[Any, tuple], int], tree: Any) -> Any:
+def planned_on_differentiation(
+    run: Callable[[Any, Any], Any], plan: Callable[[Any, tuple], Any], tree: Any
+) -> Any:
     """`run(tree, None)`, whose derivatives are those of `run(tree, plan(tree, wrt))`.
 
-    `plan(tree, wrt)` (the backward chunk size for differentiating the array leaves marked in
-    `wrt`) is called only when the call is differentiated: a `jax.custom_jvp` whose rule plans,
-    then returns the JVP of the map at that size (so reverse mode is JAX's transpose of that
-    JVP, as without the rule). Every array leaf of `tree` is an input of the rule, so every
-    derivative is exact.
+    `plan(tree, wrt)` (the sizes for differentiating the array leaves marked in `wrt`: for a
+    Chunk, the forward and backward chunk sizes of its differentiated program, which `run`
+    takes as they are) is called only when the call is differentiated: a `jax.custom_jvp`
+    whose rule plans, then returns the JVP of the map at those sizes (so reverse mode is JAX's
+    transpose of that JVP, as without the rule). Every array leaf of `tree` is an input of the
+    rule, so every derivative is exact.
     """
     leaves, rebuild = _live(tree, None)
 
