@@ -155,13 +155,19 @@ def where_rows(valid, x, y):
     return jax.lax.select(mask, x, y)
 
 
+def zero_masked(x, valid):
+    """`x` with the rows where `valid` is false set to zero."""
+    x = jnp.asarray(x)
+    return where_rows(valid, x, jnp.zeros_like(x))
+
+
 def times_mask(x, valid):
     """`x` with the rows where `valid` is false set to zero: floating rows multiplied by the
     mask, exact where those rows are finite (XLA then still contracts a sum of per-row
     products, per-example gradients of a layer, into one matrix product, where a select would
     make it hold every row's product), other rows selected."""
     if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
-        return where_rows(valid, x, jnp.zeros_like(x))
+        return zero_masked(x, valid)
     mask = jnp.asarray(valid, bool)  # promoted to `x`'s dtype, weak type kept
     return x * jax.lax.broadcast_in_dim(mask, jnp.shape(x), (0,), out_sharding=explicit_layout(x))
 

@@ -26,10 +26,10 @@ from jax.sharding import PartitionSpec as P
 
 from .._plan.auto import Owner
 from ._protocol import AbstractAccumulation, accumulation, fn_masks, rounded
-from ._rows import IN_RANGE, join_args, rows
+from ._rows import IN_RANGE, join_args, rows, zero_masked
 from ._sharding import explicit_layout, typed_like
 from .loop import chunk_loop, evaluate
-from .reduce import Sum, zero_masked
+from .reduce import Sum
 
 #: `grad="auto"` fuses where the reduced output has at most this many real elements.
 FUSED_MAX_OUTPUTS = 16

@@ -38,7 +38,7 @@ from ._protocol import (
     shard_spec,
     trim,
 )
-from ._rows import stop_repeated, times_mask, where_rows
+from ._rows import stop_repeated, times_mask, zero_masked
 from ._sharding import replicated
 
 #: Reductions known to be `+`: a Monoid folding with one of them sums its chunks' partials.
@@ -378,12 +378,6 @@ def _row_sum(x: Any, valid: RowMask | None, multiply: bool = False) -> Any:
     if valid is not None:
         x = times_mask(x, valid) if multiply else zero_masked(x, valid)
     return comp.widen(jnp.sum(x, axis=0, dtype=comp.carry_dtype(dtype)), dtype)
-
-
-def zero_masked(x: Any, valid: Any) -> Any:
-    """`x` with the rows where `valid` is false set to zero."""
-    x = jnp.asarray(x)
-    return where_rows(valid, x, jnp.zeros_like(x))
 
 
 def wide_sums(layer: Any) -> Any:

@@ -12,8 +12,8 @@ import numpy as np
 from jaxtyping import PyTree
 
 from .._checks import as_in_axes, check_argnums, check_positive
-from .._combinators._rows import mapped_length
-from .._combinators.reduce import Concat, Sum, zero_masked
+from .._combinators._rows import mapped_length, zero_masked
+from .._combinators.reduce import Concat, Sum
 from .._combinators.vmap import Vmap
 from .._public import public
 from .._types import InAxes, Size
