@@ -119,17 +119,19 @@ class _Moved(eqx.Module):
         leaves, treedef = jax.tree_util.tree_flatten(args)
         leaves = [x if a is None else moveaxis(x, 0, a) for x, a in zip(leaves, self.at)]
         out = self.fn(*jax.tree_util.tree_unflatten(treedef, leaves))
-
-        def front(o, ax):  # each leaf's mapped axis, checked against its rank in f's name
-            return map_mapped(lambda x: moveaxis(x, out_axis(self.who, x.shape[1:], ax), 0),
-                              (o,), (0,))[0]
-
+        front = lambda o, ax: move_axis(o, ax, 0, self.who)  # noqa: E731
         return _per_output(out, self.out_axes, front, self.who)
 
 
-def move_axis(tree: Any, src: int, dst: int) -> Any:
-    """`tree` with axis `src` of every array leaf moved to `dst` (other leaves as they are)."""
-    return map_mapped(lambda x: moveaxis(x, src, dst), (tree,), (0,))[0]
+def move_axis(tree: Any, src: int, dst: int, who: str | None = None) -> Any:
+    """`tree` with axis `src` of every array leaf moved to `dst` (other leaves as they are);
+    with `who`, `src` (an output's mapped axis) is checked against each leaf's rank first, in
+    the name of the map `who`."""
+
+    def move(x):
+        return moveaxis(x, src if who is None else out_axis(who, x.shape[1:], src), dst)
+
+    return map_mapped(move, (tree,), (0,))[0]
 
 
 def _per_output(out: Any, out_axes: Any, fn: Callable[[Any, int], Any], who: str) -> Any:
