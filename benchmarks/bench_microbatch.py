@@ -1,13 +1,14 @@
 """chunkx's `micro_grad` vs optax 0.2.8's `optax.microbatching.micro_grad`: per-example gradients
 of a small MLP, the same microbatch size (an exact divisor of the batch), DP-SGD style (clipped
-per-example gradients, summed) and plain (MEAN, no transform); and `jax.value_and_grad` of a
+per-example gradients, summed) and plain (MEAN, no transform), each also with only the first
+`--real` microbatches real (`num_real_microbatches`); and `jax.value_and_grad` of a
 `microbatch`ed mean loss.
 
 Side by side in one process, variants timed round-robin (interleaved), medians of `--reps`;
 XLA temp bytes from `jax.jit(f).lower(*args).compile().memory_analysis()`. Writes
 benchmarks/results/microbatch.json.
 
-    python benchmarks/bench_microbatch.py [--n 2048] [--mb 128] [--reps 41]
+    python benchmarks/bench_microbatch.py [--n 2048] [--mb 128] [--reps 41] [--real 12]
 """
 
 import argparse
@@ -54,9 +55,10 @@ def problem(n, d, h):
     return params, jax.random.normal(k[2], (n, d)), jax.random.normal(k[3], (n,))
 
 
-def sections(mb):
-    def build(mod, acc, transform):
-        kw = dict(batch_argnums=(1, 2), microbatch_size=mb, metrics_fn=global_norm)
+def sections(mb, real):
+    def build(mod, acc, transform, num_real=None):
+        kw = dict(batch_argnums=(1, 2), microbatch_size=mb, metrics_fn=global_norm,
+                  num_real_microbatches=num_real)
         if transform:
             kw["transform_fn"] = clip
         return mod.micro_grad(mlp_loss, accumulator=getattr(mod.AccumulationType, acc), **kw)
@@ -72,6 +74,11 @@ def sections(mb):
                                                                           ("chunkx", chunkx))},
         "plain (MEAN)": {m: build(mod, "MEAN", False) for m, mod in (("optax", om),
                                                                       ("chunkx", chunkx))},
+        # a batch padded to a fixed size, its real microbatches first (DP-SGD's sampled batches)
+        "dpsgd (clip, SUM, num_real)": {m: build(mod, "SUM", True, real)
+                                        for m, mod in (("optax", om), ("chunkx", chunkx))},
+        "plain (MEAN, num_real)": {m: build(mod, "MEAN", False, real)
+                                   for m, mod in (("optax", om), ("chunkx", chunkx))},
     }
 
 
@@ -112,10 +119,11 @@ def main():
     ap.add_argument("--h", type=int, default=128)
     ap.add_argument("--mb", type=int, default=128)
     ap.add_argument("--reps", type=int, default=41)
+    ap.add_argument("--real", type=int, default=12)  # num_real_microbatches of the "num_real" rows
     a = ap.parse_args()
     assert a.n % a.mb == 0, "the comparison uses an exact divisor"
     args = problem(a.n, a.d, a.h)
-    rows = [measure(k, fns, args, a.reps) for k, fns in sections(a.mb).items()]
+    rows = [measure(k, fns, args, a.reps) for k, fns in sections(a.mb, a.real).items()]
     out = {
         "config": vars(a),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
