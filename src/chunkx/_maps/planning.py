@@ -39,15 +39,15 @@ def plan_memory(
 
         ```python
         import jax, jax.numpy as jnp, chunkx
-        f = jax.jacrev(lambda x, w: jnp.tanh(x @ w))
-        xs = jax.ShapeDtypeStruct((256, 16), jnp.float32)
-        w = jax.ShapeDtypeStruct((16, 32), jnp.float32)
-        plan = chunkx.plan_memory(f, xs, w, in_axes=(0, None), budget_bytes=100_000)
+        f = lambda q, k: jax.nn.softmax(k @ q) @ k    # per row: scores over 512 keys
+        qs = jax.ShapeDtypeStruct((256, 16), jnp.float32)
+        k = jax.ShapeDtypeStruct((512, 16), jnp.float32)
+        plan = chunkx.plan_memory(f, qs, k, in_axes=(0, None), budget_bytes=100_000)
         print(plan.points)                            # (size, bytes) in the order compiled
         assert plan.chunk_size < plan.n == 256        # the whole batch is over budget
         assert plan.bytes_at(256) > 100_000         # measured first
         g = chunkx.batch_vmap(f, (0, None), batch_size=plan.chunk_size)
-        assert chunkx.compiled_temp_bytes(g, xs, w) <= 100_000
+        assert chunkx.compiled_temp_bytes(g, qs, k) <= 100_000
         ```
     """
     how = (reduction, chunk_reduction, shard, mesh)
@@ -121,12 +121,12 @@ def plan_chunk_size(
 
         ```python
         import jax, jax.numpy as jnp, chunkx
-        f = jax.jacrev(lambda x, w: jnp.tanh(x @ w))     # per row: a (32, 16) Jacobian
-        xs = jax.ShapeDtypeStruct((256, 16), jnp.float32)
-        w = jax.ShapeDtypeStruct((16, 32), jnp.float32)
-        B = chunkx.plan_chunk_size(f, xs, w, in_axes=(0, None), budget_bytes=2**16)
+        f = lambda q, k: jax.nn.softmax(k @ q) @ k    # per row: scores over 512 keys
+        qs = jax.ShapeDtypeStruct((256, 16), jnp.float32)
+        k = jax.ShapeDtypeStruct((512, 16), jnp.float32)
+        B = chunkx.plan_chunk_size(f, qs, k, in_axes=(0, None), budget_bytes=2**16)
         g = chunkx.batch_vmap(f, (0, None), batch_size=B)
-        assert 1 <= B < 256 and chunkx.compiled_temp_bytes(g, xs, w) <= 2**16
+        assert 1 <= B < 256 and chunkx.compiled_temp_bytes(g, qs, k) <= 2**16
         ```
     """
     how = (reduction, chunk_reduction, shard, mesh)
