@@ -105,3 +105,27 @@ def test_chunk_map_takes_if_array_entries_as_batch_vmap_does():
     g = chunkx.batch_vmap(row, in_axes=(eqx.if_array(0), None), batch_size=3)
     np.testing.assert_array_equal(g(x, w), want)
 
+
+
+@pytest.mark.devices(4)
+def test_chunk_map_over_rows_split_on_an_auto_mesh_computes_each_row_once():
+    """quantax's layout without `shard_batch`: rows split over the devices of an Auto mesh, `f`
+    sees the `k`-th chunk of every device's block at once; each device computes its own rows
+    (XLA's cost analysis per device, as `jax.vmap`'s own partitioned program and quantax's)."""
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    from quantax.utils.function import chunk_map as quantax_chunk_map
+
+    mesh = jax.make_mesh((4,), ("x",), axis_types=(AxisType.Auto,))
+    w = jax.random.normal(jax.random.PRNGKey(0), (16, 64)) / 4
+    f = jax.vmap(lambda s: jnp.sum(jnp.log(jnp.cosh(s @ w))))
+    x = jax.random.normal(jax.random.PRNGKey(1), (1024, 16))
+    x = jax.device_put(x, NamedSharding(mesh, P("x")))
+
+    def flops(g):
+        cost = jax.jit(g).lower(x).compile().cost_analysis()
+        return (cost[0] if isinstance(cost, list) else cost)["flops"]
+
+    ours = chunkx.chunk_map(f, chunk_size=32, use_scan=True, mesh=mesh)
+    peer = quantax_chunk_map(f, chunk_size=32, use_scan=True, mesh=mesh)
+    assert flops(ours) <= 1.05 * min(flops(f), flops(peer))
+    np.testing.assert_allclose(jax.jit(ours)(x), jax.jit(f)(x), rtol=1e-5)
