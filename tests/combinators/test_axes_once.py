@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import chunkx
-from chunkx._combinators.groups import Groups
+from chunkx._combinators.groups import Blocks, Groups
 from chunkx._combinators.unrolled import Unrolled
 from helpers import assert_tree_close
 
@@ -71,7 +71,7 @@ COMPOSITIONS = {
     "Chunk(Chunk)": lambda: chunkx.Chunk(chunkx.Chunk(_inner(), 2), 4),
     "Chunk(Reduce)": lambda: chunkx.Chunk(chunkx.Reduce(_inner()), 4),
     "Unrolled": lambda: Unrolled(_inner(), 4),
-    "Groups": lambda: chunkx.Pad(Groups(chunkx.Chunk(_inner(), 2), 2, 1), 4),
+    "Groups": lambda: chunkx.Pad(Groups(chunkx.Chunk(Blocks(_inner(), 2), 1), 2), 4),
 }
 
 
@@ -169,7 +169,8 @@ def test_plain_function_defaults_to_zero():
         (lambda: chunkx.Pad(chunkx.Vmap(f, (0, None)), 4, in_axes=(0, 0)), "Pad"),
         (lambda: chunkx.Shard(chunkx.Chunk(chunkx.Vmap(f, (0, None)), 2), in_axes=0), "Shard"),
         (lambda: chunkx.Pad(chunkx.Chunk(_inner(), 2), 2, in_axes=(None, 0)), "Pad"),
-        (lambda: Groups(chunkx.Chunk(_inner(), 2), 2, 1, in_axes=0), "Groups"),
+        (lambda: Groups(chunkx.Chunk(Blocks(_inner(), 2), 1), 2, in_axes=0), "Groups"),
+        (lambda: Blocks(_inner(), 2, in_axes=0), "Blocks"),
         (lambda: Unrolled(_inner(), 2, in_axes=0), "Unrolled"),
         (lambda: chunkx.Chunk(chunkx.Reduce(_inner()), 2, in_axes=0), "Chunk"),
     ],

@@ -1,7 +1,7 @@
 """Axes said once: a layer's `in_axes` flow from the inside out, as its reducer does.
 
 A wrapping layer ([`chunkx.Chunk`][], [`chunkx.Pad`][], [`chunkx.Shard`][] and the private
-`Groups`/`Unrolled`) given no `in_axes` maps the axes of the chunkx layer it wraps (a
+`Groups`/`Blocks`/`Unrolled`) given no `in_axes` maps the axes of the chunkx layer it wraps (a
 [`chunkx.Vmap`][], or a layer that took them from its own), and `0` around a plain batched
 function. Given axes that contradict those of the layer it wraps, it raises, naming both.
 """

@@ -14,7 +14,7 @@ from .._checks import check_budget, check_choice, check_mesh_1d, check_positive,
 from .._combinators._rows import map_mapped, mapped_length, per_device_rows
 from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.chunk import Chunk, Reduce
-from .._combinators.groups import Groups
+from .._combinators.groups import Blocks, Groups
 from .._combinators.pad import Pad
 from .._combinators.reduce import AbstractReducer, Concat, Monoid, identity
 from .._combinators.shard import Shard
@@ -159,40 +159,42 @@ def reducer_for(
 def compose(
     inner: Callable, axes: InAxes, reducer: AbstractReducer, opts: Options, what: str, *,
     blocks: int = 1, local_pad: int = 1, around: Callable | None = None,
-    outer_axes: InAxes | None = None, pad: int = 1,
+    outer_axes: InAxes | None = None, pad: int = 1, mesh: Any = None,
 ) -> Any:
     """The pipeline of every map, all with one reducer:
 
-    `[Pad ∘] [Shard ∘] [around ∘] [Pad ∘] [Groups ∘] (Chunk | Unrolled | Reduce) ∘ inner`.
+    `[Pad ∘] [Shard ∘] [around ∘] [Pad ∘] [Groups ∘] (Chunk | Unrolled | Reduce) ∘ [Blocks ∘]
+    inner`.
 
     The loop: `Reduce` without a size, `Unrolled` with an int size where the map unrolls
     (`opts.unrolled`), else a `Chunk` (`axes`: its `in_axes`) whose "auto" size it plans
     (`opts.memory_budget`), its messages naming its owner: the public map, its "auto" size
     argument (the forward one, else the backward one) and budget argument, and `what` it maps.
-    The layout around it: `blocks` device blocks of `opts.size` rows each per chunk (`Groups`,
-    quantax's layout), each device's rows padded to a multiple of `local_pad`, a map's own
-    layer `around` the loop (the microbatching maps' `Interleave`), the devices of a `Shard`
+    The layout around it: `blocks` device blocks of `opts.size` rows each per chunk (`Groups`
+    around the loop, `Blocks` around `inner`: quantax's layout, over the devices of `mesh`),
+    each device's rows padded to a multiple of `local_pad`, a map's own layer `around` the loop (the microbatching maps' `Interleave`), the devices of a `Shard`
     (`opts.shard`) and the batch padded to a multiple of `pad` (`outer_axes`: the `in_axes`
     of those outer layers, by default `axes`)."""
     outer = axes if outer_axes is None else outer_axes
     size, grad_size = opts.size, opts.grad_size
+    if blocks > 1:
+        inner = Blocks(inner, blocks, in_axes=axes, mesh=mesh)
     if size is None:
         piece: Any = Reduce(inner, reducer)
     elif opts.unrolled and size != "auto":
-        piece = Unrolled(inner, blocks * size, reducer, in_axes=axes, progress=opts.progress)
+        piece = Unrolled(inner, size, reducer, in_axes=axes, progress=opts.progress)
     else:
         size_arg, grad_arg, budget = opts.names
         only_backward = grad_size == "auto" and size != "auto"
         owner = Owner(opts.who, grad_arg if only_backward else size_arg, budget, what)
         piece = Chunk(
-            inner, size if size == "auto" else blocks * size, reducer=reducer, in_axes=axes,
-            checkpoint=opts.checkpoint, progress=opts.progress, grad=opts.grad,
-            grad_size=grad_size if not isinstance(grad_size, int) else blocks * grad_size,
+            inner, size, reducer=reducer, in_axes=axes, checkpoint=opts.checkpoint,
+            progress=opts.progress, grad=opts.grad, grad_size=grad_size,
             memory_budget=opts.memory_budget if "auto" in (size, grad_size) else None,
             owner=owner, remainder=opts.remainder,
         )
     if blocks > 1:
-        piece = Groups(piece, blocks, size)
+        piece = Groups(piece, blocks)
     if local_pad > 1:
         piece = Pad(piece, local_pad)
     if around is not None:

@@ -8,11 +8,10 @@ from typing import Any, Literal
 import equinox as eqx
 import jax
 from jax.sharding import Mesh
-from jax.sharding import PartitionSpec as P
 
 from .._checks import as_in_axes, check_in_axes
 from .._combinators._rows import map_mapped, moveaxis, padded_rows_per_device
-from .._combinators._sharding import call_mesh, on_inputs_mesh, place
+from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.reduce import Concat
 from .._public import public
 from .._types import Budget, InAxes, Size
@@ -79,7 +78,7 @@ class ChunkMap(eqx.Module):
         return plan_call(self._call, self.opts, "grad_memory_plan", args, {})
 
     def _pipeline(self, inner, zero, n, args):
-        """[Shard ∘] [Pad ∘] [Groups ∘] Chunk ∘ f, in quantax's per-device row layout (an
+        """[Shard ∘] [Pad ∘] [Groups ∘] Chunk ∘ [Blocks ∘] f, in quantax's per-device row layout (an
         "auto" size, or none: the shared pipeline, its Chunk planning the size).
 
         quantax needs `n % D == 0`; chunkx pads the device blocks (copies of a real row), with
@@ -103,25 +102,8 @@ class ChunkMap(eqx.Module):
             blocks, multiple = 1, size if pad else 1
         else:  # every block padded to whole chunks: f always sees D * c rows
             blocks, multiple = ndev, ndev * size
-            inner = Spread(inner, call_mesh(opts.mesh, args), zero)
         return compose(inner, zero, Concat(), opts, what, blocks=blocks,
-                       pad=multiple if n % multiple else 1)
-
-
-class Spread(eqx.Module):
-    """`fn` on chunks of `D * c` rows laid out over the `D` devices of `mesh`, `c` each, and
-    its output rows too: the blocks' chunks are side by side in one flat axis, which no layout
-    of the batch's own carries into the loop, and without this each device computes every row
-    of a chunk (XLA keeps the reordered rows whole)."""
-
-    fn: Callable[..., Any]
-    mesh: Any = eqx.field(static=True)
-    axes: tuple = eqx.field(static=True)
-
-    def __call__(self, *args: Any) -> Any:
-        split = lambda x: place(x, self.mesh, P(self.mesh.axis_names))  # noqa: E731
-        out = self.fn(*map_mapped(split, args, self.axes))
-        return jax.tree_util.tree_map(split, out)
+                       pad=multiple if n % multiple else 1, mesh=call_mesh(opts.mesh, args))
 
 
 class _Moved(eqx.Module):
