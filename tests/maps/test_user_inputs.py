@@ -328,7 +328,8 @@ def test_bare_chunk_eager_on_explicit_caller_mesh(remainder):
 @pytest.mark.parametrize("reducer", [chunkx.Concat(), chunkx.Sum()])
 def test_chunk_of_rows_split_over_an_explicit_mesh(size, remainder, reducer):
     """Rows split over the caller's Explicit mesh, chunks that do not split evenly over it:
-    the rows are gathered first (JAX refuses the slice otherwise); sizes that do, unchanged."""
+    the rows are gathered first (JAX refuses the slice otherwise); sizes that do, unchanged.
+    The rows of the output come back split as the input's were."""
     mesh = _caller_mesh()
     x = jax.random.normal(jax.random.PRNGKey(0), (16, 3))
     split = jax.device_put(x, NamedSharding(mesh, P("caller")))
@@ -337,6 +338,9 @@ def test_chunk_of_rows_split_over_an_explicit_mesh(size, remainder, reducer):
     g = chunkx.Chunk(chunkx.Vmap(f), size, reducer=reducer, remainder=remainder)
     assert_tree_close(g(split), want)
     assert_tree_close(jax.jit(g)(split), want)
+    if isinstance(reducer, chunkx.Concat):  # the rows come back split, as jax.vmap's do
+        layout = jax.jit(jax.vmap(f))(split).sharding.spec
+        assert g(split).sharding.spec == jax.jit(g)(split).sharding.spec == layout
     if remainder == "shift":  # the Python loop (chunk_map's use_scan=False) shifts too
         assert_tree_close(Unrolled(chunkx.Vmap(f), size, reducer)(split), want)
     with jax.set_mesh(mesh):  # `grad` on an Explicit mesh needs it, in JAX itself

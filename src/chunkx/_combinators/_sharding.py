@@ -123,6 +123,35 @@ def whole_rows(x, *sizes: int):
     return place(x, layout.mesh, P(None, *layout.spec[1:]))
 
 
+def row_split(tree) -> tuple | None:
+    """`(mesh, entry)`: how the first array leaf of `tree` whose leading axis is split over
+    mesh axes of an Explicit mesh splits it (`entry` of its spec), else `None`."""
+    for x in jax.tree_util.tree_leaves(tree):
+        layout = explicit_layout(x) if eqx.is_array(x) and jnp.ndim(x) else None
+        if layout is not None and len(layout.spec) and layout.spec[0] is not None:
+            return layout.mesh, layout.spec[0]
+    return None
+
+
+def split_rows_as(tree, split: tuple | None):
+    """Each array leaf of `tree` with its leading axis split as `split` (from `row_split`),
+    other axes as they are, where its rows split evenly: output rows laid out as the input's
+    rows were, as `jax.vmap` lays them out. Anything else unchanged."""
+    if split is None:
+        return tree
+    mesh, entry = split
+    ways = math.prod(mesh.shape[a] for a in (entry if isinstance(entry, tuple) else (entry,)))
+
+    def one(y):
+        layout = explicit_layout(y) if eqx.is_array(y) and jnp.ndim(y) else None
+        if layout is None or y.shape[0] % ways or layout.spec[:1] == (entry,):
+            return y
+        rest = tuple(layout.spec[1:]) + (None,) * (jnp.ndim(y) - 1 - len(layout.spec[1:]))
+        return place(y, mesh, P(entry, *rest))
+
+    return jax.tree_util.tree_map(one, tree)
+
+
 def place(x, mesh: Mesh | AbstractMesh, spec: P):
     """Lay `x` out as `spec` on `mesh` (works for Auto and Explicit mesh axes)."""
     sharding = NamedSharding(mesh, spec)

@@ -32,10 +32,10 @@ from .._types import GradPolicy, InAxes, Remainder, RowMask
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._protocol import AbstractReducer, accumulation, can_shift, fn_masks, skips_masked
 from ._rows import compiled_if_eager, join_args, mapped_length, split_args
-from ._sharding import on_inputs_mesh, whole_rows
+from ._sharding import on_inputs_mesh, row_split, split_rows_as, whole_rows
 from .fused import fused_call, grad_policy, piece_sizes, regrad_call
 from .loop import chunk_loop, evaluate
-from .reduce import Concat
+from .reduce import Concat, keeps_rows
 
 
 def _as_budget(value: Any) -> Any:
@@ -357,6 +357,12 @@ class Chunk(eqx.Module):
         if s is None or n <= min(s, self.grad_size or s):
             return evaluate(self.fn, self.reducer, args, valid, "Chunk")
         mapped, fixed, static = split_args(args, axes)
+        split = row_split(mapped) if keeps_rows(self.reducer) else None
+        return split_rows_as(self._loop(mapped, fixed, static, valid, n), split)
+
+    def _loop(self, mapped, fixed, static, valid: RowMask | None, n: int) -> Any:
+        """The chunk loop over `n` rows (more than one chunk) of a fixed size, by its policy."""
+        s = self.size
         # rows split over an Explicit mesh that some chunk would not split evenly: gathered
         sizes = piece_sizes(self, n)
         mapped, valid = jax.tree_util.tree_map(lambda x: whole_rows(x, *sizes), (mapped, valid))
