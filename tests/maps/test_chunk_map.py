@@ -114,7 +114,8 @@ def test_chunk_map_over_rows_split_on_a_mesh_computes_each_row_once(axis_type):
     the `k`-th chunk of every device's block at once; each device computes its own rows and
     holds its own output rows (XLA's cost and memory analyses per device, against quantax's
     loop, which counts a loop's body once, and `jax.vmap`'s program, which counts every row)."""
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
     from quantax.utils.function import chunk_map as quantax_chunk_map
 
     mesh = jax.make_mesh((4,), ("x",), axis_types=(getattr(AxisType, axis_type),))

@@ -172,9 +172,10 @@ def compose(
     argument (the forward one, else the backward one) and budget argument, and `what` it maps.
     The layout around it: `blocks` device blocks of `opts.size` rows each per chunk (`Groups`
     around the loop, `Blocks` around `inner`: quantax's layout, over the devices of `mesh`),
-    each device's rows padded to a multiple of `local_pad`, a map's own layer `around` the loop (the microbatching maps' `Interleave`), the devices of a `Shard`
-    (`opts.shard`) and the batch padded to a multiple of `pad` (`outer_axes`: the `in_axes`
-    of those outer layers, by default `axes`)."""
+    each device's rows padded to a multiple of `local_pad`, a map's own layer `around` the loop
+    (the microbatching maps' `Interleave`), the devices of a `Shard` (`opts.shard`) and the
+    batch padded to a multiple of `pad` (`outer_axes`: the `in_axes` of those outer layers, by
+    default `axes`)."""
     outer = axes if outer_axes is None else outer_axes
     size, grad_size = opts.size, opts.grad_size
     if blocks > 1:
