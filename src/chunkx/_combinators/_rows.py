@@ -4,12 +4,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from .._plan.recover import run_eager
 from .._types import AxisSpec
-from ._sharding import explicit_layout, place_as, replicated, sharding_of, whole_rows
+from ._sharding import explicit_layout, place_as, replicated, sharding_of
 
 
 def _where(i: int, path: tuple, names: tuple[str, ...] | None = None) -> str:
@@ -245,20 +243,8 @@ def weakly_typed(x):
 
 
 def swap_blocks(x, a: int, b: int):
-    """`(a, b, c, ...)` blocks of the leading axis -> `(b, a, c, ...)`, flattened again.
-
-    Rows split over an Explicit mesh stay on their devices into the swap where the `a` blocks
-    split evenly over the devices (each device's rows a whole number of blocks), else are
-    gathered first; the swapped rows, whose order no split of one flat axis can express, come
-    back whole (gathered onto every device), the other axes keep their layout.
-    """
+    """`(a, b, c, ...)` blocks of the leading axis -> `(b, a, c, ...)`, flattened again."""
     n = x.shape[0]
     if n == 0:  # no rows (no blocks to swap)
         return x
-    x = whole_rows(x, a)  # a chunk of `a` rows splits evenly where the blocks do
-    blocks = x.reshape((a, b, n // (a * b)) + x.shape[1:]).swapaxes(0, 1)
-    layout = explicit_layout(blocks)
-    if layout is None or all(s is None for s in tuple(layout.spec)[:3]):
-        return blocks.reshape(x.shape)
-    whole = NamedSharding(layout.mesh, P(None, *tuple(layout.spec)[3:]))
-    return jax.lax.reshape(blocks, x.shape, out_sharding=whole)
+    return x.reshape((a, b, n // (a * b)) + x.shape[1:]).swapaxes(0, 1).reshape(x.shape)

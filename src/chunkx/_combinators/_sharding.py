@@ -107,19 +107,29 @@ def explicit_layout(struct) -> NamedSharding | None:
     return None
 
 
+def _rows_split(x) -> tuple | None:
+    """`(layout, entry)` where the leading axis of the array `x` is split over mesh axes of an
+    Explicit mesh (`entry`: its spec's first entry), else `None`."""
+    layout = explicit_layout(x) if eqx.is_array(x) and jnp.ndim(x) else None
+    if layout is None or not len(layout.spec) or layout.spec[0] is None:
+        return None
+    return layout, layout.spec[0]
+
+
+def _ways(mesh: Mesh | AbstractMesh, entry) -> int:
+    """The number of pieces a spec entry (a mesh axis name, or a tuple of them) splits into."""
+    return math.prod(mesh.shape[a] for a in (entry if isinstance(entry, tuple) else (entry,)))
+
+
 def whole_rows(x, *sizes: int):
     """`x` with its leading axis whole on its Explicit mesh where that axis is split over mesh
     axes and a chunk of one of `sizes` rows would not split evenly over them (JAX refuses such
     a slice of a split axis): the rows are gathered onto every device, the other axes keep
     their layout. Anything else unchanged."""
-    layout = explicit_layout(x) if eqx.is_array(x) and jnp.ndim(x) else None
-    split = layout.spec[0] if layout is not None and len(layout.spec) else None
-    if split is None:
+    split = _rows_split(x)
+    if split is None or all(s % _ways(split[0].mesh, split[1]) == 0 for s in sizes):
         return x
-    names = split if isinstance(split, tuple) else (split,)
-    ways = math.prod(layout.mesh.shape[a] for a in names)
-    if all(s % ways == 0 for s in sizes):
-        return x
+    layout = split[0]
     return place(x, layout.mesh, P(None, *layout.spec[1:]))
 
 
@@ -127,9 +137,9 @@ def row_split(tree) -> tuple | None:
     """`(mesh, entry)`: how the first array leaf of `tree` whose leading axis is split over
     mesh axes of an Explicit mesh splits it (`entry` of its spec), else `None`."""
     for x in jax.tree_util.tree_leaves(tree):
-        layout = explicit_layout(x) if eqx.is_array(x) and jnp.ndim(x) else None
-        if layout is not None and len(layout.spec) and layout.spec[0] is not None:
-            return layout.mesh, layout.spec[0]
+        split = _rows_split(x)
+        if split is not None:
+            return split[0].mesh, split[1]
     return None
 
 
@@ -140,7 +150,7 @@ def split_rows_as(tree, split: tuple | None):
     if split is None:
         return tree
     mesh, entry = split
-    ways = math.prod(mesh.shape[a] for a in (entry if isinstance(entry, tuple) else (entry,)))
+    ways = _ways(mesh, entry)
 
     def one(y):
         layout = explicit_layout(y) if eqx.is_array(y) and jnp.ndim(y) else None

@@ -78,8 +78,8 @@ class ChunkMap(eqx.Module):
         return plan_call(self._call, self.opts, "grad_memory_plan", args, {})
 
     def _pipeline(self, inner, zero, n, args):
-        """[Shard ∘] [Pad ∘] [Groups ∘] Chunk ∘ [Blocks ∘] f, in quantax's per-device row layout (an
-        "auto" size, or none: the shared pipeline, its Chunk planning the size).
+        """[Shard ∘] [Pad ∘] [Groups ∘] Chunk ∘ [Blocks ∘] f, in quantax's per-device row layout
+        (an "auto" size, or none: the shared pipeline, its Chunk planning the size).
 
         quantax needs `n % D == 0`; chunkx pads the device blocks (copies of a real row), with
         `shard_batch` in the one `shard_map` (see `Shard`).
@@ -91,7 +91,8 @@ class ChunkMap(eqx.Module):
         size = opts.size
         if size in ("auto", None):
             return compose(inner, zero, Concat(), opts, what)
-        ndev = call_mesh(opts.mesh, args).size  # the mesh Shard runs on, or lays rows out for
+        mesh = call_mesh(opts.mesh, args)  # the mesh Shard runs on, or lays rows out for
+        ndev = mesh.size
         per_device = padded_rows_per_device(n, ndev)
         pad = self.atleast_1chunk and per_device < size  # up to one chunk per device
         if opts.shard:
@@ -103,7 +104,7 @@ class ChunkMap(eqx.Module):
         else:  # every block padded to whole chunks: f always sees D * c rows
             blocks, multiple = ndev, ndev * size
         return compose(inner, zero, Concat(), opts, what, blocks=blocks,
-                       pad=multiple if n % multiple else 1, mesh=call_mesh(opts.mesh, args))
+                       pad=multiple if n % multiple else 1, mesh=mesh)
 
 
 class _Moved(eqx.Module):
