@@ -16,7 +16,13 @@ Sections (float32; medians of interleaved rounds in one process; temp bytes are 
 - `jacfwd`: `batch_jacfwd` of a 2,048-dim map in chunks of 512 columns against `jax.jacfwd`;
 - `accuracy`: the float32 `Sum` of 100,000 rows against a float64 sum, beside `jnp.sum`;
 - `float64`: a compensated float64 `Sum` and a fused float64 value and gradient (emulated on
-  a TPU), their errors and first-call seconds.
+  a TPU), their errors and first-call seconds;
+- `compile64`: the seconds XLA takes to compile a small chunked gradient (10 rows in chunks
+  of 4, a backward chunk of 3) in float32 and float64, against `jax.vmap`'s, with `tanh` and
+  with a rational row function, compensated and not;
+- `masked`: the temp memory of `micro_vmap`'s SUM of per-example gradients where some rows do
+  not run (microbatches past `num_real_microbatches`, a batch padded to whole microbatches),
+  against all rows, optax's and `jax.vmap`'s.
 
 `--quick` shrinks every size by 64 (a CPU run in about a minute). The JSON goes to
 `benchmarks/results/accelerator_<platform>.json` (or `--out`), with the device kind in it;
@@ -42,7 +48,8 @@ from _timing import MiB, Variant, prepare, spread, time_interleaved
 
 import chunkx
 
-SECTIONS = ("jac", "rows", "rows_highest", "sum", "grad", "jacfwd", "accuracy", "float64")
+SECTIONS = ("jac", "rows", "rows_highest", "sum", "grad", "jacfwd", "accuracy", "float64",
+            "compile64", "masked")
 
 
 def report(name, variants, reps, base=None):
@@ -309,6 +316,100 @@ def section_float64(q, reps):
         out["fused gradient"] = float(jnp.linalg.norm(g - g0) / jnp.linalg.norm(g0))
     for k, v in out.items():
         print(f"  float64      {k:<44s} {v:.2e}", flush=True)
+    return out
+
+
+# ---------------------------------------------------------------------------------- compile64
+def _small_grad_programs(dtype):
+    """`jax.grad` of a scalar of a summed pytree map over 10 rows: `jax.vmap`'s and chunkx's
+    (chunks of 4, the last shifted, a recomputed backward pass in chunks of 3), with a `tanh`
+    row and a rational one."""
+    def row(p, x, act):
+        h = act(x @ p["w"] + p["b"])
+        return {"e": jnp.sum(h**2), "v": h[:2] * p["b"]}
+
+    acts = {"tanh": jnp.tanh, "rational": lambda z: z / (1 + z * z)}
+    scalar = lambda o: o["e"] + jnp.sum(jnp.sin(o["v"]))  # noqa: E731
+    p = {"w": jnp.linspace(-1, 1, 12, dtype=dtype).reshape(3, 4), "b": jnp.asarray(0.7, dtype)}
+    x = jnp.linspace(-2, 2, 30, dtype=dtype).reshape(10, 3)
+
+    def vmapped(act):
+        f = lambda p, x: row(p, x, acts[act])  # noqa: E731
+        return lambda p: scalar(jax.tree_util.tree_map(
+            lambda t: jnp.sum(t, 0), jax.vmap(f, (None, 0))(p, x)))
+
+    def chunked(act, compensated):
+        f = lambda p, x: row(p, x, acts[act])  # noqa: E731
+        g = chunkx.Chunk(chunkx.Vmap(f, (None, 0)), 4, reducer=chunkx.Sum(compensated=compensated),
+                         in_axes=(None, 0), grad="recompute", grad_size=3, remainder="shift")
+        return lambda p: scalar(g(p, x))
+
+    return p, {
+        "jax.vmap, tanh": vmapped("tanh"),
+        "chunkx Sum(), tanh": chunked("tanh", True),
+        "chunkx Sum(compensated=False), tanh": chunked("tanh", False),
+        "jax.vmap, rational": vmapped("rational"),
+        "chunkx Sum(), rational": chunked("rational", True),
+    }
+
+
+def section_compile64(q, reps, seconds=300.0):
+    """Seconds to lower and compile `jax.grad` of each program (a fresh closure: XLA's cache
+    does not answer), float32 then float64; a program not reached within `seconds` of the
+    section is recorded as `None`."""
+    out, t_end = {}, time.perf_counter() + seconds
+    for dtype in ("float32", "float64"):
+        with jax.enable_x64(dtype == "float64"):
+            p, programs = _small_grad_programs(jnp.dtype(dtype))
+            for name, h in programs.items():
+                key = f"{name}, {dtype}"
+                if time.perf_counter() > t_end:
+                    out[key] = None
+                    continue
+                t0 = time.perf_counter()
+                jax.jit(jax.grad(lambda p, h=h: h(p))).lower(p).compile()
+                out[key] = time.perf_counter() - t0
+                print(f"  compile64    {key:<48s} {out[key]:8.2f} s", flush=True)
+    return out
+
+
+# ---------------------------------------------------------------------------------- masked
+def section_masked(q, reps):
+    """MiB of temp memory of the SUM of 512 per-example gradients in microbatches of 64 (a
+    two-layer loss): every row run; 5 of 8 microbatches run (`num_real_microbatches`); 509
+    rows padded to 8 microbatches; optax's 5 of 8; `jax.vmap`'s gradients summed."""
+    from optax import microbatching as om
+
+    n = 512 // min(q, 8)
+    key = jax.random.split(jax.random.key(8), 5)
+    w = (jax.random.normal(key[0], (32, 16)) / 4, jax.random.normal(key[1], (32,)) / 4,
+         jax.random.normal(key[2], (4, 32)) / 8, jax.random.normal(key[3], (4,)) / 8)
+    x = jax.random.normal(key[4], (n, 16))
+
+    def loss(w, x):
+        return jnp.sum((w[2] @ jnp.tanh(w[0] @ x + w[1]) + w[3]) ** 2)
+
+    axes, mb = (None, 0), n // 8
+
+    def ours(r):
+        return chunkx.micro_vmap(jax.grad(loss), axes, microbatch_size=mb,
+                                 accumulator=chunkx.AccumulationType.SUM, num_real_microbatches=r)
+
+    theirs = om.micro_vmap(jax.grad(loss), axes, microbatch_size=mb,
+                           accumulator=om.AccumulationType.SUM, num_real_microbatches=5)
+    summed = lambda w, x: jax.tree_util.tree_map(  # noqa: E731
+        lambda g: jnp.sum(g, 0), jax.vmap(jax.grad(loss), axes)(w, x))
+
+    def mib(f, x):
+        return jax.jit(f).lower(w, x).compile().memory_analysis().temp_size_in_bytes / MiB
+
+    out = {"rows": n, "microbatch": mb, "chunkx, every row": mib(ours(None), x),
+           "chunkx, 5 of 8 microbatches": mib(ours(5), x),
+           f"chunkx, {n - 3} rows padded": mib(ours(None), x[:n - 3]),
+           "optax, 5 of 8 microbatches": mib(theirs, x),
+           "jax.vmap, every row's gradient summed": mib(summed, x)}
+    for k, v in out.items():
+        print(f"  masked       {k:<44s} {v:9.3f}", flush=True)
     return out
 
 

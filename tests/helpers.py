@@ -1,5 +1,6 @@
 """Shared case table: sizes x dtypes x argument structures, with plain-vmap references."""
 
+import functools
 import itertools
 import os
 import re
@@ -124,6 +125,26 @@ def premise(holds: bool, what: str, detail: object = None) -> None:
         pytest.skip(f"on the TPU, {what} does not hold at this test's sizes (small arrays pad "
                     "to its tiles, or fit its on-chip memory): the CPU suite checks this")
     assert holds, (what, detail)
+
+
+def budget_sized_for_the_cpu(test):
+    """A planning test whose budget is sized to XLA:CPU's temp memory at its small sizes.
+
+    On a TPU the least temp of any chunk size of such a program can be over that budget (its
+    tiles pad a few float64 rows to hundreds of KB): there the planner says no size fits
+    (`NoSizeFits`, with the sizes it measured) and the test skips (`premise`). Anywhere else
+    the error fails the test.
+    """
+    from chunkx._plan.search import NoSizeFits
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        try:
+            return test(*args, **kwargs)
+        except NoSizeFits as e:
+            premise(False, "'a chunk size fits the budget'", e)
+
+    return run
 
 
 def over(nbytes: int, bound: float, what: str = "the unchunked program") -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import chunkx
-from helpers import fits, normal, over
+from helpers import fits, normal, over, premise
 
 f32 = jnp.float32
 AXES = (0, None, None, None)
@@ -56,7 +56,7 @@ def test_gradient_lowers_its_forward_loop_where_the_forward_plan_leaves_no_room(
     budget = 2**17
     auto = chunkx.batch_vmap(mlp, AXES, batch_size="auto", memory_budget=budget)
     size = auto.memory_plan(x, *w).chunk_size
-    assert 1 < size < 4096
+    premise(1 < size < 4096, "'the forward plan chunks the batch'", size)
     # the premise: at the forward plan's size, the gradient is over the budget at any
     # backward size
     for g in (1, size // 8, size // 2):
@@ -84,6 +84,7 @@ def test_whole_batch_forward_plan_lowered_for_the_gradient_alike_in_grad_memory_
     x, *w = data(64)
     budget = 40_000
     fits(temp(fixed(64), x, *w), budget, "the whole batch's forward pass")
+    over(temp(grad_of(fixed(64), x), *w), budget, "the whole batch's reverse pass")
     auto = chunkx.batch_vmap(mlp, AXES, batch_size="auto", memory_budget=budget)
     assert auto.memory_plan(x, *w).chunk_size == 64
     back = auto.grad_memory_plan(x, *w).chunk_size  # planned before the gradient
@@ -97,7 +98,7 @@ def test_no_room_at_any_forward_size_says_which_sizes_it_tried(fresh_cache):
     budget = 4096  # the forward pass fits a few rows; one row of the reverse pass does not
     auto = chunkx.batch_vmap(mlp, AXES, batch_size="auto", memory_budget=budget)
     size = auto.memory_plan(x, *w).chunk_size
-    assert size > 1
+    premise(1 < size < 4096, "'the forward plan chunks the batch'", size)
     msg = (rf"`batch_vmap\(memory_budget={budget}\)`: the budget is smaller than one row of the "
            r"reverse pass \(the VJP of batch_vmap\(mlp\), its forward loop in chunks of 1 row\): "
            r"chunk size 1 needs \d+ bytes .* The gradient's forward loop was tried in chunks of "
