@@ -156,10 +156,23 @@ def _latest(records: list[str], root: Path = ROOT) -> dict[str, dict]:
 
 def _changed(tid: str, record: dict, root: Path = ROOT) -> bool:
     """Whether the test's function differs, in this tree, from its source at the commit the
-    record was made at (a failure since addressed, not yet run again on the chip)."""
+    record was made at (a failure since addressed, not yet run again on the chip); for the
+    test of a public name's docstring example (`test_example_runs[chunkx.name]`), whether
+    that name's source (its docstring with it) does."""
     commit, (path, name) = record.get("commit", ""), tid.split("[")[0].split("::")[:2]
     if not commit:
         return False
+    if name == "test_example_runs" and "[" in tid:
+        public = tid.split("[", 1)[1].rstrip("]").rsplit(".", 1)[-1]
+        found = [f for f in sorted((root / "src").rglob("*.py"))
+                 if _source(f.read_text(), public) is not None]
+        return any(_differs(f.relative_to(root), public, commit, root) for f in found)
+    return _differs(Path(path), name, commit, root)
+
+
+def _differs(path: Path, name: str, commit: str, root: Path) -> bool:
+    """Whether the top-level `name` of the file `path` differs here from its source at
+    `commit` (a file that cannot be read there: no)."""
     old = subprocess.run(["git", "show", f"{commit}:./{path}"], cwd=root, capture_output=True,
                          text=True)
     if old.returncode:
@@ -169,9 +182,10 @@ def _changed(tid: str, record: dict, root: Path = ROOT) -> bool:
 
 
 def _source(text: str, name: str) -> str | None:
-    """The source of the top-level function `name` in the module `text` (with its decorators)."""
+    """The source of the top-level function or class `name` in the module `text` (with its
+    decorators)."""
     for node in ast.parse(text).body:
-        if isinstance(node, ast.FunctionDef) and node.name == name:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
             lines = text.splitlines()[node.decorator_list[0].lineno - 1 if node.decorator_list
                                       else node.lineno - 1:node.end_lineno]
             return "\n".join(lines)

@@ -78,6 +78,13 @@ def test_summary_takes_the_newest_commits_outcome_and_marks_changed_tests(tmp_pa
     area.mkdir()
     source = "def test_a(): assert 0\n\n\ndef test_b(): assert 0\n"
     (area / "test_x.py").write_text(source)
+    # the test of public names' docstring examples, and the names' sources under src/
+    (area / "test_docs.py").write_text(
+        "import pytest\n\n\n@pytest.mark.parametrize('name', ['pkg.f', 'pkg.G'])\n"
+        "def test_example_runs(name): assert 0\n")
+    (tmp_path / "src").mkdir()
+    library = 'def f():\n    """f\'s example"""\n\n\nclass G:\n    """G\'s example"""\n'
+    (tmp_path / "src" / "pkg.py").write_text(library)
     git("init", "-q")
     git("add", ".")
     git("commit", "-qm", "old")
@@ -86,19 +93,25 @@ def test_summary_takes_the_newest_commits_outcome_and_marks_changed_tests(tmp_pa
     git("commit", "-qam", "new", date="2026-02-01T00:00:00")
     new = git("rev-parse", "HEAD")
     (area / "test_x.py").write_text(source.replace("def test_b(): assert 0", "def test_b(): pass"))
+    (tmp_path / "src" / "pkg.py").write_text(library.replace("f's example", "f's new example"))
 
     def record(test, outcome, commit):
         return json.dumps({"id": f"area/test_x.py::{test}", "outcome": outcome,
                            "reason": outcome, "commit": commit})
 
     first, second = tmp_path / "1.jsonl", tmp_path / "2.jsonl"  # the newer commit's first
-    first.write_text("\n".join([record("test_a", "failed", new), record("test_b", "failed", new)]))
+    first.write_text("\n".join([record("test_a", "failed", new), record("test_b", "failed", new)]
+                                + [json.dumps({"id": f"area/test_docs.py::test_example_runs[{n}]",
+                                               "outcome": "failed", "reason": "", "commit": new})
+                                   for n in ("pkg.f", "pkg.G")]))
     second.write_text("\n".join([record("test_a", "passed", old), record("test_b", "passed", old)]))
     into = tmp_path / "summary.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tpu_suite.py"), "summarize",
                     str(first), str(second), "--into", str(into), "--tests", str(area),
                     "--root", str(tmp_path)], cwd=ROOT, check=True, capture_output=True)
     summary = json.loads(into.read_text())
-    assert summary["totals"]["failed"] == 2 and summary["totals"]["passed"] == 0
+    assert summary["totals"]["failed"] == 4 and summary["totals"]["passed"] == 0
     changed = {f["id"].split("::")[1]: f["changed"] for f in summary["failures"]}
-    assert changed == {"test_a": False, "test_b": True} and summary["failures_changed"] == 1
+    assert changed == {"test_a": False, "test_b": True, "test_example_runs[pkg.f]": True,
+                       "test_example_runs[pkg.G]": False}
+    assert summary["failures_changed"] == 2
