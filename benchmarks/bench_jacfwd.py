@@ -12,8 +12,10 @@ Two functions of n=4096 inputs, Jacobian in chunks of 64 columns (64 chunks), fl
 Variants: `jax.jacfwd` (all 4096 columns at once), adv-jax-math's `batch_jacfwd(batch_size=64)`,
 chunkx's former `batch_jacfwd` (a JVP per chunk on rows of the n x n identity, kept here as a
 few lines of `batch_vmap`), `batch_jacfwd(linearize=False)` (a JVP per chunk on basis vectors
-built from their indices inside the chunk) and the default `linearize=True` (the same basis,
-one `jax.linearize`: the difference to `linearize=False` is the linearization alone). Time is
+built from their indices inside the chunk), the same linearized JVPs written as rows and the
+Jacobian transposed after the loop (chunkx's `linearize=True` before it wrote each chunk's
+columns in place, kept here as a few lines), and the default `linearize=True` (the same basis,
+one `jax.linearize`, each chunk's columns written into the Jacobian's last axis). Time is
 interleaved over rounds (medians, ratio to `jax.jacfwd`); temp bytes are XLA's
 `memory_analysis()` of the compiled program.
 
@@ -81,6 +83,18 @@ def jvp_identity_rows(f):
     return jac
 
 
+def linearized_rows_moved(f):
+    """`linearize=True` with each chunk's columns written as rows, the Jacobian transposed
+    after the loop (chunkx's `batch_jacfwd` before it wrote the columns in place)."""
+
+    def jac(x):
+        _, f_jvp = jax.linearize(f, x)
+        push = lambda i: f_jvp((jnp.arange(x.size) == i).astype(x.dtype))  # noqa: E731
+        return jnp.moveaxis(chunkx.batch_vmap(push, batch_size=CHUNK)(jnp.arange(x.size)), 0, -1)
+
+    return jac
+
+
 def variants(f, x):
     return [
         Variant("jax.jacfwd", jax.jacfwd(f), (x,)),
@@ -90,6 +104,8 @@ def variants(f, x):
             "chunkx batch_jacfwd(64, linearize=False)",
             chunkx.batch_jacfwd(f, batch_size=CHUNK, linearize=False), (x,),
         ),
+        Variant("chunkx linearize, rows transposed after the loop",
+                linearized_rows_moved(f), (x,)),
         Variant("chunkx batch_jacfwd(64) (linearize=True)",
                 chunkx.batch_jacfwd(f, batch_size=CHUNK), (x,)),
     ]

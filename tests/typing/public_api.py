@@ -116,6 +116,10 @@ def use_Concat() -> None:
     f = chunkx.Chunk(chunkx.Vmap(jnp.sin), 3, reducer=chunkx.Concat())
     x = jnp.arange(7.0)
     assert jnp.allclose(f(x), jnp.sin(x))
+    g = chunkx.Chunk(chunkx.Vmap(jnp.outer, (0, None)), 3, reducer=chunkx.Concat(axis=-1),
+                     in_axes=(0, None))
+    y = jnp.arange(4.0)
+    assert jnp.allclose(g(x, y), jax.vmap(jnp.outer, (0, None), -1)(x, y))
 
 
 def use_MemoryPlan() -> None:

@@ -1,6 +1,7 @@
 """The output buffer of a `Concat` chunk loop: allocated without a fill, written chunk by
 chunk in place, with derivatives that keep the reverse pass to one chunk."""
 
+import functools
 from typing import Any
 
 import equinox as eqx
@@ -41,32 +42,32 @@ def empty(shape: tuple[int, ...], dtype: Any) -> jax.Array:
     return make(np.int32(0))
 
 
-@jax.custom_jvp
-def write_rows(buffer: Any, rows: Any, start: Any) -> Any:
-    """`rows` written over `buffer` from row `start` (in place in a loop).
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def write_rows(buffer: Any, rows: Any, start: Any, axis: int = 0) -> Any:
+    """`rows` written over `buffer` from row `start` of its `axis` (in place in a loop).
 
     Its tangent adds the rows' tangent into the buffer's: a row's tangent is added once, by
     the write whose value counts (`reduce_chunk` of a Concat zeroes the tangent of a row that a
     later chunk writes again). Reverse mode then reads each chunk's cotangent out of the
     output's cotangent, which the loop carries unchanged: no copy of it, no zero fill.
     """
-    return jax.lax.dynamic_update_slice_in_dim(buffer, rows, start, 0, **IN_RANGE)
+    return jax.lax.dynamic_update_slice_in_dim(buffer, rows, start, axis, **IN_RANGE)
 
 
 @write_rows.defjvp
-def _write_rows_jvp(primals, tangents):
+def _write_rows_jvp(axis, primals, tangents):
     buffer, rows, start = primals
     t_buffer, t_rows, _ = tangents
     dims = jax.lax.ScatterDimensionNumbers(
         update_window_dims=tuple(range(jnp.ndim(rows))), inserted_window_dims=(),
-        scatter_dims_to_operand_dims=(0,),
+        scatter_dims_to_operand_dims=(axis % jnp.ndim(rows),),
     )
     index = jnp.reshape(jnp.asarray(start, jnp.int32), (1,))
     added = jax.lax.scatter_add(
         t_buffer, index, t_rows, dims, indices_are_sorted=True, unique_indices=True,
         mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS,
     )
-    return write_rows(buffer, rows, start), added
+    return write_rows(buffer, rows, start, axis), added
 
 
 class _Buffer(eqx.Module):
@@ -77,9 +78,9 @@ class _Buffer(eqx.Module):
     weak: tuple[bool, ...] = eqx.field(static=True)
 
 
-def new_buffer(part: Tree, n: int) -> _Buffer | None:
-    """The buffer of a loop over `n` rows whose chunks return `part` (structs or arrays):
-    `None` where they return no array (the loop stacks nothing then)."""
+def new_buffer(part: Tree, n: int, axis: int = 0) -> _Buffer | None:
+    """The buffer of a loop over `n` rows (along `axis`) whose chunks return `part` (structs
+    or arrays): `None` where they return no array (the loop stacks nothing then)."""
     leaves = jax.tree_util.tree_leaves(part)
     if not leaves:
         return None
@@ -87,7 +88,9 @@ def new_buffer(part: Tree, n: int) -> _Buffer | None:
     def buffer(t):
         # uninitialised where the backend allows it (an accelerator): the loop writes every
         # row, and a zero fill would cost a pass over the whole output
-        shape = (n,) + tuple(t.shape[1:])
+        shape = list(t.shape)
+        shape[axis] = n
+        shape = tuple(shape)
         # the sharding of a struct (`jax.eval_shape`'s) or of an array, traced or not
         is_struct = isinstance(t, jax.ShapeDtypeStruct)
         sharding = t.sharding if is_struct else getattr(jax.typeof(t), "sharding", None)
@@ -95,19 +98,21 @@ def new_buffer(part: Tree, n: int) -> _Buffer | None:
         if mesh is None or not is_explicit(mesh):
             return empty(shape, t.dtype)
         # on a caller's Explicit mesh: the buffer lives on the rows' mesh (rows replicated)
-        spec = NamedSharding(mesh, P(None, *tuple(sharding.spec)[1:]))
+        spec = list(sharding.spec) + [None] * (len(shape) - len(sharding.spec))
+        spec[axis] = None
+        spec = NamedSharding(mesh, P(*spec))
         return jax.sharding.reshard(empty(shape, t.dtype), spec)
 
     weak = tuple(t.weak_type for t in leaves)
     return _Buffer(jax.tree_util.tree_map(buffer, part), weak)
 
 
-def write_chunk(acc: _Buffer, part: Tree, start: Any) -> _Buffer:
-    """`acc` with one chunk's rows `part` written whole from row `start` (a later chunk's rows
-    are the ones that count)."""
+def write_chunk(acc: _Buffer, part: Tree, start: Any, axis: int = 0) -> _Buffer:
+    """`acc` with one chunk's rows `part` written whole from row `start` of `axis` (a later
+    chunk's rows are the ones that count)."""
 
     def write(b, y):
-        return write_rows(b, _layout_like(y, b), start)
+        return write_rows(b, _layout_like(y, b), start, axis)
 
     return _Buffer(jax.tree_util.tree_map(write, acc.rows, part), acc.weak)
 

@@ -24,6 +24,7 @@ from .._types import InAxes
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._rows import map_mapped, mapped_length
 from ._sharding import place
+from .reduce import held_reducer, keeps_rows
 
 
 class Groups(eqx.Module):
@@ -31,7 +32,7 @@ class Groups(eqx.Module):
     `(m, groups)` view of the mapped axis; the output put back in block order.
 
     The mapped length must be a multiple of `groups` (pad first with [`chunkx.Pad`][]); the
-    output must keep the rows ([`chunkx.Concat`][]).
+    output must keep the rows along axis 0 ([`chunkx.Concat`][]`()`).
     """
 
     fn: Callable[..., Any]
@@ -51,6 +52,12 @@ class Groups(eqx.Module):
             raise ValueError(
                 f"`Groups(groups={g})`: the mapped length must be a multiple of groups = {g}, "
                 f"got {n}."
+            )
+        inner = held_reducer(self.fn)
+        if inner is not None and not keeps_rows(inner):
+            raise ValueError(
+                f"`Groups`: the output must keep its rows along axis 0 to be put back in block "
+                f"order, but the wrapped {type(self.fn).__name__} joins them with {inner!r}."
             )
         out = self.fn(*map_mapped(lambda x: _side_by_side(x, g), args, axes))
         return map_mapped(lambda y: _in_order(y), (out,), (0,))[0]

@@ -61,6 +61,15 @@ class Concat(AbstractReducer):
     A chunk loop writes each chunk in place into one output buffer; under [`chunkx.Shard`][]
     the output stays sharded along the mapped axis.
 
+    **Arguments:**
+
+    - `axis`: the axis of each output leaf along which its rows are joined (negative: counted
+      from the leaf's last axis, as in the output). The batched function returns its rows
+      along axis 0 as always; a chunk loop writes each chunk's rows straight into that axis of
+      its output buffer, so an output wanted with its mapped axis elsewhere (`out_axes`, a
+      Jacobian's columns) is not transposed after the loop. Only `axis=0` goes through
+      [`chunkx.Shard`][].
+
     !!! Example
 
         ```python
@@ -68,30 +77,63 @@ class Concat(AbstractReducer):
         f = chunkx.Chunk(chunkx.Vmap(jnp.sin), 3, reducer=chunkx.Concat())
         x = jnp.arange(7.0)
         assert jnp.allclose(f(x), jnp.sin(x))
+        g = chunkx.Chunk(chunkx.Vmap(jnp.outer, (0, None)), 3, reducer=chunkx.Concat(axis=-1),
+                         in_axes=(0, None))
+        y = jnp.arange(4.0)
+        assert jnp.allclose(g(x, y), jax.vmap(jnp.outer, (0, None), -1)(x, y))   # (4, 4, 7)
         ```
     """
+
+    axis: int = eqx.field(static=True, default=0)
+
+    def __check_init__(self):
+        if not isinstance(self.axis, int) or isinstance(self.axis, bool):
+            raise TypeError(f"`Concat(axis={self.axis!r})`: axis must be an int.")
 
     def can_mask(self) -> bool:
         return True  # every row is computed: repeated rows are written again, padded ones cut
 
     def reduce_rows(self, rows: Tree, valid: RowMask | None) -> Tree:
-        return rows
+        return along(self, rows)
 
     def combine(self, a: Tree, b: Tree) -> Tree:
-        return jax.tree_util.tree_map(lambda x, y: jnp.concatenate([x, y], axis=0), a, b)
+        return jax.tree_util.tree_map(
+            lambda x, y: jnp.concatenate([x, y], axis=self.axis), a, b)
 
     def check_rows(self, rows_struct: Tree, who: str) -> None:
         pass
 
 
+def along(reducer: Concat, rows: Tree) -> Tree:
+    """A chunk's rows (along axis 0 of each leaf, as the batched function returns them) moved
+    to the reducer's `axis`, where the output joins them."""
+    if reducer.axis == 0:
+        return rows
+
+    def move(y):
+        if not -jnp.ndim(y) <= reducer.axis < jnp.ndim(y):
+            raise ValueError(
+                f"`{reducer!r}`: an output leaf of shape {jnp.shape(y)[1:]} a row has no axis "
+                f"{reducer.axis} to join its rows along (with the rows: {jnp.ndim(y)} axes)."
+            )
+        return jnp.moveaxis(y, 0, reducer.axis)
+
+    return jax.tree_util.tree_map(move, rows)
+
+
 class _Written(AbstractAccumulation):
     """A Concat chunk loop: each chunk written in place into one output buffer of `n` rows
-    (or, where `new_buffer` allocates none, the chunks stacked and joined)."""
+    along `axis` (or, where `new_buffer` allocates none, the chunks stacked)."""
+
+    axis: int = eqx.field(static=True, default=0)
 
     def check_chunk(self, part: Tree, size: int) -> None:
         """Raise unless every leaf of a chunk's output `part` has the chunk's `size` rows
-        along axis 0 (each chunk is written over the rows it was given)."""
-        if any(len(t.shape) == 0 or t.shape[0] != size for t in jax.tree_util.tree_leaves(part)):
+        along `axis` (each chunk is written over the rows it was given)."""
+        def rows_of(t):
+            return t.shape[self.axis] if -len(t.shape) <= self.axis < len(t.shape) else None
+
+        if any(rows_of(t) != size for t in jax.tree_util.tree_leaves(part)):
             raise ValueError(
                 "`Chunk` with the Concat reducer: the chunked function must return its rows "
                 f"along axis 0 to be concatenated, one per input row, got {part} for a chunk "
@@ -100,10 +142,10 @@ class _Written(AbstractAccumulation):
             )
 
     def init(self, part: Tree, n: int) -> Tree:
-        return new_buffer(part, n)
+        return new_buffer(part, n, self.axis)
 
     def accumulate(self, acc: Tree, part: Tree, start: Any, index: Any) -> tuple[Tree, Tree]:
-        return (None, part) if acc is None else (write_chunk(acc, part, start), None)
+        return (None, part) if acc is None else (write_chunk(acc, part, start, self.axis), None)
 
     def finish(self, acc: Tree, stacked: Tree) -> Tree:
         return stacked if acc is None else buffer_rows(acc)
@@ -111,7 +153,7 @@ class _Written(AbstractAccumulation):
 
 @accumulation.register
 def _(reducer: Concat) -> AbstractAccumulation:
-    return _Written()
+    return _Written(reducer.axis)
 
 
 @reduce_chunk.register
@@ -123,7 +165,7 @@ def _(reducer: Concat, rows: Tree, valid: RowMask | None) -> Tree:
             return y
         return stop_repeated(y, valid)
 
-    return rows if valid is None else jax.tree_util.tree_map(keep, rows)
+    return along(reducer, rows if valid is None else jax.tree_util.tree_map(keep, rows))
 
 
 @call_masked.register
@@ -134,7 +176,8 @@ def _(reducer: Concat, fn: Callable, args: tuple, valid: RowMask | None) -> Tree
 @trim.register
 def _(reducer: Concat, out: Tree, n: int) -> Tree:
     # rows split over an Explicit mesh are cut on one (replicated) layout
-    return jax.tree_util.tree_map(lambda y: replicated(y)[:n], out)
+    return jax.tree_util.tree_map(
+        lambda y: jax.lax.slice_in_dim(replicated(y), 0, n, axis=reducer.axis), out)
 
 
 @shard_local.register
@@ -157,7 +200,17 @@ def keeps_rows(reducer: AbstractReducer) -> bool:
 
 @keeps_rows.register
 def _(reducer: Concat) -> bool:
-    return True
+    return reducer.axis == 0  # Concat(axis=k) places its rows itself
+
+
+@shard_spec.register
+def _(reducer: Concat, axis: Any) -> P:
+    if reducer.axis != 0:
+        raise ValueError(
+            f"`Shard`: {reducer!r} joins rows along axis {reducer.axis}, but the devices' rows "
+            "join along axis 0; use Concat() and move the axis after the Shard."
+        )
+    return P(axis)
 
 
 class Sum(AbstractReducer):

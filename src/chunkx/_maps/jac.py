@@ -12,6 +12,7 @@ from jax.flatten_util import ravel_pytree
 
 from .._checks import as_size, check_argnums, resolve_batch_size
 from .._combinators._rows import weakly_typed
+from .._combinators.reduce import Concat
 from .._public import public
 from .._types import Size
 from ._bind import Bound
@@ -120,20 +121,22 @@ class BatchJacfwd(_Jacobian):
         jax.eval_shape(jax.jacfwd(lambda *_: scalar, nums, holomorphic=self.holomorphic), *dyn)
         starts = _starts(dyn)  # no input entries (n = 0): every block is empty
         tangents, out = self._tangents(f, dyn, starts[-1]) if starts[-1] else ([], f(*dyn))
-        # (n, *y.shape) -> y.shape + x.shape for every input leaf x
-        blocks = [None if t is None else jnp.moveaxis(t[s:e], 0, -1)
-                  for t in tangents for s, e in pairwise(starts)]
+        # y.shape + (n,) -> y.shape + x.shape for every input leaf x
+        blocks = [None if t is None else t[..., s:e] for t in tangents for s, e in pairwise(starts)]
         return _as_jax(jax.jacfwd, nums, dyn, out, blocks, self.has_aux,
                        holomorphic=self.holomorphic)
 
     def _tangents(self, f: Callable, dyn: tuple, n: int) -> tuple:
-        """`(tangents, out)`: the JVPs of the `n` basis vectors, `batch_size` at a time, and
-        `f`'s output (`(y, aux)` with `has_aux`; `y` may be its structs)."""
+        """`(tangents, out)`: the JVPs of the `n` basis vectors, `batch_size` at a time, each
+        output leaf's along its last axis (`y.shape + (n,)`: the loop writes each chunk's
+        columns where the Jacobian has them), and `f`'s output (`(y, aux)` with `has_aux`; `y`
+        may be its structs)."""
         index = jnp.arange(n)
         if self.linearize:  # `jax.linearize` once; only the linear map runs per chunk
             y, f_jvp, *aux = jax.linearize(f, *dyn, has_aux=self.has_aux)
             push = lambda i: _no_float0(f_jvp(*_basis_vector(i, dyn)))  # noqa: E731
-            return batch_vmap(push, batch_size=self.batch_size)(index), ((y, *aux) if aux else y)
+            columns = batch_vmap(push, batch_size=self.batch_size, reducer=Concat(axis=-1))
+            return columns(index), ((y, *aux) if aux else y)
         # a `jax.jvp` per chunk (the primal is part of every chunk)
         fixed = []  # aux leaves that are not traced (Python numbers, NumPy arrays): as they are
 
@@ -144,6 +147,7 @@ class BatchJacfwd(_Jacobian):
             return _no_float0(out[1]), traced
 
         tangents, aux = batch_vmap(push, (0, None), batch_size=self.batch_size)(index, dyn)
+        tangents = jax.tree_util.tree_map(lambda t: jnp.moveaxis(t, 0, -1), tangents)
         aux = eqx.combine(jax.tree_util.tree_map(lambda x: x[0], aux), fixed[-1])
         # the primal's structs (a primal per column would be `n` copies of the output)
         y = jax.eval_shape(f, *dyn)
