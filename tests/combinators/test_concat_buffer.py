@@ -144,3 +144,18 @@ def test_rows_joined_along_another_axis_errors():
         chunkx.Concat(axis=1.0)
     with pytest.raises(ValueError, match=r"`Shard`: Concat\(axis=1\) joins rows along axis 1"):
         jax.jit(chunkx.Shard(f(1), in_axes=(0, None)))(x, W)
+
+
+@pytest.mark.parametrize("reducer", [chunkx.Concat(axis=1), chunkx.Sum()])
+def test_groups_refuse_an_output_that_does_not_keep_its_rows_first(reducer):
+    """`Groups` puts axis 0 of the output back in block order: a loop whose output has its
+    rows elsewhere (or none) would come back scrambled, so it is refused."""
+    from chunkx._combinators.groups import Blocks, Groups
+
+    g = Groups(chunkx.Chunk(Blocks(chunkx.Vmap(pair, (0, None)), 2, in_axes=(0, None)), 3,
+                            reducer=reducer, in_axes=(0, None)), 2)
+    with pytest.raises(ValueError, match=r"`Groups`: the output must keep its rows along axis 0"):
+        g(normal(6, (12, 3)), W)
+    kept = Groups(chunkx.Chunk(Blocks(chunkx.Vmap(pair, (0, None)), 2, in_axes=(0, None)), 3,
+                               in_axes=(0, None)), 2)
+    assert_tree_close(kept(normal(6, (12, 3)), W), jax.vmap(pair, (0, None))(normal(6, (12, 3)), W))
