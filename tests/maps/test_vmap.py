@@ -153,6 +153,24 @@ def test_vmap_zero_size_output_rows(b):
     assert_tree_close(chunkx.batch_vmap(f, batch_size=b)(x), jax.vmap(f)(x))
 
 
+@pytest.mark.parametrize("out_axes", [1, -1])
+def test_out_axes_are_written_in_place(out_axes):
+    """An `out_axes` other than 0 for every output: the loop writes each chunk's rows into
+    that axis (XLA's temp of the compiled map: a chunk or two, where the rows-first map
+    followed by `jnp.moveaxis` holds a transposed copy of the 2 MB output); values as
+    `jax.vmap`'s."""
+    x, w = rand(0, (1000, 8), jnp.float32), rand(1, (8, 512), jnp.float32) / 8
+    f = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    ours = chunkx.vmap(f, (0, None), out_axes, batch_size=100)
+    rows_first = chunkx.vmap(f, (0, None), batch_size=100)
+    moved = lambda x, w: jnp.moveaxis(rows_first(x, w), 0, out_axes)  # noqa: E731
+    assert_tree_close(jax.jit(ours)(x, w), jax.vmap(f, (0, None), out_axes)(x, w))
+    temp = lambda g: jax.jit(g).lower(x, w).compile().memory_analysis().temp_size_in_bytes  # noqa: E731
+    output = 1000 * 512 * 4
+    assert temp(moved) >= output
+    assert temp(ours) <= temp(rows_first) + 100 * 512 * 4 < output / 2
+
+
 def _sin_xw(x, w):
     return jnp.sin(x * w)
 

@@ -104,6 +104,15 @@ class Concat(AbstractReducer):
         pass
 
 
+class NoSuchAxis(ValueError):
+    """An output leaf without the axis a `Concat(axis=k)` joins its rows along; `shape` is the
+    leaf's shape a row (a map with its own word for the axis, `out_axes`, says it in those)."""
+
+    def __init__(self, message: str, shape: tuple):
+        super().__init__(message)
+        self.shape = shape
+
+
 def along(reducer: Concat, rows: Tree) -> Tree:
     """A chunk's rows (along axis 0 of each leaf, as the batched function returns them) moved
     to the reducer's `axis`, where the output joins them."""
@@ -112,9 +121,10 @@ def along(reducer: Concat, rows: Tree) -> Tree:
 
     def move(y):
         if not -jnp.ndim(y) <= reducer.axis < jnp.ndim(y):
-            raise ValueError(
+            raise NoSuchAxis(
                 f"`{reducer!r}`: an output leaf of shape {jnp.shape(y)[1:]} a row has no axis "
-                f"{reducer.axis} to join its rows along (with the rows: {jnp.ndim(y)} axes)."
+                f"{reducer.axis} to join its rows along (with the rows: {jnp.ndim(y)} axes).",
+                tuple(jnp.shape(y)[1:]),
             )
         return jnp.moveaxis(y, 0, reducer.axis)
 

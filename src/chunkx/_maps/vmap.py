@@ -17,8 +17,14 @@ from jaxtyping import PyTree
 
 from .._checks import check_entries, check_in_axes, check_positive
 from .._combinators._rows import compiled_if_eager, is_eager, moveaxis
-from .._combinators._sharding import on_inputs_mesh, replicated
-from .._combinators.reduce import AbstractReducer, Concat, keeps_rows, users_reduction
+from .._combinators._sharding import on_inputs_mesh, replicated, row_split
+from .._combinators.reduce import (
+    AbstractReducer,
+    Concat,
+    NoSuchAxis,
+    keeps_rows,
+    users_reduction,
+)
 from .._combinators.vmap import Vmap
 from .._plan.recover import Eager
 from .._plan.search import MemoryPlan
@@ -106,18 +112,28 @@ class AbstractChunkedVmap(eqx.Module):
         every = not self.filtered and type(self.out_axes.tree) is int  # every output mapped
         if not every:  # one row traced tells which outputs are mapped
             body, out_axes, kept = self._sorted(body, rows, fixed)
-        what = f"{who}({fn_name(self.fun)})"
-        pipeline = compose(Vmap(body, AXES), AXES, self.reducer, self.opts, what)
-        if plan is not None:  # the plan of the pipeline's Chunk on the rows one device sees
-            return plan_of(pipeline, plan, (rows, fixed), AXES, self.opts)
-        if users_reduction(self.reducer):  # checked in the name the user called
-            self.reducer.check_rows(eqx.filter_eval_shape(Vmap(body, AXES), rows, fixed), who)
-        out = pipeline(rows, fixed)
+        what, spec = f"{who}({fn_name(self.fun)})", self.out_axes.tree
+        # every output's rows to one other axis: the loop writes them there (no transposed
+        # copy after it), unless a Shard joins devices along axis 0 or the rows are split over
+        # an Explicit mesh (their layout follows axis 0)
+        placed = (every and spec != 0 and keeps_rows(self.reducer) and not self.opts.shard
+                  and row_split(rows) is None)
+        reducer = Concat(axis=spec) if placed else self.reducer
+        pipeline = compose(Vmap(body, AXES), AXES, reducer, self.opts, what)
+        try:
+            if plan is not None:  # the plan of the pipeline's Chunk on the rows one device sees
+                return plan_of(pipeline, plan, (rows, fixed), AXES, self.opts)
+            if users_reduction(self.reducer):  # checked in the name the user called
+                self.reducer.check_rows(eqx.filter_eval_shape(Vmap(body, AXES), rows, fixed),
+                                        who)
+            out = pipeline(rows, fixed)
+        except NoSuchAxis as e:  # in the map's own words
+            out_axis(who, e.shape, spec)
+            raise
         if every:  # each output's axis from the one int (nothing is kept aside)
-            spec = self.out_axes.tree
             out_axes = jax.tree_util.tree_map(lambda o: out_axis(who, o.shape[1:], spec), out)
             kept = out
-        if keeps_rows(self.reducer):  # else reduced: no mapped axis left
+        if keeps_rows(reducer):  # else reduced, or placed: no mapped axis to move
             out = jax.tree_util.tree_map(lambda o, a: moveaxis(o, 0, a), out, out_axes)
         return eqx.combine(out, kept)  # `None` in `out` where `kept` holds an output
 
@@ -304,7 +320,10 @@ def vmap(
     `n - B .. (n // B)·B - 1` again and they count there (their earlier evaluation is written
     over with the same values, or masked out of a sum). A reducer that
     cannot mask rows (a [`chunkx.Monoid`][] other than a sum) runs `n // B` steps and the
-    `n % B` leftover rows in one more call.
+    `n % B` leftover rows in one more call. Where `out_axes` is one int other than 0 (every
+    output mapped there), the loop writes each chunk's rows straight into that axis of the
+    output ([`chunkx.Concat`][]`(axis=out_axes)`), so the output is not transposed after the
+    loop (with `shard=True`, or rows split over an Explicit mesh, the axis is moved after it).
 
     **Arguments:**
 
