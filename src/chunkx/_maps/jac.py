@@ -131,11 +131,11 @@ class BatchJacfwd(_Jacobian):
         output leaf's along its last axis (`y.shape + (n,)`: the loop writes each chunk's
         columns where the Jacobian has them), and `f`'s output (`(y, aux)` with `has_aux`; `y`
         may be its structs)."""
-        index = jnp.arange(n)
+        index, last = jnp.arange(n), Concat(axis=-1)
         if self.linearize:  # `jax.linearize` once; only the linear map runs per chunk
             y, f_jvp, *aux = jax.linearize(f, *dyn, has_aux=self.has_aux)
             push = lambda i: _no_float0(f_jvp(*_basis_vector(i, dyn)))  # noqa: E731
-            columns = batch_vmap(push, batch_size=self.batch_size, reducer=Concat(axis=-1))
+            columns = batch_vmap(push, batch_size=self.batch_size, reducer=last)
             return columns(index), ((y, *aux) if aux else y)
         # a `jax.jvp` per chunk (the primal is part of every chunk)
         fixed = []  # aux leaves that are not traced (Python numbers, NumPy arrays): as they are
@@ -146,9 +146,9 @@ class BatchJacfwd(_Jacobian):
             fixed.append(rest)
             return _no_float0(out[1]), traced
 
-        tangents, aux = batch_vmap(push, (0, None), batch_size=self.batch_size)(index, dyn)
-        tangents = jax.tree_util.tree_map(lambda t: jnp.moveaxis(t, 0, -1), tangents)
-        aux = eqx.combine(jax.tree_util.tree_map(lambda x: x[0], aux), fixed[-1])
+        columns = batch_vmap(push, (0, None), batch_size=self.batch_size, reducer=last)
+        tangents, aux = columns(index, dyn)
+        aux = eqx.combine(jax.tree_util.tree_map(lambda x: x[..., 0], aux), fixed[-1])
         # the primal's structs (a primal per column would be `n` copies of the output)
         y = jax.eval_shape(f, *dyn)
         if not aux:

@@ -130,10 +130,11 @@ class AbstractChunkedVmap(eqx.Module):
         except NoSuchAxis as e:  # in the map's own words
             out_axis(who, e.shape, spec)
             raise
-        if every:  # each output's axis from the one int (nothing is kept aside)
-            out_axes = jax.tree_util.tree_map(lambda o: out_axis(who, o.shape[1:], spec), out)
+        if every:  # nothing is kept aside
             kept = out
         if keeps_rows(reducer):  # else reduced, or placed: no mapped axis to move
+            if every:  # each output's axis from the one int
+                out_axes = jax.tree_util.tree_map(lambda o: out_axis(who, o.shape[1:], spec), out)
             out = jax.tree_util.tree_map(lambda o, a: moveaxis(o, 0, a), out, out_axes)
         return eqx.combine(out, kept)  # `None` in `out` where `kept` holds an output
 
