@@ -154,8 +154,7 @@ class BatchJacfwd(_Jacobian):
         if not aux:
             return tangents, y
         # the aux arrays came through the chunked map: weakly typed again where `f`'s are
-        aux = jax.tree_util.tree_map(
-            lambda a, s: _like(a, s) if isinstance(a, jax.Array) else a, aux[0], y[1])
+        aux = jax.tree_util.tree_map(_like, aux[0], y[1])  # other leaves: as they are
         return tangents, (y[0], aux)
 
 
