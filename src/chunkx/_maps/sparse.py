@@ -10,7 +10,7 @@ import numpy as np
 from jax.sharding import Mesh
 from jaxtyping import PRNGKeyArray, PyTree, UInt32
 
-from .._combinators._rows import is_eager, mapped_length
+from .._combinators._rows import is_eager, map_mapped, mapped_length
 from .._combinators.pullback import Pullback, check_contract
 from .._combinators.reduce import identity
 from .._public import public
@@ -196,8 +196,8 @@ def sparse_pullback(
     n = mapped_length((y,), (0,), who)
     if n:
         rows = n if opts.size in (None, "auto") else min(n, opts.size)  # the first chunk
-        head = jax.tree_util.tree_map(  # leaves that are no arrays pass whole, as in batch_map
-            lambda x: (x[0] if strip_dim0 else x[:rows]) if eqx.is_array(x) else x, y)
+        # leaves that are no arrays pass whole, as in batch_map
+        (head,) = map_mapped(lambda x: x[0] if strip_dim0 else x[:rows], (y,), (0,))
         check_contract(who, head, jax.eval_shape(fn, head))
     guard = identity
     if check_block_diagonal and n:  # outside jit this raises before the pipeline runs
