@@ -43,7 +43,6 @@ from .._combinators._rows import (
     mapped_length,
     moveaxis,
     swap_blocks,
-    times_mask,
     zeros_like_struct,
 )
 from .._combinators._sharding import replicated
@@ -242,8 +241,10 @@ class RowFn(eqx.Module):
     """The batched function a chunk evaluates on `(rows, fixed)`, the lists of leaves that
     `body` (`fun` on its `(args, kwargs)`) joins: `body` on a microbatch (`per_example=False`;
     the rows' batch axes moved back to `at`) or `vmap_fn(body)` on its rows. With `masked`, a
-    first argument flags the rows to run: a chunk without any is skipped (`lax.cond`) and
-    unflagged rows give zeros."""
+    first argument flags the rows to run: a chunk without any is skipped (`lax.cond`) and gives
+    zeros. A chunk is one whole microbatch there (its rows all flagged or none): the masked
+    maps whose flags can differ within a chunk (padded rows, rows split over devices) take
+    them as the loop's row mask instead (`Interleave.as_valid`)."""
 
     body: Body
     at: tuple[int | None, ...] = eqx.field(static=True)
@@ -262,13 +263,8 @@ class RowFn(eqx.Module):
 
         if not self.masked:
             return compute(rows)
-        mask = xs[0]
         skip = jax.eval_shape(compute, rows)
-        out = jax.lax.cond(jnp.any(mask), compute, lambda _: zeros_like_struct(skip), rows)
-        if not self.per_example:
-            return out
-        # the rows not flagged in a chunk that runs are copies of real ones (padding)
-        return jax.tree_util.tree_map(lambda y: times_mask(y, mask), out)
+        return jax.lax.cond(jnp.any(xs[0]), compute, lambda _: zeros_like_struct(skip), rows)
 
 
 class Interleave(eqx.Module):
