@@ -226,10 +226,10 @@ for _op, _trees in ((reduce_chunk, 1), (rounded, 1), (trim, 1), (shard_spec, 0),
 
 @skips_masked.register
 def _(reducer: Leaves) -> bool:
-    # built-in accumulations only, each a sum or rows kept: a chunk of rows not to run adds
-    # zeros and writes zero rows, as `RowFn` gives them
-    return all(isinstance(k, AccumulationType) for k in reducer.kinds) and all(
-        r.is_additive() or keeps_rows(r) for r in reducer.items)
+    # each leaf a sum or rows kept (the `Accumulated` leaves, a user's Accumulator and
+    # microbatch's CONCAT, are neither): a chunk of rows not to run adds zeros and writes
+    # zero rows
+    return all(r.is_additive() or keeps_rows(r) for r in reducer.items)
 
 
 @accumulation.register
