@@ -15,8 +15,8 @@ from .._combinators._sharding import call_mesh, on_inputs_mesh
 from .._combinators.reduce import Concat
 from .._public import public
 from .._types import Budget, InAxes, Size
-from ._vmap_axes import Checked, by_argument, out_axis, positional_only
-from .pipeline import Options, check_options, compose, fn_name, plan_call, plan_of
+from ._vmap_axes import Body, Checked, by_argument, out_axis, positional_only
+from .pipeline import AXES, Options, check_options, compose, fn_name, plan_call, plan_of
 
 _BWD_PLANNED = "chunk_size='auto', use_scan=True, chunk_size_bwd=None"  # for messages
 
@@ -55,15 +55,15 @@ class ChunkMap(eqx.Module):
     def _call(self, args: tuple, kwargs: dict, plan: str | None = None) -> Any:
         """The map's value, or with `plan` (`"memory_plan"`, `"grad_memory_plan"`) the plan
         its Chunk follows for these arguments (`kwargs`: none, as `plan_call` passes them)."""
-        axes, leaves, at, treedef, n = by_argument(self.opts.who, self.in_axes, args, {})
-        moved = [x if a is None else moveaxis(x, a, 0) for x, a in zip(leaves, at)]
-        moved = jax.tree_util.tree_unflatten(treedef, moved)[0]
-        zero = tuple(None if a is None else 0 for a in axes)
-        pipeline = self._pipeline(_Moved(self.f, at, self.out_axes, self.opts.who), zero, n, args)
+        _, leaves, at, treedef, n = by_argument(self.opts.who, self.in_axes, args, {})
+        rows = [None if a is None else moveaxis(x, a, 0) for x, a in zip(leaves, at)]
+        fixed = [x if a is None else None for x, a in zip(leaves, at)]
+        inner = _Moved(Body(self.f, treedef), at, self.out_axes, self.opts.who)
+        pipeline = self._pipeline(inner, n, args)
         if plan is not None:
-            return plan_of(pipeline, plan, moved, zero, self.opts)
+            return plan_of(pipeline, plan, (rows, fixed), AXES, self.opts)
         back = lambda o, ax: move_axis(o, 0, ax)  # noqa: E731
-        return _per_output(pipeline(*moved), self.out_axes, back, self.opts.who)
+        return _per_output(pipeline(rows, fixed), self.out_axes, back, self.opts.who)
 
     def memory_plan(self, *args: Any):
         """The [`chunkx.MemoryPlan`][] that `chunk_size="auto"` follows for these arguments
@@ -77,7 +77,7 @@ class ChunkMap(eqx.Module):
         self.opts.check_planned("grad_memory_plan", _BWD_PLANNED)
         return plan_call(self._call, self.opts, "grad_memory_plan", args, {})
 
-    def _pipeline(self, inner, zero, n, args):
+    def _pipeline(self, inner, n, args):
         """[Shard ∘] [Pad ∘] [Groups ∘] Chunk ∘ [Blocks ∘] f, in quantax's per-device row layout
         (an "auto" size, or none: the shared pipeline, its Chunk planning the size).
 
@@ -90,38 +90,37 @@ class ChunkMap(eqx.Module):
         opts, what = self.opts, f"chunk_map({fn_name(self.f)})"
         size = opts.size
         if size in ("auto", None):
-            return compose(inner, zero, Concat(), opts, what)
+            return compose(inner, AXES, Concat(), opts, what)
         mesh = call_mesh(opts.mesh, args)  # the mesh Shard runs on, or lays rows out for
         ndev = mesh.size
         per_device = padded_rows_per_device(n, ndev)
         pad = self.atleast_1chunk and per_device < size  # up to one chunk per device
         if opts.shard:
-            return compose(inner, zero, Concat(), opts, what, local_pad=size if pad else 1)
+            return compose(inner, AXES, Concat(), opts, what, local_pad=size if pad else 1)
         if ndev == 1 or (per_device <= size and not pad):  # one chunk: no blocks to lay out
             grad = None if opts.grad_size is None else ndev * opts.grad_size
             opts = dataclasses.replace(opts, size=ndev * size, grad_size=grad)
             blocks, multiple = 1, size if pad else 1
         else:  # every block padded to whole chunks: f always sees D * c rows
             blocks, multiple = ndev, ndev * size
-        return compose(inner, zero, Concat(), opts, what, blocks=blocks,
+        return compose(inner, AXES, Concat(), opts, what, blocks=blocks,
                        pad=multiple if n % multiple else 1, mesh=mesh)
 
 
 class _Moved(eqx.Module):
-    """The batched `fn` on rows along axis 0: each mapped leaf's axis moved back to `at`,
-    each output's mapped axis (`out_axes`) moved to the front."""
+    """The batched `f` (a `Body`) on the rows of the mapped leaves along axis 0 and the fixed
+    leaves: each mapped leaf's axis moved back to `at`, each output's mapped axis (`out_axes`)
+    moved to the front."""
 
-    fn: Callable[..., Any]
+    body: Body
     at: tuple[int | None, ...] = eqx.field(static=True)
     out_axes: int | tuple[int, ...] = eqx.field(static=True)
     who: str = eqx.field(static=True)
 
-    def __call__(self, *args: Any) -> Any:
-        leaves, treedef = jax.tree_util.tree_flatten(args)
-        leaves = [x if a is None else moveaxis(x, 0, a) for x, a in zip(leaves, self.at)]
-        out = self.fn(*jax.tree_util.tree_unflatten(treedef, leaves))
+    def __call__(self, rows: list, fixed: list) -> Any:
+        rows = [x if a is None else moveaxis(x, 0, a) for x, a in zip(rows, self.at)]
         front = lambda o, ax: move_axis(o, ax, 0, self.who)  # noqa: E731
-        return _per_output(out, self.out_axes, front, self.who)
+        return _per_output(self.body(rows, fixed), self.out_axes, front, self.who)
 
 
 def move_axis(tree: Any, src: int, dst: int, who: str | None = None) -> Any:
