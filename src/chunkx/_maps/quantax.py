@@ -62,8 +62,7 @@ class ChunkMap(eqx.Module):
         pipeline = self._pipeline(inner, n, args)
         if plan is not None:
             return plan_of(pipeline, plan, (rows, fixed), AXES, self.opts)
-        back = lambda o, ax: move_axis(o, 0, ax)  # noqa: E731
-        return _per_output(pipeline(rows, fixed), self.out_axes, back, self.opts.who)
+        return _move_outputs(pipeline(rows, fixed), self.out_axes, self.opts.who, front=False)
 
     def memory_plan(self, *args: Any):
         """The [`chunkx.MemoryPlan`][] that `chunk_size="auto"` follows for these arguments
@@ -119,33 +118,31 @@ class _Moved(eqx.Module):
 
     def __call__(self, rows: list, fixed: list) -> Any:
         rows = [x if a is None else moveaxis(x, 0, a) for x, a in zip(rows, self.at)]
-        front = lambda o, ax: move_axis(o, ax, 0, self.who)  # noqa: E731
-        return _per_output(self.body(rows, fixed), self.out_axes, front, self.who)
+        return _move_outputs(self.body(rows, fixed), self.out_axes, self.who, front=True)
 
 
-def move_axis(tree: Any, src: int, dst: int, who: str | None = None) -> Any:
-    """`tree` with axis `src` of every array leaf moved to `dst` (other leaves as they are);
-    with `who`, `src` (an output's mapped axis) is checked against each leaf's rank first, in
-    the name of the map `who`."""
-
-    def move(x):
-        return moveaxis(x, src if who is None else out_axis(who, x.shape[1:], src), dst)
-
-    return map_mapped(move, (tree,), (0,))[0]
-
-
-def _per_output(out: Any, out_axes: Any, fn: Callable[[Any, int], Any], who: str) -> Any:
-    """`fn(output, axis)` per output: a tuple output zips with a tuple `out_axes`, which
+def _move_outputs(out: Any, out_axes: Any, who: str, *, front: bool) -> Any:
+    """Each output's mapped axis moved to the front (`front`), or from the front back to it:
+    its `out_axes` entry, checked against the rank of each array leaf in the name of the map
+    `who` (other leaves stay as they are). A tuple output zips with a tuple `out_axes`, which
     must have one entry per output; an int `out_axes` (or a tuple's first entry, where `f`
     returns no tuple) is the axis of the whole output."""
+
+    def move(output, axis):
+        def leaf(x):
+            mapped = out_axis(who, x.shape[1:], axis)
+            return moveaxis(x, mapped, 0) if front else moveaxis(x, 0, mapped)
+
+        return map_mapped(leaf, (output,), (0,))[0]
+
     if isinstance(out_axes, int) or type(out) is not tuple:
-        return fn(out, out_axes if isinstance(out_axes, int) else out_axes[0])
+        return move(out, out_axes if isinstance(out_axes, int) else out_axes[0])
     if len(out_axes) != len(out):
         raise ValueError(
             f"`{who}(out_axes={out_axes!r})`: f returned a tuple of "
             f"{len(out)} outputs but out_axes has {len(out_axes)} entries."
         )
-    return tuple(fn(o, ax) for o, ax in zip(out, out_axes))
+    return tuple(move(o, ax) for o, ax in zip(out, out_axes))
 
 
 @public
