@@ -9,15 +9,22 @@ bfloat16, by chunk size: the value (`batch_vmap(..., reducer=Sum())`) and the fu
 of it. Then the run time of compensation (compensated against plain, compiled side by side,
 called interleaved, medians) and the XLA temp bytes of both (`memory_analysis`), for the
 value, the fused gradient, and a gradient-sized sum (per-example gradients of a 128x64
-layer summed over the rows), whose carry is large.
+layer summed over the rows), whose carry is large. Last, the size of derivative programs
+through a compensated sum against a plain one (`jax.grad` and `jax.jvp` of a loop whose
+chunks are recomputed in reverse mode): StableHLO operations as lowered, instructions of
+XLA's optimized HLO (both exact and repeatable) and compile seconds (median of 5
+compilations).
 
     python benchmarks/bench_accuracy.py            # writes benchmarks/results/accuracy.json
+    python benchmarks/bench_accuracy.py --only derivatives   # that part, into the same JSON
 """
 
 import argparse
 import json
 import math
 import pathlib
+import re
+import time
 
 import jax
 import jax.numpy as jnp
@@ -131,13 +138,68 @@ def overhead(n, reps):
     return out
 
 
+def _ops(text: str) -> int:
+    """Operations in a StableHLO or HLO module's text: the lines that define a value."""
+    return sum(1 for line in text.splitlines() if re.match(r"\s*(ROOT )?%\S+ = ", line))
+
+
+def _compile_s(build, w, reps: int = 5) -> float:
+    """Median seconds of XLA's compilation of `build()`'s program, lowered afresh each time."""
+    times = []
+    for _ in range(reps):
+        lowered = jax.jit(build()).lower(w)
+        t = time.perf_counter()
+        lowered.compile()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def derivative_programs(n: int = 1000, size: int = 7):
+    """Compensated against plain: the derivative programs' operations and compile time."""
+    x, w = data(n, jnp.float32)
+
+    def loss(comp):  # the loop itself differentiated (not a fused rule)
+        chunk = chunkx.Chunk(chunkx.Vmap(f, (0, None)), size, in_axes=(0, None),
+                             reducer=chunkx.Sum(compensated=comp), grad="recompute")
+        return lambda w: chunk(x, w)
+
+    def recomputed(comp):
+        return jax.grad(loss(comp))
+
+    def tangent(comp):
+        return lambda w: jax.jvp(loss(comp), (w,), (jnp.ones_like(w),))
+
+    out = []
+    for name, build in (("jax.grad, chunks recomputed", recomputed), ("jax.jvp", tangent)):
+        row = dict(case=name, size=size)
+        for key in ("compensated", "plain"):
+            lowered = jax.jit(build(key == "compensated")).lower(w)
+            row[f"{key}_stablehlo"] = _ops(lowered.as_text())
+            row[f"{key}_hlo"] = _ops(lowered.compile().as_text())
+            row[f"{key}_compile_s"] = _compile_s(lambda: build(key == "compensated"), w)
+        out.append(row)
+        print(f"  {name:28s} ops {row['compensated_stablehlo']} vs {row['plain_stablehlo']} "
+              f"(optimized {row['compensated_hlo']} vs {row['plain_hlo']}), compile "
+              f"{row['compensated_compile_s']:.3f} vs {row['plain_compile_s']:.3f} s")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--reps", type=int, default=15)
     out = pathlib.Path(__file__).parent / "results" / "accuracy.json"
     ap.add_argument("--out", default=str(out))
+    ap.add_argument("--only", choices=["derivatives"],
+                    help="measure this part alone and update it in the JSON at --out")
     a = ap.parse_args()
+    if a.only:
+        results = json.loads(pathlib.Path(a.out).read_text())
+        print("derivative programs (float32)")
+        results["derivatives"] = derivative_programs()
+        pathlib.Path(a.out).write_text(json.dumps(results, indent=1) + "\n")
+        print(f"wrote {a.out}")
+        return
     sizes = [1, 7, 100, 1000, a.n]
     results = dict(backend=jax.default_backend(), n=a.n, features=4, reps=a.reps)
     print("accuracy (relative error against float64)")
@@ -145,6 +207,8 @@ def main():
                            for d in (jnp.float32, jnp.bfloat16)}
     print("overhead of compensation (float32)")
     results["overhead"] = overhead(a.n, a.reps)
+    print("derivative programs (float32)")
+    results["derivatives"] = derivative_programs()
     pathlib.Path(a.out).write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {a.out}")
 

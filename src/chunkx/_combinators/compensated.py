@@ -22,6 +22,12 @@ rounded to their own dtype once, at the end: `jnp.sum` of such a leaf accumulate
 too; a chunk's own sum of such rows reaches the running sum unrounded, as a `Wide` partial.
 Integer leaves are added exactly, without compensation; boolean partials (a function's own
 pre-summed rows) join as `jnp.add` joins them, by a logical or.
+
+Differentiated, an addition to the running sum is the exact sum it computes: its tangent is the
+total's plus the partial's (a `jax.custom_jvp` rule), not the two-sum's operations
+differentiated one by one, which would double the derivative program for XLA to compile.
+Reverse mode transposes that one addition per chunk (each chunk's cotangent is the sum's, as it
+is); a forward-mode tangent adds up without compensation.
 """
 
 from typing import Any
@@ -67,6 +73,7 @@ def narrow(tree: Tree) -> Tree:
     )
 
 
+@jax.custom_jvp
 def _two_sum(s: jax.Array, c: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """The total `s` (carrying the compensation `c`) with the real `x` added: the new total
     and its compensation."""
@@ -78,10 +85,32 @@ def _two_sum(s: jax.Array, c: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.A
     return t, lax.add(lax.sub(s, lax.sub(t, z)), lax.sub(y, z))  # exactly s + y - t (two-sum)
 
 
+@_two_sum.defjvp
+def _two_sum_jvp(primals: tuple, tangents: tuple) -> tuple:
+    # the derivative of the exact sum it computes: the total's tangent plus the partial's (the
+    # compensation's tangent carried as it is, zero from the start); the two-sum's own
+    # operations are not differentiated (see `_packed_add_jvp`)
+    ds, dc, dx = tangents
+    return _two_sum(*primals), (lax.add(ds, dx.astype(ds.dtype)), dc)
+
+
+@jax.custom_jvp
 def _packed_add(packed: jax.Array, x: jax.Array) -> jax.Array:
     """A running sum packed as `total + 1j * compensation` with the real `x` added."""
     # lax, not jnp: no jnp wrapper to trace
     return lax.complex(*_two_sum(lax.real(packed), lax.imag(packed), x))
+
+
+@_packed_add.defjvp
+def _packed_add_jvp(primals: tuple, tangents: tuple) -> tuple:
+    # the derivative of the exact sum: the partial's tangent added to the total's (the real
+    # part), linear, so reverse mode transposes it in one add per chunk. Differentiating the
+    # two-sum's operations instead (and the packing) would compensate forward-mode tangents
+    # too, at twice the operations of the derivative program for XLA to compile.
+    packed, x = primals
+    dp, dx = tangents
+    dx = dx.astype(lax.real(packed).dtype)
+    return _packed_add(packed, x), lax.add(dp, lax.complex(dx, lax.full_like(dx, 0)))
 
 
 def packs(dtype: Any) -> bool:
