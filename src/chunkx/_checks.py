@@ -174,10 +174,12 @@ def _members(hint: Any) -> tuple:
 
 
 def _shown(value: Any) -> str:
-    """`value` as a message shows it: a class by name, a short literal as it is, else `...`."""
+    """`value` as a message shows it: a class by name, a short literal (a NumPy scalar too) as
+    it is, else `...`."""
     if isinstance(value, type):
         return value.__name__
-    if value is None or isinstance(value, bool | int | float | str) and len(repr(value)) <= 40:
+    literal = isinstance(value, bool | int | float | str | np.generic)
+    if value is None or literal and len(repr(value)) <= 40:
         return repr(value)
     return "..."
 

@@ -146,6 +146,19 @@ def test_rows_joined_along_another_axis_errors():
         jax.jit(chunkx.Shard(f(1), in_axes=(0, None)))(x, W)
 
 
+def test_pad_of_a_function_without_a_loop_refuses_rows_along_another_axis():
+    """`Pad` cuts the padded rows off along the reducer's axis: a wrapped function that holds
+    no reducer returns its rows along axis 0, so `Concat(axis=1)` given to `Pad` is refused
+    (it cut the real axis instead of the padded rows); around a loop that writes its rows
+    along axis 1, the result is `jax.vmap(out_axes=1)`'s."""
+    x = normal(6, (7, 3))
+    with pytest.raises(ValueError, match=r"^`Pad\(reducer=Concat\(axis=1\)\)`: the wrapped Vmap holds "
+                                         r"no reducer, so it returns its rows along axis 0"):
+        chunkx.Pad(chunkx.Vmap(pair, (0, None)), 4, reducer=chunkx.Concat(axis=1))
+    looped = chunkx.Chunk(chunkx.Vmap(pair, (0, None)), 2, reducer=chunkx.Concat(axis=1))
+    assert_tree_close(chunkx.Pad(looped, 4)(x, W), jax.vmap(pair, (0, None), 1)(x, W))
+
+
 @pytest.mark.parametrize("reducer", [chunkx.Concat(axis=1), chunkx.Sum()])
 def test_groups_refuse_an_output_that_does_not_keep_its_rows_first(reducer):
     """`Groups` puts axis 0 of the output back in block order: a loop whose output has its

@@ -128,8 +128,11 @@ def test_errors_name_the_function_called():
         chunkx.vmap_chunked(lambda a, b: a, (0, 0), chunk_size=2, axis_0_is_sharded=False)(x10)
     with pytest.raises(ValueError, match=r"^`apply_chunked`: mapped arguments must share the length of their leading axis, got argument 0 shape \(10,\), argument 1 shape \(4,\)\.$"):
         chunkx.apply_chunked(jnp.add, chunk_size=2, axis_0_is_sharded=False)(x10, jnp.ones(4))
-    with pytest.raises(ValueError, match=r"^`batch_vmap\(reduction=\.\.\.\)`: chunk_reduction must remove the mapped axis"):
+    with pytest.raises(ValueError, match=r"^`batch_vmap`: chunk_reduction must remove the mapped axis"):
         chunkx.batch_vmap(jnp.sin, batch_size=3, reduction=jnp.add, chunk_reduction=lambda o: o)(x10)
+    # a Monoid given as the reducer: its chunk_reduction, in the name of the map called
+    with pytest.raises(ValueError, match=r"^`chunkx\.vmap`: chunk_reduction must remove the mapped axis"):
+        chunkx.vmap(jnp.sin, batch_size=3, reducer=chunkx.Monoid(jnp.maximum))(x10)
 
 
 def test_length_mismatch_lists_arguments_in_order():

@@ -5,6 +5,7 @@ planner's docstring. Each against an independent reference.
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import chunkx
@@ -210,6 +211,8 @@ def test_a_wrong_size_is_told_auto_where_the_size_takes_it(call, match):
      r"^`micro_vmap\(microbatch_size='AUTO'\)`: microbatch_size must be an int, 'auto' or None, got 'AUTO' \(str\); did you mean 'auto'\?$"),
     (lambda: chunkx.filter_vmap(jnp.sin, mesh="cpu"),
      r"^`chunkx\.filter_vmap\(mesh='cpu'\)`: mesh must be a Mesh or None, got 'cpu' \(str\)\.$"),
+    (lambda: chunkx.filter_vmap(jnp.sin, mesh=np.int64(3)),  # a NumPy scalar shown by value
+     r"^`chunkx\.filter_vmap\(mesh=np\.int64\(3\)\)`: mesh must be a Mesh or None, got np\.int64\(3\) \(int64\)\.$"),
 ])
 def test_a_wrong_kind_of_option_is_told_what_to_pass(call, match):
     """beartype still checks the public maps' arguments; what it refuses is told in one line:

@@ -171,6 +171,23 @@ def test_out_axes_are_written_in_place(out_axes):
     assert temp(ours) <= temp(rows_first) + 100 * 512 * 4 < output / 2
 
 
+def test_a_reducer_that_places_the_rows_is_refused_for_out_axes():
+    """`out_axes` says where the mapped axis goes: `reducer=Concat(axis=1)` (which would put it
+    there whatever `out_axes` says) is refused, naming out_axes, by `chunkx.vmap` and
+    `chunkx.filter_vmap` alike; the same axis as `out_axes` is `jax.vmap`'s result, and a size of
+    any integer type (a NumPy one) is a size."""
+    x, y = rand(0, (7, 3), jnp.float32), jnp.arange(4.0)
+    f = lambda x, y: jnp.outer(x, y)  # noqa: E731
+    said = r"`chunkx\.{}\(reducer=Concat\(axis=1\)\)`: out_axes says where the mapped axis goes"
+    for out_axes in (0, 1):
+        with pytest.raises(ValueError, match=said.format("vmap")):
+            chunkx.vmap(f, (0, None), out_axes, batch_size=3, reducer=chunkx.Concat(axis=1))
+    with pytest.raises(ValueError, match=said.format("filter_vmap")):
+        chunkx.filter_vmap(f, in_axes=(0, None), batch_size=3, reducer=chunkx.Concat(axis=1))
+    ours = chunkx.vmap(f, (0, None), 1, batch_size=np.int64(3), grad_batch_size=np.int32(2))
+    assert_tree_close(ours(x, y), jax.vmap(f, (0, None), 1)(x, y))
+
+
 def _sin_xw(x, w):
     return jnp.sin(x * w)
 

@@ -213,6 +213,19 @@ def _(reducer: Concat) -> bool:
     return reducer.axis == 0  # Concat(axis=k) places its rows itself
 
 
+@functools.singledispatch
+def places_rows(reducer: AbstractReducer) -> bool:
+    """Whether `reducer` keeps every row and writes them along an axis of its own other than 0
+    (`Concat(axis=k)`): a batched function returns its rows along axis 0, and a map with its
+    own `out_axes` says where they go. Registered next to each reducer that does: `Concat`."""
+    return False
+
+
+@places_rows.register
+def _(reducer: Concat) -> bool:
+    return reducer.axis != 0
+
+
 @shard_spec.register
 def _(reducer: Concat, axis: Any) -> P:
     if reducer.axis != 0:
@@ -408,7 +421,7 @@ class Monoid(AbstractReducer):
 
     def check_rows(self, rows_struct: Tree, who: str) -> None:
         """Raise if `chunk_reduction` keeps the mapped axis (partial shape depends on rows)."""
-        what = f"`{who}(reduction=...)`: chunk_reduction"
+        what = f"`{who}`: chunk_reduction"
         check_collapses(self.chunk_reduction, rows_struct, what)
 
 
@@ -476,6 +489,13 @@ def reducer_of(who: str, fn: Any, reducer: AbstractReducer | None) -> AbstractRe
     inner = held_reducer(fn)
     if reducer is None:
         return Concat() if inner is None else inner
+    if inner is None and places_rows(reducer):
+        raise ValueError(
+            f"`{who}(reducer={reducer!r})`: the wrapped {type(fn).__name__} holds no reducer, so "
+            "it returns its rows along axis 0; a reducer that joins them along another axis "
+            "needs a wrapped loop that writes them there (a Chunk, Reduce or Unrolled with that "
+            "reducer)."
+        )
     if inner is not None and not eqx.tree_equal(inner, reducer):
         raise ValueError(
             f"`{who}(reducer={reducer!r})`: the wrapped {type(fn).__name__} joins rows with "

@@ -23,13 +23,14 @@ from .._combinators.reduce import (
     Concat,
     NoSuchAxis,
     keeps_rows,
+    places_rows,
     users_reduction,
 )
 from .._combinators.vmap import Vmap
 from .._plan.recover import Eager
 from .._plan.search import MemoryPlan
 from .._public import public
-from .._types import Budget, GradPolicy
+from .._types import Budget, GradPolicy, Size
 from ._vmap_axes import Body, Spec, by_name, flat_axes, out_axis, resolve
 from .pipeline import AXES, Options, check_options, compose, fn_name, plan_call, plan_of
 
@@ -266,6 +267,12 @@ def _build(
             "use jax.vmap / eqx.filter_vmap for them, or reduce with reducer= (e.g. chunkx.Sum())."
         )
     default = eqx.if_array(0) if filtered else 0
+    if reducer is not None and places_rows(reducer):
+        raise ValueError(
+            f"`{who}(reducer={reducer!r})`: out_axes says where the mapped axis goes: give the "
+            "axis there (an int out_axes has each chunk's rows written in place along it) and "
+            "leave the reducer at its default, Concat()."
+        )
     if reducer is not None and not keeps_rows(reducer) and out_axes != default:
         raise ValueError(
             f"`{who}(out_axes={out_axes!r}, reducer={reducer!r})`: a reducer removes the mapped "
@@ -285,11 +292,11 @@ def vmap(
     axis_size: int | None = None,
     spmd_axis_name: Hashable | tuple[Hashable, ...] | None = None,
     *,
-    batch_size: int | Literal["auto"] | None = None,
+    batch_size: Size | Literal["auto"] = None,
     reducer: AbstractReducer | None = None,
     memory_budget: Budget = None,
     grad: GradPolicy = "auto",
-    grad_batch_size: int | None = None,
+    grad_batch_size: Size = None,
     shard: bool = False,
     mesh: Mesh | None = None,
     progress: bool = False,
@@ -374,11 +381,11 @@ def filter_vmap(
     out_axes: PyTree[Any] = eqx.if_array(0),
     axis_name: Hashable | None = None,
     axis_size: int | None = None,
-    batch_size: int | Literal["auto"] | None = None,
+    batch_size: Size | Literal["auto"] = None,
     reducer: AbstractReducer | None = None,
     memory_budget: Budget = None,
     grad: GradPolicy = "auto",
-    grad_batch_size: int | None = None,
+    grad_batch_size: Size = None,
     shard: bool = False,
     mesh: Mesh | None = None,
     progress: bool = False,
