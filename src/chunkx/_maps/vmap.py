@@ -341,6 +341,7 @@ def vmap(
     - `batch_size`: rows per chunk (per device with `shard=True`); `None`: no chunking.
     - `reducer`: how chunks join: [`chunkx.Concat`][] (the default: `jax.vmap`'s output) or
       e.g. [`chunkx.Sum`][] (the sum over the mapped axis, never materialising the rows).
+      `out_axes` places the mapped axis, so `Concat(axis=k)` is refused here.
     - `memory_budget`, `grad`, `grad_batch_size`, `shard`, `mesh`, `progress`: as in
       [`chunkx.batch_vmap`][].
 
