@@ -41,11 +41,12 @@ def test_a_sum_of_per_example_gradients_with_rows_left_over_keeps_its_memory():
     assert temps[511] < per_example / 4, (temps, per_example)
 
 
-@pytest.mark.parametrize("remainder", ["shift", "call"])
+@pytest.mark.parametrize(("size", "remainder"), [(4, "shift"), (4, "call"), (16, "shift")])
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
-def test_a_callers_mask_over_rows_that_hold_anything(remainder, bad):
+def test_a_callers_mask_over_rows_that_hold_anything(size, remainder, bad):
     """Rows a caller masks may hold NaN or inf (padding): they add nothing to the value or
-    the gradients, in a chunk where some rows count and in one where none does."""
+    the gradients, in a chunk where some rows count and in one where none does, and where
+    the rows fit one chunk (one call, no loop)."""
     x = rand(1, (11, 3), jnp.float32)
     valid = np.ones(11, bool)
     valid[[1, 4, 5, 6, 7, 10]] = False  # chunk 4..7 (of 4 rows) counts no row
@@ -55,7 +56,7 @@ def test_a_callers_mask_over_rows_that_hold_anything(remainder, bad):
     def f(r, w):
         return jnp.log1p(jnp.abs(r @ w)) * jnp.sqrt(jnp.abs(r[0]))
 
-    chunk = chunkx.Chunk(chunkx.Vmap(f, (0, None)), 4, reducer=chunkx.Sum(),
+    chunk = chunkx.Chunk(chunkx.Vmap(f, (0, None)), size, reducer=chunkx.Sum(),
                          in_axes=(0, None), remainder=remainder, grad="recompute")
 
     def want(x, w):  # the rows that count, alone

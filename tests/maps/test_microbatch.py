@@ -829,6 +829,26 @@ def test_micro_vmap_mean_of_integer_and_boolean_outputs_as_optax(acc):
         np.testing.assert_allclose(g, w, rtol=1e-6)
 
 
+@pytest.mark.parametrize("r", [0, 1, "array"])
+def test_one_microbatch_not_run_gives_zeros(r):
+    """One microbatch (microbatch_size the whole batch) and `num_real_microbatches=0`: its
+    concatenated rows are zeros and micro_grad's aux is too, beside a zero gradient, as
+    optax's; with it run, its rows."""
+    x = jnp.arange(1.0, 5.0)
+    r = jnp.asarray(0) if r == "array" else r
+    got = chunkx.micro_vmap(lambda x: 10 * x, microbatch_size=4, num_real_microbatches=r,
+                            accumulator=chunkx.AccumulationType.CONCAT)(x)
+    want = om.micro_vmap(lambda x: 10 * x, microbatch_size=4, num_real_microbatches=r,
+                         accumulator=theirs("CONCAT"))(x)
+    close(got, want)
+
+    def loss(p, x):
+        return jnp.sum(x * p)
+
+    got = chunkx.micro_grad(loss, microbatch_size=4, num_real_microbatches=r)(1.0, x)
+    close(got, om.micro_grad(loss, microbatch_size=4, num_real_microbatches=r)(1.0, x))
+
+
 def test_summed_per_example_rows_not_run_keep_their_memory():
     """micro_vmap's SUM of per-example gradients, and micro_grad's, where some rows do not
     run (microbatches past `num_real_microbatches`, a batch padded to whole microbatches):

@@ -34,7 +34,7 @@ from ._protocol import AbstractReducer, accumulation, can_shift, fn_masks, skips
 from ._rows import compiled_if_eager, join_args, mapped_length, split_args
 from ._sharding import on_inputs_mesh, row_split, split_rows_as, whole_rows
 from .fused import fused_call, grad_policy, piece_sizes, regrad_call
-from .loop import chunk_loop, evaluate
+from .loop import chunk_loop, evaluate, skipping
 from .reduce import Concat, keeps_rows
 
 
@@ -354,9 +354,16 @@ class Chunk(eqx.Module):
         if "auto" in (self.size, self.grad_size):
             return auto_call(self._request(), args, valid, axes, n)
         s = self.size
-        if s is None or n <= min(s, self.grad_size or s):
-            return evaluate(self.fn, self.reducer, args, valid, "Chunk")
         mapped, fixed, static = split_args(args, axes)
+        if s is None or n <= min(s, self.grad_size or s):  # one call: the loop's one chunk
+            if not _skips(self.reducer, valid):
+                return evaluate(self.fn, self.reducer, args, valid, "Chunk")
+
+            def whole(rows, valid):
+                return evaluate(self.fn, self.reducer, join_args(rows, fixed, static), valid,
+                                "Chunk")
+
+            return skipping(whole, jax.eval_shape(whole, mapped, valid))(mapped, valid)
         split = row_split(mapped) if keeps_rows(self.reducer) else None
         return split_rows_as(self._loop(mapped, fixed, static, valid, n), split)
 
@@ -378,9 +385,15 @@ class Chunk(eqx.Module):
 
         source = (mapped, valid)
         loop = accumulation(self.reducer)
-        # a caller's masked rows (padding) may hold anything: a sum skips or stands in for them
-        skip = valid is not None and skips_masked(self.reducer) and not fn_masks(self.reducer)
+        skip = _skips(self.reducer, valid)
         return chunk_loop(piece, loop, source, n, s, self, remat=policy == "recompute", skip=skip)
+
+
+def _skips(reducer: AbstractReducer, valid: RowMask | None) -> bool:
+    """Whether a chunk of rows its caller masks is skipped where none counts and its masked
+    rows stood in for (see `chunk_loop`): a caller's masked rows (padding) may hold anything,
+    and a sum skips or stands in for them, in a loop's chunks and in one call alike."""
+    return valid is not None and skips_masked(reducer) and not fn_masks(reducer)
 
 
 layer_in_axes.register(Chunk, own_axes)

@@ -68,7 +68,7 @@ def chunk_loop(
         valid = jax.eval_shape(lambda: counted_rows(s, 0, n))
     step, part = _traced_once(piece, mapped, valid, call)
     if skip:
-        step = _skipping(step, part)
+        step = skipping(step, part)
     loop.check_chunk(part, s)
     acc = loop.init(part, n)
     tick = Ticker(k + (r > 0), f"{what}: chunks of {s} rows") if opts.progress else None
@@ -88,7 +88,7 @@ def chunk_loop(
     unroll = opts.unroll or default_unroll(opts.reducer, loop)
     (acc, _), stacked = jax.lax.scan(body, init, None, k, unroll=unroll)
     if r:  # remainder="call": the leftover rows are one more piece
-        last = _skipping(piece, part) if skip else piece
+        last = skipping(piece, part) if skip else piece
         acc, _ = loop.accumulate(acc, last(*rows(source, k * s, r)), k * s, k)
         if tick is not None:  # counted too, reported after the loop's own steps
             tick(k, acc)
@@ -138,7 +138,7 @@ def _at(piece, n, s, shift, remat, varying=False):
     return jax.checkpoint(at, prevent_cse=False) if remat else at
 
 
-def _skipping(piece, part):
+def skipping(piece, part):
     """`piece(rows, valid)`, its masked rows stood in for (`stand_in`), or zeros shaped as
     `part` where no row counts."""
 
