@@ -212,6 +212,25 @@ def call_with_valid(fn, args: tuple, valid):
     return fn(*args) if valid is None else fn(*args, valid=valid)
 
 
+def widened(tree):
+    """`(wide, narrow)`: `tree` with its bfloat16/float16 array leaves held in float32, and the
+    function that rounds such a tree back (to the same values). A loop that closes over `wide`
+    and narrows it inside its step has its reverse pass sum those leaves' cotangents over the
+    chunks in float32, as `jnp.sum` accumulates such leaves, not in their own dtype."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    kinds = [x.dtype if eqx.is_array(x) and jnp.issubdtype(x.dtype, jnp.floating)
+             and jnp.finfo(x.dtype).bits < 32 else None for x in leaves]
+    if not any(kinds):
+        return tree, lambda t: t
+    wide = [x if k is None else x.astype(jnp.float32) for x, k in zip(leaves, kinds)]
+
+    def narrow(t):
+        return jax.tree_util.tree_unflatten(treedef, [
+            x if k is None else x.astype(k) for x, k in zip(jax.tree_util.tree_leaves(t), kinds)])
+
+    return jax.tree_util.tree_unflatten(treedef, wide), narrow
+
+
 def zeros_like_struct(tree):
     """Zeros shaped and typed like the structs (or arrays) of `tree`, weak types included."""
 

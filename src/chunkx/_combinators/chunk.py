@@ -31,7 +31,7 @@ from .._plan.search import MemoryPlan
 from .._types import GradPolicy, InAxes, Remainder, RowMask
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._protocol import AbstractReducer, accumulation, can_shift, fn_masks, skips_masked
-from ._rows import compiled_if_eager, join_args, mapped_length, split_args
+from ._rows import compiled_if_eager, join_args, mapped_length, split_args, widened
 from ._sharding import on_inputs_mesh, row_split, split_rows_as, whole_rows
 from .fused import fused_call, grad_policy, piece_sizes, regrad_call
 from .loop import chunk_loop, evaluate, skipping
@@ -379,9 +379,14 @@ class Chunk(eqx.Module):
         if self.grad_size is not None:
             return regrad_call(self, mapped, fixed, static, valid, n)
 
+        # what every chunk shares (the function's arrays, the unmapped arguments), bfloat16 and
+        # float16 leaves held in float32: the reverse pass sums their cotangents in float32
+        wide, narrow = widened((self.fn, fixed))
+
         def piece(chunk_rows, chunk_valid):  # one chunk of the loop itself
-            full = join_args(chunk_rows, fixed, static)
-            return evaluate(self.fn, self.reducer, full, chunk_valid, "Chunk", chunk=True)
+            fn, shared = narrow(wide)
+            full = join_args(chunk_rows, shared, static)
+            return evaluate(fn, self.reducer, full, chunk_valid, "Chunk", chunk=True)
 
         source = (mapped, valid)
         loop = accumulation(self.reducer)

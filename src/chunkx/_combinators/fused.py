@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from .._plan.auto import Owner
 from ._protocol import AbstractAccumulation, accumulation, fn_masks, rounded
-from ._rows import IN_RANGE, join_args, rows, zero_masked
+from ._rows import IN_RANGE, join_args, rows, widened, zero_masked
 from ._sharding import explicit_layout, typed_like
 from .loop import chunk_loop, evaluate
 from .reduce import Sum
@@ -122,11 +122,16 @@ class _Lifted:
         whole, self.whole_static = eqx.partition((fixed, convs), eqx.is_array)
         self.whole, self.whole_tree = jax.tree_util.tree_flatten(whole)
 
-    def piece(self, whole_leaves):
-        whole = jax.tree_util.tree_unflatten(self.whole_tree, whole_leaves)
-        fixed, convs = eqx.combine(whole, self.whole_static)
+    def piece(self, whole_leaves, wide=False):
+        """One chunk's `(row_leaves, valid) -> partial` with these whole leaves; `wide`: their
+        bfloat16/float16 leaves held in float32 across the loop (`widened`), for a loop whose
+        reverse pass sums their cotangents."""
+        whole_leaves, narrow = widened(whole_leaves) if wide else (whole_leaves, None)
 
         def piece(row_leaves, valid, chunk=True):
+            leaves = whole_leaves if narrow is None else narrow(whole_leaves)
+            whole = jax.tree_util.tree_unflatten(self.whole_tree, leaves)
+            fixed, convs = eqx.combine(whole, self.whole_static)
             mapped = jax.tree_util.tree_unflatten(self.rows_tree, row_leaves)
             fn = convs[row_leaves[0].shape[0]]
             full = join_args(mapped, fixed, self.static)
@@ -283,8 +288,9 @@ def regrad_call(chunk, mapped, fixed, static, valid, n) -> Any:
 
         def small(rl, wl):
             r, w = _merge(row_leaves, rl, rmask), _merge(whole_leaves, wl, wmask)
-            # checkpointed per step (its slicing too): the transpose recomputes one chunk
-            piece = lifted.piece(w)
+            # checkpointed per step (its slicing too): the transpose recomputes one chunk; the
+            # whole leaves' cotangents summed over the chunks in float32 where they are narrower
+            piece = lifted.piece(w, wide=True)
             return lifted.loop(piece, accumulation(chunk.reducer), r, valid, g, "chunkx grad",
                                remat=True)
 
