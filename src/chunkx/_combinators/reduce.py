@@ -4,7 +4,7 @@ The built-in reducers `Concat`, `Sum` and `Monoid`, and the private machinery of
 protocol (`_protocol.py`: `accumulation`, `reduce_chunk`, `call_masked`, `trim`, `rounded`,
 the `shard_*` functions, ...) registered beside each of them where it does better than the
 default derived from `reduce_rows` and `combine`: how a chunk loop carries its result, how
-padded rows are kept out, and how the devices of a mesh are joined. `keeps_rows` and
+padded rows are kept out, and how the devices of a mesh are joined. `rows_axis` and
 `users_reduction` say what a reducer is to the maps, registered the same way.
 """
 
@@ -201,29 +201,29 @@ def _(reducer: Concat, gathered: Tree, mesh: Mesh | AbstractMesh) -> Tree:
 
 
 @functools.singledispatch
+def rows_axis(reducer: AbstractReducer) -> int | None:
+    """The axis along which `reducer` keeps every row, its result the rows joined there (0 for
+    `Concat()`, `k` for `Concat(axis=k)`); `None` where it reduces them. Registered next to
+    each reducer that keeps rows: `Concat`."""
+    return None
+
+
+@rows_axis.register
+def _(reducer: Concat) -> int:
+    return reducer.axis
+
+
 def keeps_rows(reducer: AbstractReducer) -> bool:
-    """Whether `reducer` keeps every row, its result the rows joined along the mapped axis (so
-    padded rows are cut off, not masked, and the mapped axis can be placed by `out_axes`).
-    Registered next to each reducer that does: `Concat`."""
-    return False
+    """Whether `reducer` keeps every row along axis 0 (`rows_axis` 0): padded rows are cut off,
+    not masked, and a map's `out_axes` can place the mapped axis."""
+    return rows_axis(reducer) == 0
 
 
-@keeps_rows.register
-def _(reducer: Concat) -> bool:
-    return reducer.axis == 0  # Concat(axis=k) places its rows itself
-
-
-@functools.singledispatch
 def places_rows(reducer: AbstractReducer) -> bool:
-    """Whether `reducer` keeps every row and writes them along an axis of its own other than 0
+    """Whether `reducer` keeps every row along an axis of its own other than 0
     (`Concat(axis=k)`): a batched function returns its rows along axis 0, and a map with its
-    own `out_axes` says where they go. Registered next to each reducer that does: `Concat`."""
-    return False
-
-
-@places_rows.register
-def _(reducer: Concat) -> bool:
-    return reducer.axis != 0
+    own `out_axes` says where they go."""
+    return rows_axis(reducer) not in (None, 0)
 
 
 @shard_spec.register
