@@ -193,20 +193,16 @@ def main():
     ap.add_argument("--only", choices=["derivatives"],
                     help="measure this part alone and update it in the JSON at --out")
     a = ap.parse_args()
-    if a.only:
+    if a.only:  # the other parts as the JSON at --out holds them
         results = json.loads(pathlib.Path(a.out).read_text())
-        print("derivative programs (float32)")
-        results["derivatives"] = derivative_programs()
-        pathlib.Path(a.out).write_text(json.dumps(results, indent=1) + "\n")
-        print(f"wrote {a.out}")
-        return
-    sizes = [1, 7, 100, 1000, a.n]
-    results = dict(backend=jax.default_backend(), n=a.n, features=4, reps=a.reps)
-    print("accuracy (relative error against float64)")
-    results["accuracy"] = {jnp.dtype(d).name: errors(a.n, d, sizes)
-                           for d in (jnp.float32, jnp.bfloat16)}
-    print("overhead of compensation (float32)")
-    results["overhead"] = overhead(a.n, a.reps)
+    else:
+        sizes = [1, 7, 100, 1000, a.n]
+        results = dict(backend=jax.default_backend(), n=a.n, features=4, reps=a.reps)
+        print("accuracy (relative error against float64)")
+        results["accuracy"] = {jnp.dtype(d).name: errors(a.n, d, sizes)
+                               for d in (jnp.float32, jnp.bfloat16)}
+        print("overhead of compensation (float32)")
+        results["overhead"] = overhead(a.n, a.reps)
     print("derivative programs (float32)")
     results["derivatives"] = derivative_programs()
     pathlib.Path(a.out).write_text(json.dumps(results, indent=1) + "\n")
