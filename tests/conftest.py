@@ -119,3 +119,14 @@ def fresh_cache(tmp_path, monkeypatch):
     chunkx.clear_plan_cache()
     yield tmp_path / "plans"
     chunkx.clear_plan_cache()
+
+
+@pytest.fixture(params=["cond", "select"])
+def skipped_by(request, monkeypatch):
+    """How a chunk in which no row counts adds nothing: skipped by a `lax.cond` (every backend
+    but a TPU), or run on stand-in rows and selected out (a TPU's way, taken here on any)."""
+    from chunkx._combinators import loop  # after the settings above
+
+    monkeypatch.setattr(loop, "skips_by_cond",
+                        lambda: request.param == "cond")
+    return request.param

@@ -43,10 +43,11 @@ def test_a_sum_of_per_example_gradients_with_rows_left_over_keeps_its_memory():
 
 @pytest.mark.parametrize(("size", "remainder"), [(4, "shift"), (4, "call"), (16, "shift")])
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
-def test_a_callers_mask_over_rows_that_hold_anything(size, remainder, bad):
+def test_a_callers_mask_over_rows_that_hold_anything(size, remainder, bad, skipped_by):
     """Rows a caller masks may hold NaN or inf (padding): they add nothing to the value or
     the gradients, in a chunk where some rows count and in one where none does, and where
-    the rows fit one chunk (one call, no loop)."""
+    the rows fit one chunk (one call, no loop); a chunk without a row that counts skipped,
+    or run on copies of the batch's first counted row and selected out."""
     x = rand(1, (11, 3), jnp.float32)
     valid = np.ones(11, bool)
     valid[[1, 4, 5, 6, 7, 10]] = False  # chunk 4..7 (of 4 rows) counts no row
@@ -68,3 +69,19 @@ def test_a_callers_mask_over_rows_that_hold_anything(size, remainder, bad):
     assert_tree_close(gw, rw)
     assert_tree_close(gx[valid], rx[valid])
     assert bool(jnp.all(gx[~valid] == 0))
+
+
+@pytest.mark.parametrize("size", [4, 16])
+def test_a_batch_in_which_no_row_counts_sums_to_zero(size, skipped_by):
+    """Every row masked, every row NaN: the sum is zero (its dtype and shape), in a loop and in
+    one call; skipped by a `lax.cond`, its derivatives are zero too."""
+    dirty = jnp.full((11, 3), jnp.nan, jnp.float32)
+    w = rand(2, (3,), jnp.float32)
+    valid = np.zeros(11, bool)
+    chunk = chunkx.Chunk(chunkx.Vmap(lambda r, w: jnp.sqrt(jnp.abs(r @ w)), (0, None)), size,
+                         reducer=chunkx.Sum(), in_axes=(0, None), grad="recompute")
+    assert_tree_close(jax.jit(lambda x, w: chunk(x, w, valid=valid))(dirty, w),
+                      jnp.zeros((), jnp.float32))
+    if skipped_by == "cond":
+        gx, gw = jax.jit(jax.grad(lambda x, w: chunk(x, w, valid=valid), (0, 1)))(dirty, w)
+        assert_tree_close((gx, gw), (jnp.zeros_like(dirty), jnp.zeros_like(w)))

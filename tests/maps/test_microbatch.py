@@ -849,11 +849,12 @@ def test_one_microbatch_not_run_gives_zeros(r):
     close(got, om.micro_grad(loss, microbatch_size=4, num_real_microbatches=r)(1.0, x))
 
 
-def test_summed_per_example_rows_not_run_keep_their_memory():
+def test_summed_per_example_rows_not_run_keep_their_memory(skipped_by):
     """micro_vmap's SUM of per-example gradients, and micro_grad's, where some rows do not
     run (microbatches past `num_real_microbatches`, a batch padded to whole microbatches):
     XLA keeps the sum of each microbatch's gradients one contraction, as without such rows,
-    not every row's gradient (several times the temp memory before); the values are optax's."""
+    not every row's gradient (several times the temp memory before), whether a microbatch
+    without a row to run is skipped or selected out; the values are optax's."""
     w = (normal(30, (32, 16), jnp.float32) / 4, normal(31, (32,), jnp.float32) / 4,
          normal(32, (4, 32), jnp.float32) / 8, normal(33, (4,), jnp.float32) / 8)
 

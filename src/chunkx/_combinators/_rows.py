@@ -170,18 +170,28 @@ def times_mask(x, valid):
     return x * jax.lax.broadcast_in_dim(mask, jnp.shape(x), (0,), out_sharding=explicit_layout(x))
 
 
-def stand_in(tree, valid):
-    """The rows of `tree` where `valid`, elsewhere a copy of its first valid row (row 0 where
-    none is) behind `stop_gradient`: masked rows that may hold anything (a caller's padding)
-    made copies of a real row, whose values a sum can multiply by zero exactly."""
+def first_counted(tree, valid):
+    """The first row of each leaf of `tree` where `valid` (row 0 where none is), as a row of
+    one (`(1, ...)`), behind `stop_gradient`."""
     first = jnp.argmax(jnp.asarray(valid, bool))
 
     def leaf(x):
         row = jax.lax.dynamic_index_in_dim(replicated(x), first, 0, keepdims=True)
-        row = jax.lax.stop_gradient(jnp.broadcast_to(row, jnp.shape(x)))
-        return where_rows(valid, x, place_as(row, x))
+        return jax.lax.stop_gradient(row)
 
     return jax.tree_util.tree_map(leaf, tree)
+
+
+def stand_in(tree, valid, row=None):
+    """The rows of `tree` where `valid`, elsewhere copies of `row` (by default `tree`'s first
+    valid row, `first_counted`): masked rows that may hold anything (a caller's padding) made
+    copies of a real row, whose values a sum can multiply by zero exactly."""
+    row = first_counted(tree, valid) if row is None else row
+
+    def leaf(x, r):
+        return where_rows(valid, x, place_as(jnp.broadcast_to(r, jnp.shape(x)), x))
+
+    return jax.tree_util.tree_map(leaf, tree, row)
 
 
 def stop_repeated(x, counted):

@@ -125,8 +125,13 @@ class Chunk(eqx.Module):
     by zero rather than selecting them out: XLA then keeps a sum of per-row products (the
     per-example gradients of a layer) as one matrix product instead of holding every row's.
     Rows that the caller masks (`valid=`, padding that may hold anything) are not evaluated
-    as they are: a chunk in which no row counts is skipped, and in the others a masked row is
-    evaluated on a copy of the chunk's first row that counts.
+    as they are: a masked row is evaluated on a copy of the batch's first row that counts, and
+    a chunk in which no row counts adds nothing: it is skipped (`jax.lax.cond`), except on a
+    TPU, where a `lax.cond` in the loop makes XLA hold the rows' outputs (a chunk's
+    per-example gradients, whose sum it otherwise computes as one matrix product): there the
+    chunk runs on those copies and its partial is selected out. (A batch in which no row
+    counts at all has no real row to copy: its sum is zero, but on a TPU its derivatives are
+    those of the function at its first row times zero, NaN where those are not finite.)
 
     Reverse mode (`grad`) keeps the memory bound of one chunk in three ways:
 

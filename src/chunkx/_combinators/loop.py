@@ -18,7 +18,15 @@ from ._protocol import (
     fn_masks,
     reduce_chunk,
 )
-from ._rows import counted_rows, rows, stand_in, stop_repeated, struct_of, zeros_like_struct
+from ._rows import (
+    counted_rows,
+    first_counted,
+    rows,
+    stand_in,
+    stop_repeated,
+    struct_of,
+    zeros_like_struct,
+)
 
 
 def evaluate(
@@ -55,9 +63,9 @@ def chunk_loop(
     fused gradient's row Jacobians).
 
     `skip` (an additive reducer's loop over rows masked by its caller, whose masked rows may
-    hold anything): a chunk without a row that counts is skipped (its partial is zero, one
-    `lax.cond`), and in the others the masked rows are stood in for by a copy of the chunk's
-    first counted row (`stand_in`), so that a sum multiplies them out exactly.
+    hold anything): the masked rows are stood in for by copies of the batch's first counted
+    row (`stand_in`), so that a sum multiplies them out exactly, and a chunk without a row
+    that counts adds zero (`skipping`: skipped, or on a TPU selected out).
     """
     shift = opts.remainder_policy() == "shift" and n % s != 0
     k, r = (-(-n // s), 0) if shift else divmod(n, s)
@@ -67,8 +75,9 @@ def chunk_loop(
     if shift and valid is None:
         valid = jax.eval_shape(lambda: counted_rows(s, 0, n))
     step, part = _traced_once(piece, mapped, valid, call)
+    first = first_counted(*source) if skip else None  # a real row, for chunks without one
     if skip:
-        step = skipping(step, part)
+        step = skipping(step, part, first)
     loop.check_chunk(part, s)
     acc = loop.init(part, n)
     tick = Ticker(k + (r > 0), f"{what}: chunks of {s} rows") if opts.progress else None
@@ -88,7 +97,7 @@ def chunk_loop(
     unroll = opts.unroll or default_unroll(opts.reducer, loop)
     (acc, _), stacked = jax.lax.scan(body, init, None, k, unroll=unroll)
     if r:  # remainder="call": the leftover rows are one more piece
-        last = skipping(piece, part) if skip else piece
+        last = skipping(piece, part, first) if skip else piece
         acc, _ = loop.accumulate(acc, last(*rows(source, k * s, r)), k * s, k)
         if tick is not None:  # counted too, reported after the loop's own steps
             tick(k, acc)
@@ -138,15 +147,34 @@ def _at(piece, n, s, shift, remat, varying=False):
     return jax.checkpoint(at, prevent_cse=False) if remat else at
 
 
-def skipping(piece, part):
-    """`piece(rows, valid)`, its masked rows stood in for (`stand_in`), or zeros shaped as
-    `part` where no row counts."""
+def skips_by_cond() -> bool:
+    """Whether a chunk in which no row counts is skipped by a `lax.cond` (see `skipping`):
+    on every backend but a TPU."""
+    return jax.default_backend() != "tpu"
+
+
+def run_or_zeros(counts, fn, *args, part=None):
+    """`fn(*args)` where `counts` (a traced bool), else zeros shaped as its output (`part`,
+    its structs, where the caller has them).
+
+    Skipped by a `lax.cond` on every backend but a TPU. There a `lax.cond` in a loop's step
+    makes XLA hold the outputs of the rows in its branch (a chunk's per-example gradients,
+    whose sum it otherwise computes as one matrix product), so `fn` runs and its output is
+    selected out (`jnp.where`): `fn` must then be finite on `args` (real rows)."""
+    if skips_by_cond():
+        part = jax.eval_shape(fn, *args) if part is None else part
+        return jax.lax.cond(counts, fn, lambda *_: zeros_like_struct(part), *args)
+    return jax.tree_util.tree_map(lambda x: jnp.where(counts, x, jnp.zeros_like(x)), fn(*args))
+
+
+def skipping(piece, part, row=None):
+    """`piece(rows, valid)` with its masked rows stood in for by copies of `row` (by default
+    the chunk's first counted row: `stand_in`), or zeros shaped as `part` where no row counts
+    (`run_or_zeros`)."""
 
     def run(mapped, valid):
-        def zeros(mapped, valid):
-            return zeros_like_struct(part)
-
-        return jax.lax.cond(jnp.any(valid), piece, zeros, stand_in(mapped, valid), valid)
+        mapped = stand_in(mapped, valid, row)
+        return run_or_zeros(jnp.any(valid), piece, mapped, valid, part=part)
 
     return run
 

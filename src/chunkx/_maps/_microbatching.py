@@ -399,8 +399,8 @@ class Microbatched(eqx.Module):
         # masked rows: padded ones, of a microbatch past `num_real`, or padded over the devices
         masked = k is not None and (padded or r is not None or n % d != 0)
         # a per-example map of built-in accumulations flags its rows as the loop's row mask:
-        # the loop skips a chunk with none to run and keeps the sum of the others' rows one
-        # contraction (a flag per row inside `RowFn` holds every row's output)
+        # a chunk with none to run adds zero (`run_or_zeros`) and the sum of the others' rows
+        # stays one contraction (a flag per row inside `RowFn` holds every row's output)
         as_valid = masked and self.per_example and skips_masked(leaves) and leaves.can_mask()
         row_fn = RowFn(body, at, self.per_example, masked and not as_valid, self.vmap_fn)
         g = opts.grad_size // d if isinstance(opts.grad_size, int) else opts.grad_size
