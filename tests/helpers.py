@@ -111,6 +111,8 @@ def assert_tree_close(actual, expected, *, rtol=None, atol=None, weak_type=False
 #: eager, jitted, in `lax.map`, in a scan, in chunkx's loop), where `jax.vmap`'s fused kernel
 #: can come out at 6e-8: the chip's two programs differ by up to 1e-4.
 F32_TANH_RTOL = 2e-4 if jax.default_backend() == "tpu" else 1e-5
+#: `assert_tree_close`'s rtol for such results: `F32_TANH_RTOL` on a TPU, elsewhere the default.
+TANH_CLOSE = F32_TANH_RTOL if jax.default_backend() == "tpu" else None
 
 
 def premise(holds: bool, what: str, detail: object = None) -> None:

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 import chunkx
-from helpers import assert_tree_close, normal, temp_bytes
+from helpers import assert_tree_close, normal, over, temp_bytes
 
 W = normal(0, (3, 5))
 
@@ -126,7 +126,7 @@ def test_rows_joined_along_the_last_axis_are_not_transposed_after_the_loop():
     moved = lambda x, w: jnp.moveaxis(first(x, w), 0, -1)  # noqa: E731
     assert_tree_close(jax.jit(last)(x, w), jax.vmap(row, (0, None), -1)(x, w))
     output = 1000 * 512 * x.dtype.itemsize
-    assert temp_bytes(moved, x, w) >= output
+    over(temp_bytes(moved, x, w), output, "the rows-first loop followed by jnp.moveaxis")
     chunk = 100 * 512 * x.dtype.itemsize
     assert temp_bytes(last, x, w) <= temp_bytes(first, x, w) + chunk
     assert temp_bytes(first, x, w) < output / 4

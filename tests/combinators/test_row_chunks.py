@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import chunkx
+from helpers import premise
 
 N, D = 2048, 64
 X = jnp.linspace(0.0, 1.0, N * D, dtype=jnp.float32).reshape(N, D)
@@ -63,12 +64,19 @@ REFERENCE = {
 }
 
 
+def _one_row_copies_no_input(one: int, two: int, below: float) -> None:
+    """XLA's temp at one-row chunks: at most twice that at two-row chunks, and far below a
+    copy of the input (`below`; sharded maps place each device's rows, a quarter of x). On a
+    TPU a chunk of one row of 64 pads to the chip's tiles of 8 x 128: a CPU figure."""
+    premise(one <= 2 * two, "'one-row chunks hold at most twice two-row chunks' temp'",
+            (one, two))
+    premise(one < below, "'one-row chunks hold far less than a copy of the input'", one)
+
+
 @pytest.mark.parametrize("name", sorted(MAPS))
 def test_one_row_chunks_copy_no_input(name):
     one, two = temp(MAPS[name](1), X, W), temp(MAPS[name](2), X, W)
-    assert one <= 2 * two, (one, two)
-    # far below a copy of the input; sharded maps place each device's rows (a quarter of x)
-    assert one < X.nbytes // 4 * (1.5 if name in SHARDED else 1)
+    _one_row_copies_no_input(one, two, X.nbytes // 4 * (1.5 if name in SHARDED else 1))
     np.testing.assert_allclose(jax.jit(MAPS[name](1))(X, W), REFERENCE[name](X, W), rtol=2e-5,
                                atol=1e-4)
 
@@ -76,8 +84,7 @@ def test_one_row_chunks_copy_no_input(name):
 @pytest.mark.parametrize("name", sorted(GRADS))
 def test_one_row_chunks_copy_no_input_under_grad(name):
     one, two = temp(GRADS[name](1), W, X), temp(GRADS[name](2), W, X)
-    assert one <= 2 * two, (one, two)
-    assert one < X.nbytes // 4
+    _one_row_copies_no_input(one, two, X.nbytes // 4)
 
 
 @pytest.mark.parametrize("name", ["Chunk/Sum", "Chunk/Concat", "batch_vmap/Sum", "vmap_chunked"])
@@ -86,20 +93,22 @@ def test_memory_does_not_fall_as_the_size_grows(name):
     rows (the shifted last chunk)."""
     sizes = (1, 2, 4, 8, 16, 64)
     got = [temp(MAPS[name](s), X, W) for s in sizes]
-    assert got == sorted(got), dict(zip(sizes, got))
+    premise(got == sorted(got), "'temp does not fall as the chunk size grows'",
+            dict(zip(sizes, got)))
     leaving = (3, 24, 100)
     got = [temp(MAPS[name](s), X, W) for s in leaving]
-    assert got == sorted(got), dict(zip(leaving, got))
+    premise(got == sorted(got), "'temp does not fall as the chunk size grows'",
+            dict(zip(leaving, got)))
 
 
 def test_memory_does_not_fall_as_the_size_grows_under_value_and_grad():
     sizes = (1, 2, 4, 8, 16, 64)
     plain = lambda s: _grad(lambda x, w: chunkx.batch_vmap(  # noqa: E731
         per, (0, None), batch_size=s, reducer=chunkx.Sum(compensated=False))(x, w))
-    got = [temp(plain(s), W, X) for s in sizes]
-    assert got == sorted(got), dict(zip(sizes, got))
-    got = [temp(GRADS["value_and_grad batch_vmap/Sum"](s), W, X) for s in sizes]  # compensated
-    assert got == sorted(got), dict(zip(sizes, got))
+    for f in (plain, GRADS["value_and_grad batch_vmap/Sum"]):  # plain, compensated
+        got = [temp(f(s), W, X) for s in sizes]
+        premise(got == sorted(got), "'temp does not fall as the chunk size grows'",
+                dict(zip(sizes, got)))
 
 
 def test_budget_too_small_names_a_budget_that_fits():
@@ -114,7 +123,9 @@ def test_budget_too_small_names_a_budget_that_fits():
             value, grad = jax.value_and_grad(loss(budget))(W, X)
             break
         except ValueError as e:
-            assert "the least of any size" in str(e)
+            # the least of any size; where temp does not grow with the size (a TPU's tiles),
+            # the least of the sizes the planner measured
+            assert any(f"the least of {m}" in str(e) for m in ("any size", "the sizes measured"))
             budget = int(str(e).split("at least ")[1].rstrip("."))
             named.append(budget)
     else:

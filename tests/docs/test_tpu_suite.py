@@ -64,8 +64,9 @@ def test_run_and_summarize(tmp_path):
 
 def test_summary_takes_the_newest_commits_outcome_and_marks_changed_tests(tmp_path):
     """Of two records of a test, the one made at the newer commit counts, whatever the files'
-    order; a failure whose test function changed since its commit is marked `changed`
-    (reference: the records and the repository's history, written here)."""
+    order; a failure whose test function, or a helper of its file that it names, changed since
+    its commit is marked `changed` (reference: the records and the repository's history,
+    written here)."""
     def git(*args, date="2026-01-01T00:00:00"):
         env = {"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date, "HOME": str(tmp_path),
                "PATH": __import__("os").environ["PATH"]}
@@ -76,7 +77,8 @@ def test_summary_takes_the_newest_commits_outcome_and_marks_changed_tests(tmp_pa
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     area = tmp_path / "area"
     area.mkdir()
-    source = "def test_a(): assert 0\n\n\ndef test_b(): assert 0\n"
+    source = ("def _h(): return 0\n\n\ndef test_a(): assert 0\n\n\ndef test_b(): assert 0\n\n\n"
+              "def test_c(): assert _h()\n")
     (area / "test_x.py").write_text(source)
     # the test of public names' docstring examples, and the names' sources under src/
     (area / "test_docs.py").write_text(
@@ -92,7 +94,8 @@ def test_summary_takes_the_newest_commits_outcome_and_marks_changed_tests(tmp_pa
     (area / "test_x.py").write_text(source + "\n")  # the file changes, not its functions
     git("commit", "-qam", "new", date="2026-02-01T00:00:00")
     new = git("rev-parse", "HEAD")
-    (area / "test_x.py").write_text(source.replace("def test_b(): assert 0", "def test_b(): pass"))
+    (area / "test_x.py").write_text(source.replace("def test_b(): assert 0", "def test_b(): pass")
+                                    .replace("return 0", "return 1"))
     (tmp_path / "src" / "pkg.py").write_text(library.replace("f's example", "f's new example"))
 
     def record(test, outcome, commit):
@@ -100,7 +103,7 @@ def test_summary_takes_the_newest_commits_outcome_and_marks_changed_tests(tmp_pa
                            "reason": outcome, "commit": commit})
 
     first, second = tmp_path / "1.jsonl", tmp_path / "2.jsonl"  # the newer commit's first
-    first.write_text("\n".join([record("test_a", "failed", new), record("test_b", "failed", new)]
+    first.write_text("\n".join([record(t, "failed", new) for t in ("test_a", "test_b", "test_c")]
                                 + [json.dumps({"id": f"area/test_docs.py::test_example_runs[{n}]",
                                                "outcome": "failed", "reason": "", "commit": new})
                                    for n in ("pkg.f", "pkg.G")]))
@@ -110,8 +113,8 @@ def test_summary_takes_the_newest_commits_outcome_and_marks_changed_tests(tmp_pa
                     str(first), str(second), "--into", str(into), "--tests", str(area),
                     "--root", str(tmp_path)], cwd=ROOT, check=True, capture_output=True)
     summary = json.loads(into.read_text())
-    assert summary["totals"]["failed"] == 4 and summary["totals"]["passed"] == 0
+    assert summary["totals"]["failed"] == 5 and summary["totals"]["passed"] == 0
     changed = {f["id"].split("::")[1]: f["changed"] for f in summary["failures"]}
-    assert changed == {"test_a": False, "test_b": True, "test_example_runs[pkg.f]": True,
-                       "test_example_runs[pkg.G]": False}
-    assert summary["failures_changed"] == 2
+    assert changed == {"test_a": False, "test_b": True, "test_c": True,
+                       "test_example_runs[pkg.f]": True, "test_example_runs[pkg.G]": False}
+    assert summary["failures_changed"] == 3

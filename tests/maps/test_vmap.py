@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import chunkx
-from helpers import assert_tree_close, over, rand
+from helpers import assert_tree_close, budget_sized_for_the_cpu, over, rand
 
 pytestmark = pytest.mark.x64  # float64 data, tolerances and references
 
@@ -167,7 +167,7 @@ def test_out_axes_are_written_in_place(out_axes):
     assert_tree_close(jax.jit(ours)(x, w), jax.vmap(f, (0, None), out_axes)(x, w))
     temp = lambda g: jax.jit(g).lower(x, w).compile().memory_analysis().temp_size_in_bytes  # noqa: E731
     output = 1000 * 512 * 4
-    assert temp(moved) >= output
+    over(temp(moved), output, "the rows-first map followed by jnp.moveaxis")
     assert temp(ours) <= temp(rows_first) + 100 * 512 * 4 < output / 2
 
 
@@ -210,6 +210,7 @@ def _temp(fn, *args):
     return jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
 
 
+@budget_sized_for_the_cpu
 def test_vmap_auto_within_budget_and_equal():
     """batch_size="auto": the Chunk plans its size; the program fits, the values are jax.vmap's."""
     f = lambda x, w: jnp.sort(jnp.tanh(x[:, None] * w).ravel())[-4:]  # noqa: E731 (unfusable)
