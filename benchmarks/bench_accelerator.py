@@ -379,8 +379,8 @@ def section_masked(q, reps):
     two-layer loss): every row run; 5 of 8 microbatches run (`num_real_microbatches`); 509
     rows padded to 8 microbatches; optax's 5 of 8; `jax.vmap`'s gradients summed. First, one
     microbatch's gradients summed under a row mask in plain JAX, in four forms (multiplied by
-    the mask, `jnp.where`, a `tensordot` with it, the mask inside the loss), against no mask:
-    which forms XLA keeps one contraction on this backend."""
+    the mask, `jnp.where`, a `tensordot` with it, the mask inside the loss), against no mask;
+    the mask is a constant here (`tpu_masked_forms.py` takes it as an argument, in a loop)."""
     from optax import microbatching as om
 
     n = 512 // min(q, 8)

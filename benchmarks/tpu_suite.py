@@ -155,10 +155,11 @@ def _latest(records: list[str], root: Path = ROOT) -> dict[str, dict]:
 
 
 def _changed(tid: str, record: dict, root: Path = ROOT) -> bool:
-    """Whether the test's function differs, in this tree, from its source at the commit the
-    record was made at (a failure since addressed, not yet run again on the chip); for the
-    test of a public name's docstring example (`test_example_runs[chunkx.name]`), whether
-    that name's source (its docstring with it) does."""
+    """Whether the test's function, or a helper of its file that it names, differs in this
+    tree from its source at the commit the record was made at (a failure since addressed, not
+    yet run again on the chip); for the test of a public name's docstring example
+    (`test_example_runs[chunkx.name]`), whether that name's source (its docstring with it)
+    does."""
     commit, (path, name) = record.get("commit", ""), tid.split("[")[0].split("::")[:2]
     if not commit:
         return False
@@ -167,7 +168,21 @@ def _changed(tid: str, record: dict, root: Path = ROOT) -> bool:
         found = [f for f in sorted((root / "src").rglob("*.py"))
                  if _source(f.read_text(), public) is not None]
         return any(_differs(f.relative_to(root), public, commit, root) for f in found)
-    return _differs(Path(path), name, commit, root)
+    return any(_differs(Path(path), used, commit, root)
+               for used in _used(Path(path), name, root))
+
+
+def _used(path: Path, name: str, root: Path) -> list[str]:
+    """`name` and the top-level functions and classes of its file (`path`, in this tree) that
+    its source names: a test, and the module's helpers it calls."""
+    text = (root / path).read_text() if (root / path).exists() else ""
+    source = _source(text, name)
+    if source is None:
+        return [name]
+    named = {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
+    defined = {node.name for node in ast.parse(text).body
+               if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    return [name, *sorted((named & defined) - {name})]
 
 
 def _differs(path: Path, name: str, commit: str, root: Path) -> bool:
