@@ -127,6 +127,5 @@ def skipped_by(request, monkeypatch):
     but a TPU), or run on stand-in rows and selected out (a TPU's way, taken here on any)."""
     from chunkx._combinators import loop  # after the settings above
 
-    monkeypatch.setattr(loop, "skips_by_cond",
-                        lambda: request.param == "cond")
+    monkeypatch.setattr(loop, "skips_by_cond", lambda: request.param == "cond")
     return request.param

@@ -153,28 +153,21 @@ def skips_by_cond() -> bool:
     return jax.default_backend() != "tpu"
 
 
-def run_or_zeros(counts, fn, *args, part=None):
-    """`fn(*args)` where `counts` (a traced bool), else zeros shaped as its output (`part`,
-    its structs, where the caller has them).
-
-    Skipped by a `lax.cond` on every backend but a TPU. There a `lax.cond` in a loop's step
-    makes XLA hold the outputs of the rows in its branch (a chunk's per-example gradients,
-    whose sum it otherwise computes as one matrix product), so `fn` runs and its output is
-    selected out (`jnp.where`): `fn` must then be finite on `args` (real rows)."""
-    if skips_by_cond():
-        part = jax.eval_shape(fn, *args) if part is None else part
-        return jax.lax.cond(counts, fn, lambda *_: zeros_like_struct(part), *args)
-    return jax.tree_util.tree_map(lambda x: jnp.where(counts, x, jnp.zeros_like(x)), fn(*args))
-
-
 def skipping(piece, part, row=None):
     """`piece(rows, valid)` with its masked rows stood in for by copies of `row` (by default
-    the chunk's first counted row: `stand_in`), or zeros shaped as `part` where no row counts
-    (`run_or_zeros`)."""
+    the chunk's first counted row: `stand_in`), or zeros shaped as `part` where no row counts.
+
+    Such a chunk is skipped by a `lax.cond` on every backend but a TPU. There a `lax.cond` in
+    a loop's step makes XLA hold the outputs of the rows in its branch (a chunk's per-example
+    gradients, whose sum it otherwise computes as one matrix product), so the chunk runs on
+    its stand-in rows and its partial is selected out (`jnp.where`)."""
 
     def run(mapped, valid):
-        mapped = stand_in(mapped, valid, row)
-        return run_or_zeros(jnp.any(valid), piece, mapped, valid, part=part)
+        counts, mapped = jnp.any(valid), stand_in(mapped, valid, row)
+        if skips_by_cond():
+            return jax.lax.cond(counts, piece, lambda *_: zeros_like_struct(part), mapped, valid)
+        return jax.tree_util.tree_map(
+            lambda x: jnp.where(counts, x, jnp.zeros_like(x)), piece(mapped, valid))
 
     return run
 

@@ -399,7 +399,7 @@ class Microbatched(eqx.Module):
         # masked rows: padded ones, of a microbatch past `num_real`, or padded over the devices
         masked = k is not None and (padded or r is not None or n % d != 0)
         # a per-example map of built-in accumulations flags its rows as the loop's row mask:
-        # a chunk with none to run adds zero (`run_or_zeros`) and the sum of the others' rows
+        # a chunk with none to run adds zero (`skipping`) and the sum of the others' rows
         # stays one contraction (a flag per row inside `RowFn` holds every row's output)
         as_valid = masked and self.per_example and skips_masked(leaves) and leaves.can_mask()
         row_fn = RowFn(body, at, self.per_example, masked and not as_valid, self.vmap_fn)
