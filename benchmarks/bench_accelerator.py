@@ -375,23 +375,15 @@ def section_compile64(q, reps, seconds=300.0):
 
 # ---------------------------------------------------------------------------------- masked
 def section_masked(q, reps):
-    """MiB of temp memory of the SUM of 512 per-example gradients in microbatches of 64 (a
-    two-layer loss): every row run; 5 of 8 microbatches run (`num_real_microbatches`); 509
-    rows padded to 8 microbatches; optax's 5 of 8; `jax.vmap`'s gradients summed. First, one
-    microbatch's gradients summed under a row mask in plain JAX, in four forms (multiplied by
-    the mask, `jnp.where`, a `tensordot` with it, the mask inside the loss), against no mask;
-    the mask is a constant here (`tpu_masked_forms.py` takes it as an argument, in a loop)."""
+    """MiB of temp memory of the SUM of 512 per-example gradients in microbatches of 64 (the
+    two-layer loss of `tpu_masked_forms.py`, which compiles the forms such a sum can take):
+    every row run; 5 of 8 microbatches run (`num_real_microbatches`); 509 rows padded to 8
+    microbatches; optax's 5 of 8; `jax.vmap`'s gradients summed."""
     from optax import microbatching as om
+    from tpu_masked_forms import data, loss
 
     n = 512 // min(q, 8)
-    key = jax.random.split(jax.random.key(8), 5)
-    w = (jax.random.normal(key[0], (32, 16)) / 4, jax.random.normal(key[1], (32,)) / 4,
-         jax.random.normal(key[2], (4, 32)) / 8, jax.random.normal(key[3], (4,)) / 8)
-    x = jax.random.normal(key[4], (n, 16))
-
-    def loss(w, x):
-        return jnp.sum((w[2] @ jnp.tanh(w[0] @ x + w[1]) + w[3]) ** 2)
-
+    w, x = data(n)
     axes, mb = (None, 0), n // 8
 
     def ours(r):
@@ -406,29 +398,7 @@ def section_masked(q, reps):
     def mib(f, x):
         return jax.jit(f).lower(w, x).compile().memory_analysis().temp_size_in_bytes / MiB
 
-    # one microbatch's per-example gradients summed under a row mask, in plain JAX, in the
-    # forms chunkx could write it: which of them XLA keeps one contraction on this backend
-    grads = jax.vmap(jax.grad(loss), axes)
-    m = jnp.arange(mb) < mb - 3
-
-    def masked_by(form):
-        def f(w, x):
-            if form == "weighted loss":  # the mask inside the loss: its gradient is the sum
-                return jax.grad(lambda w: jnp.sum(m * jax.vmap(loss, axes)(w, x[:mb])))(w)
-            g = grads(w, x[:mb])
-            column = lambda t: m.reshape((-1,) + (1,) * (t.ndim - 1))  # noqa: E731
-            if form == "multiply":
-                return jax.tree_util.tree_map(lambda t: jnp.sum(t * column(t), 0), g)
-            if form == "where":
-                return jax.tree_util.tree_map(lambda t: jnp.sum(jnp.where(column(t), t, 0), 0), g)
-            return jax.tree_util.tree_map(lambda t: jnp.tensordot(m.astype(t.dtype), t, 1), g)
-        return f
-
-    forms = {f"jax, {mb} rows' gradients masked, {form}": mib(masked_by(form), x)
-             for form in ("multiply", "where", "tensordot", "weighted loss")}
-    forms[f"jax, {mb} rows' gradients summed"] = mib(
-        lambda w, x: jax.tree_util.tree_map(lambda t: jnp.sum(t, 0), grads(w, x[:mb])), x)
-    out = {"rows": n, "microbatch": mb, **forms, "chunkx, every row": mib(ours(None), x),
+    out = {"rows": n, "microbatch": mb, "chunkx, every row": mib(ours(None), x),
            "chunkx, 5 of 8 microbatches": mib(ours(5), x),
            f"chunkx, {n - 3} rows padded": mib(ours(None), x[:n - 3]),
            "optax, 5 of 8 microbatches": mib(theirs, x),

@@ -83,11 +83,16 @@ def loop(form, skip=None):
     return f
 
 
-def measure() -> dict:
+def data(n: int = N) -> tuple:
+    """The loss's weights and `n` examples (`bench_accelerator.py`'s `masked` section's too)."""
     key = jax.random.split(jax.random.key(8), 5)
     w = (jax.random.normal(key[0], (32, 16)) / 4, jax.random.normal(key[1], (32,)) / 4,
          jax.random.normal(key[2], (4, 32)) / 8, jax.random.normal(key[3], (4,)) / 8)
-    x = jax.random.normal(key[4], (N, 16))
+    return w, jax.random.normal(key[4], (n, 16))
+
+
+def measure() -> dict:
+    w, x = data()
     out = {}
     m = jnp.arange(MB) < MB - 3
     for name, form in FORMS.items():
