@@ -30,7 +30,10 @@ Sections (float32; medians of interleaved rounds in one process; temp bytes are 
 
 Run: `python benchmarks/bench_accelerator.py [--quick] [--reps 15] [--sections jac,rows,...]
 [--merge]` (`--merge`: a run of some sections updates those in an existing JSON of the same
-device and jax; `reps` is recorded per section).
+device and jax; `reps` is recorded per section). `--compile-only --sections masked,compile64`, on a
+host without a TPU: the sections that run no program, compiled for one TPU v5e chip
+(`compile_only.py`; `compile64`'s seconds are then this host's), to
+`benchmarks/results/accelerator_tpu_compile_only.json`.
 """
 
 import argparse
@@ -40,6 +43,7 @@ import pathlib
 import time
 
 import adv_jax_math as adv
+import compile_only
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -50,6 +54,8 @@ import chunkx
 
 SECTIONS = ("jac", "rows", "rows_highest", "sum", "grad", "jacfwd", "accuracy", "float64",
             "compile64", "masked")
+COMPILED_ONLY = ("masked", "compile64")  # what `--compile-only` can run: no program runs
+COMPILE_ONLY = False
 
 
 def report(name, variants, reps, base=None):
@@ -367,7 +373,8 @@ def section_compile64(q, reps, seconds=300.0):
                     out[key] = None
                     continue
                 t0 = time.perf_counter()
-                jax.jit(jax.grad(lambda p, h=h: h(p))).lower(p).compile()
+                args = compile_only.on_chip((p,)) if COMPILE_ONLY else (p,)
+                jax.jit(jax.grad(lambda p, h=h: h(p))).lower(*args).compile()
                 out[key] = time.perf_counter() - t0
                 print(f"  compile64    {key:<48s} {out[key]:8.2f} s", flush=True)
     return out
@@ -396,6 +403,8 @@ def section_masked(q, reps):
         lambda g: jnp.sum(g, 0), jax.vmap(jax.grad(loss), axes)(w, x))
 
     def mib(f, x):
+        if COMPILE_ONLY:
+            return compile_only.temp_mib(f, w, x)
         return jax.jit(f).lower(w, x).compile().memory_analysis().temp_size_in_bytes / MiB
 
     out = {"rows": n, "microbatch": mb, "chunkx, every row": mib(ours(None), x),
@@ -417,18 +426,32 @@ def main():
                     help="JSON path (default: results/accelerator_<platform>.json)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the sections of an existing --out that this run does not run")
+    ap.add_argument("--compile-only", action="store_true",
+                    help=f"compile for a TPU v5e chip without one (libtpu: compile_only.py); "
+                         f"sections {', '.join(COMPILED_ONLY)} only")
     args = ap.parse_args()
     q = 64 if args.quick else 1
-    dev = jax.devices()[0]
     here = pathlib.Path(__file__).parent
-    out = pathlib.Path(args.out or here / "results" / f"accelerator_{dev.platform}.json")
-    res = dict(
-        platform=dev.platform, device_kind=dev.device_kind, jax=jax.__version__,
-        quick=args.quick, sections={}, reps={}, seconds=0.0,
-    )
+    if args.compile_only:
+        global COMPILE_ONLY
+        if not set(args.sections.split(",")) <= set(COMPILED_ONLY):
+            raise SystemExit(f"--compile-only runs the sections {', '.join(COMPILED_ONLY)} only")
+        COMPILE_ONLY, chip = True, compile_only.enable()
+        out = pathlib.Path(args.out or here / "results" / "accelerator_tpu_compile_only.json")
+        res = dict(platform="tpu", device_kind=chip["device_kind"], jax=jax.__version__,
+                   quick=args.quick, compile_only=chip, sections={}, reps={}, seconds=0.0)
+        dev = None
+    else:
+        dev = jax.devices()[0]
+        out = pathlib.Path(args.out or here / "results" / f"accelerator_{dev.platform}.json")
+        res = dict(
+            platform=dev.platform, device_kind=dev.device_kind, jax=jax.__version__,
+            quick=args.quick, sections={}, reps={}, seconds=0.0,
+        )
     if args.merge and out.exists():  # sections measured by earlier runs on this device
         old = json.loads(out.read_text())
-        if (old["platform"], old["device_kind"], old["jax"]) != (dev.platform, dev.device_kind,
+        if (old["platform"], old["device_kind"], old["jax"]) != (res["platform"],
+                                                                  res["device_kind"],
                                                                   jax.__version__):
             raise SystemExit(f"--merge: {out} is from another device or jax")
         reps = old["reps"]  # a number for every section in a JSON of an older run
@@ -439,7 +462,8 @@ def main():
         print(f"== {name}", flush=True)
         res["sections"][name] = globals()[f"section_{name}"](q, args.reps)
         res["reps"][name] = args.reps
-        res["bytes_limit"] = (dev.memory_stats() or {}).get("bytes_limit")
+        if dev is not None:
+            res["bytes_limit"] = (dev.memory_stats() or {}).get("bytes_limit")
         res["seconds"] = time.perf_counter() - t0
         out.write_text(json.dumps(res, indent=1) + "\n")
     print(f"wrote {out} ({res['seconds']:.0f} s)")

@@ -14,7 +14,9 @@ masked rows in, the mask a runtime argument, and records the temp memory of each
   loop whose trip count is the number to run (optax's way).
 
 On a CPU every form is within a few KiB; a TPU is where they differ. Run:
-`python benchmarks/tpu_masked_forms.py --out benchmarks/results/tpu_masked_forms.json`.
+`python benchmarks/tpu_masked_forms.py --out benchmarks/results/tpu_masked_forms.json`; with
+`--compile-only`, on a host without a TPU, compiled for one (`compile_only.py`):
+`--out benchmarks/results/tpu_masked_forms_compile_only.json`.
 """
 
 import argparse
@@ -112,11 +114,23 @@ def measure() -> dict:
 
 
 def main() -> None:
+    global temp
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--compile-only", action="store_true",
+                    help="compile for a TPU v5e chip without one (libtpu: compile_only.py)")
     args = ap.parse_args()
-    res = {"backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
-           "jax": jax.__version__, "temp_mib": measure()}
+    if args.compile_only:
+        import compile_only
+
+        chip = compile_only.enable()
+        temp = compile_only.temp_mib
+        res = {"backend": "tpu", "device": chip["device_kind"], "jax": jax.__version__,
+               "compile_only": chip}
+    else:
+        res = {"backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
+               "jax": jax.__version__}
+    res["temp_mib"] = measure()
     for k, v in res["temp_mib"].items():
         print(f"{k:<48s} {v:9.3f}", flush=True)
     if args.out:

@@ -64,7 +64,7 @@ def pytest_runtest_logreport(report):
         elif report.failed:  # the assertion's own lines ("E   ...")
             lines = [ln[1:].strip() for ln in report.longreprtext.splitlines()
                      if ln.startswith("E ")]
-            reason = " ".join(lines[:4])[:300] or report.longreprtext.strip()[-300:]
+            reason = " ".join(lines[:8])[:600] or report.longreprtext.strip()[-600:]
         _record({"id": report.nodeid, "file": _file(report.nodeid), "outcome": report.outcome,
                  "when": report.when,
                  "seconds": round(report.duration, 2), "reason": reason,

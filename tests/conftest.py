@@ -124,7 +124,8 @@ def fresh_cache(tmp_path, monkeypatch):
 @pytest.fixture(params=["cond", "select"])
 def skipped_by(request, monkeypatch):
     """How a chunk in which no row counts adds nothing: skipped by a `lax.cond` (every backend
-    but a TPU), or run on stand-in rows and selected out (a TPU's way, taken here on any)."""
+    but a TPU), or run on stand-in rows multiplied out, the result selected out once where no
+    row counts at all (a TPU's way, taken here on any)."""
     from chunkx._combinators import loop  # after the settings above
 
     monkeypatch.setattr(loop, "skips_by_cond", lambda: request.param == "cond")

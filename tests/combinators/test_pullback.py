@@ -240,7 +240,12 @@ def test_vmap_over_the_top_and_integer_leaves():
         return over, ints
 
     ours = jax.jit(lambda: quantities(lambda f, y: sparse_pullback(f, y, 3)))()
-    assert_tree_close(ours, jax.jit(lambda: quantities(lambda f, y: f(y)))(), rtol=TANH_CLOSE)
+    ref = jax.jit(lambda: quantities(lambda f, y: f(y)))()
+    # on a TPU, tanh's error relative to the largest entry of each gradient: an entry near
+    # zero has a sum of terms much larger than itself
+    atol = None if TANH_CLOSE is None else [TANH_CLOSE * float(np.max(np.abs(g))) for g in ref]
+    for a, b, t in zip(ours, ref, atol or [None, None]):
+        assert_tree_close(a, b, rtol=TANH_CLOSE, atol=t)
 
 
 def test_empty_input():

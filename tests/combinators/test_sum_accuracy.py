@@ -95,6 +95,10 @@ def loss(size, compensated=True):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 def test_value_and_fused_grad_within_4x_of_unchunked_sum(dtype):
+    if dtype == jnp.float64 and jax.default_backend() == "tpu":
+        pytest.skip("a TPU emulates float64: its adds are not rounded as IEEE's, which a "
+                    "compensated sum relies on (the accelerator page gives the chip's float64 "
+                    "errors)")
     x, w = data(dtype)
     v_ref, g_ref = oracle(dtype)
     v0, g0 = jax.jit(jax.value_and_grad(plain))(w, x)
@@ -108,6 +112,7 @@ def test_value_and_fused_grad_within_4x_of_unchunked_sum(dtype):
         assert rel(value, v_ref) <= bound(ev, dtype), (size, rel(value, v_ref), ev)
 
 
+@pytest.mark.complex128  # the packed carry it compares with
 def test_unpacked_carry_as_on_a_tpu_same_bits(monkeypatch):
     """Where the total and compensation do not pack in one complex array (float64 on a TPU,
     which has no complex128), they are two arrays with the same arithmetic: the same bits for

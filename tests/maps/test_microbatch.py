@@ -854,7 +854,10 @@ def test_summed_per_example_rows_not_run_keep_their_memory(skipped_by):
     run (microbatches past `num_real_microbatches`, a batch padded to whole microbatches):
     XLA keeps the sum of each microbatch's gradients one contraction, as without such rows,
     not every row's gradient (several times the temp memory before), whether a microbatch
-    without a row to run is skipped or selected out; the values are optax's."""
+    without a row to run is skipped or run on stand-in rows; the values are optax's."""
+    if skipped_by == "cond" and jax.default_backend() == "tpu":
+        pytest.skip("on a TPU chunkx's loop does not skip by a lax.cond, which holds the "
+                    "per-example gradients there (the accelerator page)")
     w = (normal(30, (32, 16), jnp.float32) / 4, normal(31, (32,), jnp.float32) / 4,
          normal(32, (4, 32), jnp.float32) / 8, normal(33, (4,), jnp.float32) / 8)
 

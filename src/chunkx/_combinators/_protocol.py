@@ -211,6 +211,17 @@ def skips_masked(reducer: AbstractReducer) -> bool:
 
 
 @functools.singledispatch
+def zero_unrun(reducer: AbstractReducer, part: Tree, counts: Any) -> Tree:
+    """A chunk's partial where its rows may not count (`counts` false: a chunk that
+    `skips_masked` runs on stand-in rows rather than skipping it): a sum's partial as it is
+    (the reducer's mask multiplies those rows out), anything else zeros where `counts` is
+    false, as the skipped chunk's."""
+    if reducer.is_additive():
+        return part
+    return jax.tree_util.tree_map(lambda x: jnp.where(counts, x, jnp.zeros_like(x)), part)
+
+
+@functools.singledispatch
 def can_shift(reducer: AbstractReducer) -> bool:
     """Whether a chunk loop may shift its last chunk back over rows already done (one compiled
     program for any number of rows): the reducer masks the repeated rows out, or writes them

@@ -128,8 +128,9 @@ class Chunk(eqx.Module):
     as they are: a masked row is evaluated on a copy of the batch's first row that counts, and
     a chunk in which no row counts adds nothing: it is skipped (`jax.lax.cond`), except on a
     TPU, where a `lax.cond` in the loop makes XLA hold the rows' outputs (a chunk's
-    per-example gradients, whose sum it otherwise computes as one matrix product): there the
-    chunk runs on those copies and its partial is selected out. (A batch in which no row
+    per-example gradients, whose sum it otherwise computes as one matrix product), and so
+    does a select of the chunk's partial: there the chunk runs on those copies, which the
+    mask multiplies out. (A batch in which no row
     counts at all has no real row to copy: its sum is zero, but on a TPU its derivatives are
     those of the function at its first row times zero, NaN where those are not finite.)
 

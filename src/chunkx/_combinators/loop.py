@@ -1,5 +1,6 @@
 """The chunk loop shared by every reverse-mode policy of `Chunk`: one scan plus a remainder."""
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ from ._protocol import (
     call_masked,
     fn_masks,
     reduce_chunk,
+    zero_unrun,
 )
 from ._rows import (
     counted_rows,
@@ -65,7 +67,8 @@ def chunk_loop(
     `skip` (an additive reducer's loop over rows masked by its caller, whose masked rows may
     hold anything): the masked rows are stood in for by copies of the batch's first counted
     row (`stand_in`), so that a sum multiplies them out exactly, and a chunk without a row
-    that counts adds zero (`skipping`: skipped, or on a TPU selected out).
+    that counts adds zero (`skipping`: skipped, or on a TPU run on those copies, the batch's
+    result selected out once where no row of it counts).
     """
     shift = opts.remainder_policy() == "shift" and n % s != 0
     k, r = (-(-n // s), 0) if shift else divmod(n, s)
@@ -76,8 +79,9 @@ def chunk_loop(
         valid = jax.eval_shape(lambda: counted_rows(s, 0, n))
     step, part = _traced_once(piece, mapped, valid, call)
     first = first_counted(*source) if skip else None  # a real row, for chunks without one
+    unrun = functools.partial(zero_unrun, opts.reducer)  # a chunk's partial, where none counts
     if skip:
-        step = skipping(step, part, first)
+        step = skipping(step, part, first, each=unrun)
     loop.check_chunk(part, s)
     acc = loop.init(part, n)
     tick = Ticker(k + (r > 0), f"{what}: chunks of {s} rows") if opts.progress else None
@@ -97,11 +101,12 @@ def chunk_loop(
     unroll = opts.unroll or default_unroll(opts.reducer, loop)
     (acc, _), stacked = jax.lax.scan(body, init, None, k, unroll=unroll)
     if r:  # remainder="call": the leftover rows are one more piece
-        last = skipping(piece, part, first) if skip else piece
+        last = skipping(piece, part, first, each=unrun) if skip else piece
         acc, _ = loop.accumulate(acc, last(*rows(source, k * s, r)), k * s, k)
         if tick is not None:  # counted too, reported after the loop's own steps
             tick(k, acc)
-    return loop.finish(acc, stacked)
+    out = loop.finish(acc, stacked)
+    return out if not skip or skips_by_cond() else zero_unless_counted(out, source[1])
 
 
 def default_unroll(reducer: AbstractReducer, loop: AbstractAccumulation) -> int:
@@ -153,23 +158,35 @@ def skips_by_cond() -> bool:
     return jax.default_backend() != "tpu"
 
 
-def skipping(piece, part, row=None):
+def skipping(piece, part, row=None, *, each=None):
     """`piece(rows, valid)` with its masked rows stood in for by copies of `row` (by default
     the chunk's first counted row: `stand_in`), or zeros shaped as `part` where no row counts.
 
     Such a chunk is skipped by a `lax.cond` on every backend but a TPU. There a `lax.cond` in
     a loop's step makes XLA hold the outputs of the rows in its branch (a chunk's per-example
-    gradients, whose sum it otherwise computes as one matrix product), so the chunk runs on
-    its stand-in rows and its partial is selected out (`jnp.where`)."""
+    gradients, whose sum it otherwise computes as one matrix product), and so does a select
+    of each step's partial sums in an unrolled loop: the chunk runs on its stand-in rows,
+    whose outputs the reducer's mask multiplies by zero. `each`: how a loop's step zeros its
+    partial where no row counts, `zero_unrun` (a sum's as it is, rows kept selected out): the
+    loop selects its whole result once, after its last chunk, where no row counts at all (no
+    real row to stand in); without it (one call, no loop), the result is selected so here
+    (`zero_unless_counted`)."""
 
     def run(mapped, valid):
         counts, mapped = jnp.any(valid), stand_in(mapped, valid, row)
         if skips_by_cond():
             return jax.lax.cond(counts, piece, lambda *_: zeros_like_struct(part), mapped, valid)
-        return jax.tree_util.tree_map(
-            lambda x: jnp.where(counts, x, jnp.zeros_like(x)), piece(mapped, valid))
+        out = piece(mapped, valid)
+        return zero_unless_counted(out, valid) if each is None else each(out, counts)
 
     return run
+
+
+def zero_unless_counted(tree, valid):
+    """`tree` where some row of `valid` counts, zeros of its structure where none does (a
+    `lax.cond` outside any loop: on a TPU a select of a loop's result holds more memory)."""
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, tree)
+    return jax.lax.cond(jnp.any(valid), lambda: tree, lambda: zeros)
 
 
 def _times_one(tree, i):

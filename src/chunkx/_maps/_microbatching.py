@@ -38,6 +38,7 @@ from .._combinators._protocol import (
     shard_spec,
     skips_masked,
     trim,
+    zero_unrun,
 )
 from .._combinators._rows import (
     mapped_length,
@@ -220,7 +221,7 @@ class Leaves(AbstractReducer):
 # what the combinators ask of a reducer beyond its methods: each leaf's reducer's, on its part
 # of the first argument (none for `shard_spec`), put back in the prefix's structure
 for _op, _trees in ((reduce_chunk, 1), (rounded, 1), (trim, 1), (shard_spec, 0),
-                    (shard_local, 1), (shard_collect, 1)):
+                    (shard_local, 1), (shard_collect, 1), (zero_unrun, 1)):
     _op.register(Leaves, per_leaf(_op, trees=_trees))
 
 

@@ -1,0 +1,56 @@
+"""XLA:TPU's memory figures on a machine without a TPU: programs compiled for one TPU v5e chip.
+
+With libtpu installed beside JAX (the version `jax[tpu]` pins: `pip install "jax[tpu]==<jax>"`),
+XLA compiles for a TPU topology that is described, not attached: nothing runs, but the compiled
+program's `memory_analysis()` is the chip's, to the byte (`tpu_masked_forms.py --compile-only`
+reproduces every figure that script measured on a chip). A benchmark's memory-only section can
+then be checked on any host between loans of a chip.
+
+`enable()` (before the first program is traced) describes the chip and makes chunkx choose its
+TPU forms: chunkx reads the backend it compiles for from `jax.default_backend()`, which then
+answers "tpu". `temp_mib(f, *args)` compiles `jax.jit(f)` for the chip, its array arguments
+placed there (as structs: nothing is allocated).
+"""
+
+import os
+
+import jax
+import jax.numpy as jnp
+
+MiB = 2**20
+TOPOLOGY = "v5e:1x1"
+_chip = {}
+
+
+def enable() -> dict:
+    """Describe one TPU v5e chip to compile for (libtpu asked for no attached chip) and
+    report "tpu" as the default backend; the chip's description (for a result's JSON)."""
+    if not _chip:
+        os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-1")
+        os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+        from importlib.metadata import version
+
+        from jax.experimental import topologies
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        topology = topologies.get_topology_desc(
+            platform="tpu", topology_name=TOPOLOGY, chips_per_host_bounds=[1, 1, 1])
+        mesh = topologies.make_mesh(topology, (1,), ("chip",))
+        _chip.update(sharding=NamedSharding(mesh, PartitionSpec()),
+                     device_kind=topology.devices[0].device_kind, libtpu=version("libtpu"))
+        jax.default_backend = lambda: "tpu"
+    return {"platform": "tpu", "device_kind": _chip["device_kind"], "compile_only": True,
+            "libtpu": _chip["libtpu"], "topology": TOPOLOGY}
+
+
+def on_chip(tree):
+    """`tree`'s arrays as structs placed on the described chip."""
+    return jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a),
+                                       sharding=_chip["sharding"]), tree)
+
+
+def temp_mib(f, *args) -> float:
+    """MiB of temp memory of `jax.jit(f)` compiled for the chip at `args`' shapes."""
+    compiled = jax.jit(f).lower(*on_chip(args)).compile()
+    return compiled.memory_analysis().temp_size_in_bytes / MiB
