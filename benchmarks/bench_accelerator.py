@@ -344,16 +344,18 @@ def _small_grad_programs(dtype):
         return lambda p: scalar(jax.tree_util.tree_map(
             lambda t: jnp.sum(t, 0), jax.vmap(f, (None, 0))(p, x)))
 
-    def chunked(act, compensated):
+    def chunked(act, compensated, unroll=None):
         f = lambda p, x: row(p, x, acts[act])  # noqa: E731
         g = chunkx.Chunk(chunkx.Vmap(f, (None, 0)), 4, reducer=chunkx.Sum(compensated=compensated),
-                         in_axes=(None, 0), grad="recompute", grad_size=3, remainder="shift")
+                         in_axes=(None, 0), grad="recompute", grad_size=3, remainder="shift",
+                         unroll=unroll)
         return lambda p: scalar(g(p, x))
 
     return p, {
         "jax.vmap, tanh": vmapped("tanh"),
         "chunkx Sum(), tanh": chunked("tanh", True),
         "chunkx Sum(compensated=False), tanh": chunked("tanh", False),
+        "chunkx Sum(), unroll=4, tanh": chunked("tanh", True, 4),
         "jax.vmap, rational": vmapped("rational"),
         "chunkx Sum(), rational": chunked("rational", True),
     }

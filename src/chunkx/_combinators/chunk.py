@@ -179,8 +179,8 @@ class Chunk(eqx.Module):
       within `memory_budget` on the compiled VJP, only when the Chunk is differentiated, for
       what is differentiated (see `grad_memory_plan`).
     - `unroll`: scan steps per loop iteration (fewer loop overheads for small chunks); `None`
-      (the default): 4 on a TPU for the loop of an additive reducer ([`chunkx.Sum`][]), whose
-      small steps pay the chip's per-iteration overhead, else 1.
+      (the default): 4 on a TPU for a loop of 32 chunks or more of an additive reducer
+      ([`chunkx.Sum`][]), whose small steps pay the chip's per-iteration overhead, else 1.
     - `progress`: show a progress bar over the chunks (tqdm, from compiled code through
       `jax.debug.callback`, each chunk once computed), and say when planning compiles; off,
       nothing is added to the program.

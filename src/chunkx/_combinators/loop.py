@@ -98,7 +98,7 @@ def chunk_loop(
         return (acc, jax.lax.add(i, np.int32(1))), stacked
 
     init = (acc, jnp.zeros((), jnp.int32))
-    unroll = opts.unroll or default_unroll(opts.reducer, loop)
+    unroll = opts.unroll or default_unroll(opts.reducer, loop, k)
     (acc, _), stacked = jax.lax.scan(body, init, None, k, unroll=unroll)
     if r:  # remainder="call": the leftover rows are one more piece
         last = skipping(piece, part, first, each=unrun) if skip else piece
@@ -109,13 +109,19 @@ def chunk_loop(
     return out if not skip or skips_by_cond() else zero_unless_counted(out, source[1])
 
 
-def default_unroll(reducer: AbstractReducer, loop: AbstractAccumulation) -> int:
+#: the fewest loop steps that `Chunk(unroll=None)` unrolls on a TPU
+UNROLL_FROM = 32
+
+
+def default_unroll(reducer: AbstractReducer, loop: AbstractAccumulation, steps: int) -> int:
     """`Chunk(unroll=None)`'s steps per loop iteration: 4 on a TPU for the loop of an additive
     reducer (a `Sum`: a loop whose step is a small sum pays the chip's per-iteration overhead
-    at every chunk), 1 elsewhere (any other backend, `Concat`'s in-place writes, the fused
-    gradient's loop)."""
+    at every chunk) of at least `UNROLL_FROM` steps, 1 elsewhere (any other backend, a loop of
+    fewer steps, whose overhead is small and whose copies of the step XLA:TPU compiles several
+    times slower in float64, `Concat`'s in-place writes, the fused gradient's loop)."""
     own = type(loop) is type(accumulation(reducer))
-    return 4 if jax.default_backend() == "tpu" and own and reducer.is_additive() else 1
+    tpu = jax.default_backend() == "tpu"
+    return 4 if tpu and own and reducer.is_additive() and steps >= UNROLL_FROM else 1
 
 
 # `i // _ONE_UNTIL + 1` is 1 for every chunk index of a loop shorter than this
