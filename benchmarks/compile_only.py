@@ -1,10 +1,12 @@
 """XLA:TPU's memory figures on a machine without a TPU: programs compiled for one TPU v5e chip.
 
-With libtpu installed beside JAX (the version `jax[tpu]` pins: `pip install "jax[tpu]==<jax>"`),
-XLA compiles for a TPU topology that is described, not attached: nothing runs, but the compiled
-program's `memory_analysis()` is the chip's, to the byte (`tpu_masked_forms.py --compile-only`
-reproduces every figure that script measured on a chip). A benchmark's memory-only section can
-then be checked on any host between loans of a chip.
+With libtpu on the path (the version that `jax[tpu]` pins for the installed JAX: `pip install
+--target DIR libtpu==<that version>`, then `PYTHONPATH=DIR`; installed in the environment
+itself, JAX would look for a chip at every start), XLA compiles for a TPU topology that is
+described, not attached: nothing runs, but the compiled program's `memory_analysis()` is the
+chip's, to the byte (`tpu_masked_forms.py --compile-only` reproduces every figure that script
+measured on a chip). A benchmark's sections that run no program can then be checked on any
+host between loans of a chip.
 
 `enable()` (before the first program is traced) describes the chip and makes chunkx choose its
 TPU forms: chunkx reads the backend it compiles for from `jax.default_backend()`, which then

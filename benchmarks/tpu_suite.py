@@ -4,7 +4,9 @@ On a TPU one process holds the chip, and the suite takes longer than one sitting
 the test files in one pytest process, within a time budget, and records every test's outcome
 as it finishes (a JSON line, so a run cut off or a process that aborts keeps what it did).
 A test whose process dies (XLA aborting), or that runs past `--test-seconds`, is recorded as
-`crashed`, and the tests without an outcome run on in a new process. `summarize` turns the
+`crashed`, and the tests without an outcome run on in a new process. Given the records of
+earlier runs (`--skip`), a run leaves out what passed or skipped there and runs what failed
+there first. `summarize` turns the
 records of any number of runs (the latest outcome of each test wins) into
 `benchmarks/results/tpu_suite.json`, which the accelerator page renders.
 
@@ -88,27 +90,35 @@ def _finished(record: Path) -> tuple[set[str], dict | None]:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Leave out the tests listed in `TPU_SUITE_DESELECT` (a file of test ids, one a line)."""
-    listed = os.environ.get("TPU_SUITE_DESELECT")
-    if not listed:
-        return
-    out = set(Path(listed).read_text().splitlines())
-    keep = [item for item in items if item.nodeid not in out]
-    config.hook.pytest_deselected(items=[item for item in items if item.nodeid in out])
-    items[:] = keep
+    """Leave out the tests listed in `TPU_SUITE_DESELECT` (a file of test ids, one a line),
+    and run those listed in `TPU_SUITE_FIRST` (the earlier runs' failures) before the others,
+    each group in collection order."""
+    listed, first = os.environ.get("TPU_SUITE_DESELECT"), os.environ.get("TPU_SUITE_FIRST")
+    if listed:
+        out = set(Path(listed).read_text().splitlines())
+        keep = [item for item in items if item.nodeid not in out]
+        config.hook.pytest_deselected(items=[item for item in items if item.nodeid in out])
+        items[:] = keep
+    if first:
+        ahead = set(Path(first).read_text().splitlines())
+        items.sort(key=lambda item: item.nodeid not in ahead)  # stable
 
 
 def run(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    record, deselect = out / "tpu_suite.jsonl", out / "deselect.txt"
+    record, deselect, first = out / "tpu_suite.jsonl", out / "deselect.txt", out / "first.txt"
     env = {**os.environ, "TPU_SUITE_RECORD": str(record), "TPU_SUITE_COMMIT": args.commit,
-           "TPU_SUITE_DESELECT": str(deselect),
+           "TPU_SUITE_DESELECT": str(deselect), "TPU_SUITE_FIRST": str(first),
            # one XLA compilation cache for the run's processes (the suite's conftest reads it)
            "CHUNKX_TEST_XLA_CACHE": os.path.join(tempfile.gettempdir(), "chunkx-tpu-suite-xla"),
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     end = time.time() + args.seconds
-    passed = {i for i, r in _latest(args.skip).items() if r["outcome"] in ("passed", "skipped")}
+    latest = _latest(args.skip)
+    passed = {i for i, r in latest.items() if r["outcome"] in ("passed", "skipped")}
+    # the earlier runs' failures first (fixed since, as a rule), then the tests not yet run
+    first.write_text("\n".join(sorted(i for i, r in latest.items()
+                                       if r["outcome"] in ("failed", "crashed"))) + "\n")
     # a test past --test-seconds ends its process (pytest-timeout): crashed, the rest run on
     command = [sys.executable, "-m", "pytest", *PYTEST, "--timeout", str(args.test_seconds),
                "--timeout-method=thread", *args.paths]

@@ -44,13 +44,17 @@ def test_run_and_summarize(tmp_path):
     assert outcome["test_skips"]["reason"] == "a reason"
     assert "one is not two" in outcome["test_fails"]["reason"]
     assert {r["commit"] for r in outcome.values()} == {"abc"}
-    # a later run leaves out what passed or skipped in the records it is given
+    # a later run leaves out what passed or skipped in the records it is given, and runs what
+    # failed there first: before a new test of a file collected before theirs
+    (tests / "test_new.py").write_text("def test_new(): pass\n")
     subprocess.run([*tool, "run", "--out", str(tmp_path / "again"), "--test-seconds", "2",
                     str(tests), "--skip",
                     str(tmp_path / "out" / "tpu_suite.jsonl")], cwd=ROOT,
                    check=True, capture_output=True)
     again = [json.loads(line) for line in (tmp_path / "again" / "tpu_suite.jsonl").open()]
-    assert {r["id"].split("::")[1] for r in again} == {"test_aborts", "test_fails", "test_hangs"}
+    started = [r["id"].split("::")[1] for r in again if r["outcome"] == "started"]
+    assert started == ["test_aborts", "test_fails", "test_hangs", "test_new"], started
+    (tests / "test_new.py").unlink()
     assert {r["file"] for r in records} == {str(tests / "test_some.py"), str(tests / "test_more.py")}
     into = tmp_path / "summary.json"
     subprocess.run([*tool, "summarize", str(tmp_path / "out" / "tpu_suite.jsonl"), "--into",
