@@ -115,6 +115,18 @@ F32_TANH_RTOL = 2e-4 if jax.default_backend() == "tpu" else 1e-5
 TANH_CLOSE = F32_TANH_RTOL if jax.default_backend() == "tpu" else None
 
 
+def message_id(value: object) -> str | None:
+    """A parametrized error test's id for its expected message (a regex): the call it names
+    (between its first backticks), in word characters, the same under every pytest (which
+    otherwise names some strings by their text and some by their index, version by version);
+    pytest's own id for anything else."""
+    if not isinstance(value, str):
+        return None
+    named = re.search(r"`([^`]*)`", value)
+    text = (named.group(1) if named else value).replace("\\", "")
+    return re.sub(r"\W+", "-", text).strip("-")[:60]
+
+
 def premise(holds: bool, what: str, detail: object = None) -> None:
     """The premise of a memory test, `what`, which the test's small sizes make true on the CPU.
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import chunkx
-from helpers import assert_tree_close
+from helpers import assert_tree_close, message_id
 
 # -- 4. batch_size wins over its alias chunk_size ---------------------------------------------
 
@@ -185,7 +185,7 @@ _AUTO = r"must be a positive int, 'auto' or None, got 'Auto' \(str\); did you me
     (lambda: chunkx.Chunk(jnp.sin, 2, grad_size="Auto"), rf"^`Chunk\(grad_size='Auto'\)`: grad_size {_AUTO}"),
     (lambda: chunkx.micro_vmap(jnp.sin, microbatch_size=2, grad_microbatch_size=0),
      r"^`micro_vmap\(grad_microbatch_size=0\)`: grad_microbatch_size must be a positive int, 'auto' or None, got 0 \(int\)\.$"),
-])
+], ids=message_id)
 def test_a_wrong_size_is_told_auto_where_the_size_takes_it(call, match):
     with pytest.raises(ValueError, match=match):
         call()
@@ -213,7 +213,7 @@ def test_a_wrong_size_is_told_auto_where_the_size_takes_it(call, match):
      r"^`chunkx\.filter_vmap\(mesh='cpu'\)`: mesh must be a Mesh or None, got 'cpu' \(str\)\.$"),
     (lambda: chunkx.filter_vmap(jnp.sin, mesh=np.int64(3)),  # a NumPy scalar shown by value
      r"^`chunkx\.filter_vmap\(mesh=np\.int64\(3\)\)`: mesh must be a Mesh or None, got np\.int64\(3\) \(int64\)\.$"),
-])
+], ids=message_id)
 def test_a_wrong_kind_of_option_is_told_what_to_pass(call, match):
     """beartype still checks the public maps' arguments; what it refuses is told in one line:
     what the parameter takes, what arrived, and for a class the instance to pass."""

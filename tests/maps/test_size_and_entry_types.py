@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import chunkx
-from helpers import assert_tree_close
+from helpers import assert_tree_close, message_id
 
 # -- sizes typed the way users type them --------------------------------------------------------
 
@@ -69,7 +69,7 @@ def test_budget_as_an_integral_float_or_numpy_number(budget):
      r"'auto' or None, got np\.float32\(2\.0\) \(float32\)\.$"),
     (lambda: chunkx.vjp_chunked(jnp.sin, jnp.ones(4), chunk_argnums=0, chunk_size=np.int64(0)),
      r"^`vjp_chunked\(chunk_size=np\.int64\(0\)\)`: chunk_size must be a positive int or None"),
-])
+], ids=message_id)
 def test_wrong_sizes_get_the_one_line_error(call, match):
     with pytest.raises(ValueError, match=match):
         call()

@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import pytest
 
 import chunkx.t3 as t3
+from helpers import message_id
 
 N, n, r = (3, 4), (2, 3), (1, 2, 1)
 
@@ -41,6 +42,7 @@ CW = "t3_probe_corewise_derivatives_transpose"
          r"`t3_probe_derivatives\(pp\)`: pp\[0\] must have the shape of ww\[0\] \(5, 3\), "
          r"got \(4, 3\)"),
     ],
+    ids=message_id,
 )
 def test_forward_errors(args, match):
     with pytest.raises(ValueError, match=match):
