@@ -79,7 +79,8 @@ def chunk_loop(
         valid = jax.eval_shape(lambda: counted_rows(s, 0, n))
     step, part = _traced_once(piece, mapped, valid, call)
     first = first_counted(*source) if skip else None  # a real row, for chunks without one
-    unrun = functools.partial(zero_unrun, opts.reducer)  # a chunk's partial, where none counts
+    # a chunk's partial where none of its rows counts (on a TPU, where the chunk runs)
+    unrun = functools.partial(zero_unrun, opts.reducer) if skip else None
     if skip:
         step = skipping(step, part, first, each=unrun)
     loop.check_chunk(part, s)
