@@ -387,7 +387,8 @@ def section_masked(q, reps):
     """MiB of temp memory of the SUM of 512 per-example gradients in microbatches of 64 (the
     two-layer loss of `tpu_masked_forms.py`, which compiles the forms such a sum can take):
     every row run; 5 of 8 microbatches run (`num_real_microbatches`); 509 rows padded to 8
-    microbatches; optax's 5 of 8; `jax.vmap`'s gradients summed."""
+    microbatches; optax's 5 of 8; `jax.vmap`'s gradients summed; and a `Chunk` of 32 chunks
+    (a loop long enough for a TPU to unroll) whose last 3/8 rows its caller masks."""
     from optax import microbatching as om
     from tpu_masked_forms import data, loss
 
@@ -409,7 +410,13 @@ def section_masked(q, reps):
             return compile_only.temp_mib(f, w, x)
         return jax.jit(f).lower(w, x).compile().memory_analysis().temp_size_in_bytes / MiB
 
+    # the same sum as a Chunk of 32 chunks (a loop a TPU unrolls), its last 3/8 rows masked
+    many = chunkx.Chunk(chunkx.Vmap(jax.grad(loss), axes), n // 32, reducer=chunkx.Sum(),
+                        in_axes=axes)
+    first5 = jnp.arange(n) < 5 * mb
     out = {"rows": n, "microbatch": mb, "chunkx, every row": mib(ours(None), x),
+           "chunkx Chunk(valid=), 32 chunks, 5 of 8 parts": mib(
+               lambda w, x: many(w, x, valid=first5), x),
            "chunkx, 5 of 8 microbatches": mib(ours(5), x),
            f"chunkx, {n - 3} rows padded": mib(ours(None), x[:n - 3]),
            "optax, 5 of 8 microbatches": mib(theirs, x),
