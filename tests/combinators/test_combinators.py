@@ -360,7 +360,7 @@ def test_shard_sum_replicated_and_user_constants():
 
 
 @pytest.mark.parametrize("reducer", [chunkx.Sum(), chunkx.Concat()])
-@pytest.mark.parametrize("rows", [2000, 1000])  # 32 steps of 64 rows (the last shifted), 16
+@pytest.mark.parametrize("rows", [2000, 1000])  # loops of 32 chunks of 64 (the last shifted), 16
 def test_default_unroll_is_four_for_a_sum_on_a_tpu(monkeypatch, reducer, rows):
     """`unroll=None` (the default) is `unroll=4` for a Sum's loop of 32 steps or more on a
     TPU (simulated here: the program JAX lowers is the same as with `unroll=4` written out)
