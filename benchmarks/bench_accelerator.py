@@ -55,7 +55,6 @@ import chunkx
 SECTIONS = ("jac", "rows", "rows_highest", "sum", "grad", "jacfwd", "accuracy", "float64",
             "compile64", "masked")
 COMPILED_ONLY = ("masked", "compile64")  # what `--compile-only` can run: no program runs
-COMPILE_ONLY = False
 
 
 def report(name, variants, reps, base=None):
@@ -375,8 +374,7 @@ def section_compile64(q, reps, seconds=300.0):
                     out[key] = None
                     continue
                 t0 = time.perf_counter()
-                args = compile_only.on_chip((p,)) if COMPILE_ONLY else (p,)
-                jax.jit(jax.grad(lambda p, h=h: h(p))).lower(*args).compile()
+                jax.jit(jax.grad(lambda p, h=h: h(p))).lower(*compile_only.on_chip((p,))).compile()
                 out[key] = time.perf_counter() - t0
                 print(f"  compile64    {key:<48s} {out[key]:8.2f} s", flush=True)
     return out
@@ -406,9 +404,7 @@ def section_masked(q, reps):
         lambda g: jnp.sum(g, 0), jax.vmap(jax.grad(loss), axes)(w, x))
 
     def mib(f, x):
-        if COMPILE_ONLY:
-            return compile_only.temp_mib(f, w, x)
-        return jax.jit(f).lower(w, x).compile().memory_analysis().temp_size_in_bytes / MiB
+        return compile_only.temp_mib(f, w, x)
 
     # the same sum as a Chunk of 32 chunks (a loop a TPU unrolls), its last 3/8 rows masked
     many = chunkx.Chunk(chunkx.Vmap(jax.grad(loss), axes), n // 32, reducer=chunkx.Sum(),
@@ -442,10 +438,9 @@ def main():
     q = 64 if args.quick else 1
     here = pathlib.Path(__file__).parent
     if args.compile_only:
-        global COMPILE_ONLY
         if not set(args.sections.split(",")) <= set(COMPILED_ONLY):
             raise SystemExit(f"--compile-only runs the sections {', '.join(COMPILED_ONLY)} only")
-        COMPILE_ONLY, chip = True, compile_only.enable()
+        chip = compile_only.enable()
         out = pathlib.Path(args.out or here / "results" / "accelerator_tpu_compile_only.json")
         res = dict(platform="tpu", device_kind=chip["device_kind"], jax=jax.__version__,
                    quick=args.quick, compile_only=chip, sections={}, reps={}, seconds=0.0)

@@ -10,8 +10,9 @@ host between loans of a chip.
 
 `enable()` (before the first program is traced) describes the chip and makes chunkx choose its
 TPU forms: chunkx reads the backend it compiles for from `jax.default_backend()`, which then
-answers "tpu". `temp_mib(f, *args)` compiles `jax.jit(f)` for the chip, its array arguments
-placed there (as structs: nothing is allocated).
+answers "tpu". `temp_mib(f, *args)` then compiles `jax.jit(f)` for the chip, its array
+arguments placed there (`on_chip`: structs, nothing is allocated); before, both compile for
+the default backend, so a benchmark calls them either way.
 """
 
 import os
@@ -46,13 +47,17 @@ def enable() -> dict:
 
 
 def on_chip(tree):
-    """`tree`'s arrays as structs placed on the described chip."""
+    """`tree`'s arrays as structs placed on the described chip (before `enable()`: `tree`,
+    for the default backend)."""
+    if not _chip:
+        return tree
     return jax.tree_util.tree_map(
         lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a),
                                        sharding=_chip["sharding"]), tree)
 
 
 def temp_mib(f, *args) -> float:
-    """MiB of temp memory of `jax.jit(f)` compiled for the chip at `args`' shapes."""
+    """MiB of temp memory of `jax.jit(f)` compiled at `args`' shapes: for the chip after
+    `enable()`, for the default backend before."""
     compiled = jax.jit(f).lower(*on_chip(args)).compile()
     return compiled.memory_analysis().temp_size_in_bytes / MiB

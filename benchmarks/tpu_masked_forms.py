@@ -22,10 +22,11 @@ On a CPU every form is within a few KiB; a TPU is where they differ. Run:
 import argparse
 import json
 
+import compile_only
 import jax
 import jax.numpy as jnp
+from compile_only import temp_mib as temp
 
-MiB = 2**20
 N, MB = 512, 64
 tm = jax.tree_util.tree_map
 
@@ -53,10 +54,6 @@ FORMS = {
     "cond all": lambda g, m: jax.lax.cond(
         jnp.all(m), lambda g: tm(lambda t: jnp.sum(t, 0), g), lambda g: multiply(g, m), g),
 }
-
-
-def temp(f, *args):
-    return jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes / MiB
 
 
 def loop(form, skip=None):
@@ -114,17 +111,13 @@ def measure() -> dict:
 
 
 def main() -> None:
-    global temp
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--compile-only", action="store_true",
                     help="compile for a TPU v5e chip without one (libtpu: compile_only.py)")
     args = ap.parse_args()
     if args.compile_only:
-        import compile_only
-
         chip = compile_only.enable()
-        temp = compile_only.temp_mib
         res = {"backend": "tpu", "device": chip["device_kind"], "jax": jax.__version__,
                "compile_only": chip}
     else:
