@@ -78,10 +78,10 @@ def chunk_loop(
     if shift and valid is None:
         valid = jax.eval_shape(lambda: counted_rows(s, 0, n))
     step, part = _traced_once(piece, mapped, valid, call)
-    first = first_counted(*source) if skip else None  # a real row, for chunks without one
-    # a chunk's partial where none of its rows counts (on a TPU, where the chunk runs)
-    unrun = functools.partial(zero_unrun, opts.reducer) if skip else None
-    if skip:
+    first = unrun = None
+    if skip:  # a real row, for chunks without one; their partial (on a TPU, where they run)
+        first = first_counted(*source)
+        unrun = functools.partial(zero_unrun, opts.reducer)
         step = skipping(step, part, first, each=unrun)
     loop.check_chunk(part, s)
     acc = loop.init(part, n)
