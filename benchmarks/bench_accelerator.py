@@ -19,7 +19,8 @@ Sections (float32; medians of interleaved rounds in one process; temp bytes are 
   a TPU), their errors and first-call seconds;
 - `compile64`: the seconds XLA takes to compile a small chunked gradient (10 rows in chunks
   of 4, a backward chunk of 3) in float32 and float64, against `jax.vmap`'s, with `tanh` and
-  with a rational row function, compensated and not;
+  with a rational row function, compensated and not; and a T3 transpose (chunked and not)
+  and a chain of small matrix products, programs of small contractions;
 - `masked`: the temp memory of `micro_vmap`'s SUM of per-example gradients where some rows do
   not run (microbatches past `num_real_microbatches`, a batch padded to whole microbatches),
   against all rows, optax's and `jax.vmap`'s.
@@ -360,23 +361,59 @@ def _small_grad_programs(dtype):
     }
 
 
+def _t3_programs(dtype, order=2):
+    """The corewise transpose of a T3's apply derivatives (`chunkx.t3`, order 2, 6 probes of a
+    3-core Tucker tensor train) summed in chunks of 4 probes and unchunked, and a chain of 20
+    small matrix products: programs made of small contractions, as a T3's are."""
+    import chunkx.t3 as t3
+
+    rng = np.random.default_rng(0)
+    N, n, r, W = (3, 4, 5), (2, 3, 2), (1, 2, 3, 1), (6,)
+    arr = lambda *shape: jnp.asarray(rng.standard_normal(shape), dtype)  # noqa: E731
+    args = ([arr(n[i], N[i]) for i in range(3)], [arr(r[i], n[i], r[i + 1]) for i in range(3)],
+            [arr(*W, N[i]) for i in range(3)], [arr(*W, N[i]) for i in range(3)],
+            arr(order + 1, *W))
+
+    def transpose(chunk_size):
+        return lambda U, G, ww, pp, c: t3.t3_apply_corewise_derivatives_transpose(
+            c, ww, pp, (U, G), order, True, chunk_size)
+
+    def chain(U, G, ww, pp, c):
+        a = jnp.eye(8, dtype=dtype) + jnp.sum(c)
+        for i in range(20):
+            a = a @ (a * (i + 1.0) / 20.0)
+        return a
+
+    return args, {"t3 corewise transpose, chunks of 4": transpose(4),
+                  "t3 corewise transpose, unchunked": transpose(None),
+                  "20 products of 8 x 8": chain}
+
+
 def section_compile64(q, reps, seconds=300.0):
-    """Seconds to lower and compile `jax.grad` of each program (a fresh closure: XLA's cache
-    does not answer), float32 then float64; a program not reached within `seconds` of the
-    section is recorded as `None`."""
+    """Seconds to lower and compile each program (a fresh closure: XLA's cache does not
+    answer), float32 then float64: `jax.grad` of the small summed maps, then the T3 programs; a
+    program not reached within `seconds` of the section is recorded as `None`."""
     out, t_end = {}, time.perf_counter() + seconds
+
+    def timed(key, f, args):
+        if time.perf_counter() > t_end:
+            out[key] = None
+            return
+        t0 = time.perf_counter()
+        jax.jit(f).lower(*compile_only.on_chip(args)).compile()
+        out[key] = time.perf_counter() - t0
+        print(f"  compile64    {key:<48s} {out[key]:8.2f} s", flush=True)
+
     for dtype in ("float32", "float64"):
         with jax.enable_x64(dtype == "float64"):
             p, programs = _small_grad_programs(jnp.dtype(dtype))
             for name, h in programs.items():
-                key = f"{name}, {dtype}"
-                if time.perf_counter() > t_end:
-                    out[key] = None
-                    continue
-                t0 = time.perf_counter()
-                jax.jit(jax.grad(lambda p, h=h: h(p))).lower(*compile_only.on_chip((p,))).compile()
-                out[key] = time.perf_counter() - t0
-                print(f"  compile64    {key:<48s} {out[key]:8.2f} s", flush=True)
+                timed(f"{name}, {dtype}", jax.grad(lambda p, h=h: h(p)), (p,))
+    for dtype in ("float32", "float64"):
+        with jax.enable_x64(dtype == "float64"):
+            args, programs = _t3_programs(jnp.dtype(dtype))
+            for name, h in programs.items():
+                timed(f"{name}, {dtype}", h, args)
     return out
 
 

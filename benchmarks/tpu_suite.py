@@ -54,7 +54,7 @@ def _file(nodeid: str) -> str:
 
 
 def pytest_runtest_logstart(nodeid, location):
-    _record({"id": nodeid, "outcome": "started", "file": _file(nodeid)})
+    _record({"id": nodeid, "outcome": "started", "file": _file(nodeid), "at": time.time()})
 
 
 @pytest.hookimpl(trylast=True)
@@ -138,9 +138,12 @@ def run(args) -> None:
         print(f"rc {rc}: {len(done - before)} tests", flush=True)
         if started is None or started["id"] in before:  # ran to its end, or no progress
             return
-        _record({**started, "outcome": "crashed", "reason": f"process ended: rc {rc}",
+        seconds = round(time.time() - started.get("at", time.time()), 2)
+        reason = (f"ran past --test-seconds ({args.test_seconds} s), which ended its process"
+                  if seconds >= args.test_seconds else f"process ended: rc {rc}")
+        _record({**started, "outcome": "crashed", "seconds": seconds, "reason": reason,
                  "commit": args.commit}, str(record))
-        print(f"{started['id']}: crashed (rc {rc})", flush=True)
+        print(f"{started['id']}: crashed ({reason})", flush=True)
 
 
 # -- the summary -------------------------------------------------------------------------------

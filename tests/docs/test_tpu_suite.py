@@ -42,6 +42,10 @@ def test_run_and_summarize(tmp_path):
         "test_hangs": "crashed",
         "test_next_file": "passed"}  # and the next file, in the same process
     assert outcome["test_skips"]["reason"] == "a reason"
+    assert outcome["test_aborts"]["reason"] == "process ended: rc -6"
+    assert outcome["test_hangs"]["reason"] == (
+        "ran past --test-seconds (2 s), which ended its process")
+    assert outcome["test_hangs"]["seconds"] >= 2
     assert "one is not two" in outcome["test_fails"]["reason"]
     assert {r["commit"] for r in outcome.values()} == {"abc"}
     # a later run leaves out what passed or skipped in the records it is given, and runs what
