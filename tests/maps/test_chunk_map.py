@@ -96,6 +96,20 @@ def test_chunk_map_auto_chunks_within_budget(monkeypatch):
         chunkx.chunk_map(f, chunk_size="auto")(x[:32])  # a new trace: planned again
 
 
+def test_chunk_map_auto_counts_the_rows_moved_to_axis_0():
+    """Rows mapped along axis 1 are copied to axis 0 before the loop: the plan counts that
+    copy, so the call's program stays within the budget (reference: jax.vmap's values)."""
+    x = jnp.linspace(0.0, 1.0, 1000 * 32, dtype=jnp.float32).reshape(32, 1000)  # rows: axis 1
+    w = jax.random.normal(jax.random.key(0), (32, 32), jnp.float32)
+    row = lambda r, w: jnp.sort(jnp.tanh(r[:, None] * w).ravel())[-4:]  # noqa: E731 (unfusable)
+    f, budget = jax.vmap(row, (1, None)), 2**20
+    over(temp_bytes(f, x, w), 2 * budget)
+    auto = chunkx.chunk_map(f, in_axes=(1, None), chunk_size="auto", memory_budget=budget)
+    assert temp_bytes(auto, x, w) <= budget
+    assert f"{x.nbytes} bytes of mapped arguments moved" in auto.memory_plan(x, w).budget_source
+    assert_tree_close(jax.jit(auto)(x, w), jax.jit(f)(x, w))
+
+
 def test_chunk_map_takes_if_array_entries_as_batch_vmap_does():
     x, w = jnp.arange(10.0), jnp.float32(2.0)
     row = lambda x, w: jnp.sin(x * w)  # noqa: E731

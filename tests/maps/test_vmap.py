@@ -227,6 +227,7 @@ def test_vmap_auto_within_budget_and_equal():
         jax.grad(lambda w: jnp.sum(ref(x, w) ** 2))(w)))(x, x.T, w)
     assert_tree_close(g(x, w), want)
     moved = chunkx.vmap(f, (1, None), -1, batch_size="auto", memory_budget=budget)
+    assert _temp(moved, x.T, w) <= budget  # the rows' copy moved to axis 0 included
     assert_tree_close(moved(x.T, w), want_moved)
     assert_tree_close(jax.grad(loss(g))(w), want_grad)
 

@@ -159,7 +159,7 @@ def reducer_for(
 def compose(
     inner: Callable, axes: InAxes, reducer: AbstractReducer, opts: Options, what: str, *,
     blocks: int = 1, local_pad: int = 1, around: Callable | None = None,
-    outer_axes: InAxes | None = None, pad: int = 1, mesh: Any = None,
+    outer_axes: InAxes | None = None, pad: int = 1, mesh: Any = None, held: int = 0,
 ) -> Any:
     """The pipeline of every map, all with one reducer:
 
@@ -175,7 +175,8 @@ def compose(
     each device's rows padded to a multiple of `local_pad`, a map's own layer `around` the loop
     (the microbatching maps' `Interleave`), the devices of a `Shard` (`opts.shard`) and the
     batch padded to a multiple of `pad` (`outer_axes`: the `in_axes` of those outer layers, by
-    default `axes`)."""
+    default `axes`). `held`: bytes the map holds beside the loop (`moved_bytes`), which its
+    "auto" sizes are planned with."""
     outer = axes if outer_axes is None else outer_axes
     size, grad_size = opts.size, opts.grad_size
     if blocks > 1:
@@ -187,7 +188,7 @@ def compose(
     else:
         size_arg, grad_arg, budget = opts.names
         only_backward = grad_size == "auto" and size != "auto"
-        owner = Owner(opts.who, grad_arg if only_backward else size_arg, budget, what)
+        owner = Owner(opts.who, grad_arg if only_backward else size_arg, budget, what, held)
         piece = Chunk(
             inner, size, reducer=reducer, in_axes=axes, checkpoint=opts.checkpoint,
             progress=opts.progress, grad=opts.grad, grad_size=grad_size,
@@ -203,6 +204,14 @@ def compose(
     if opts.shard:
         piece = Shard(piece, opts.mesh, in_axes=outer)
     return Pad(piece, pad, in_axes=outer) if pad > 1 else piece
+
+
+def moved_bytes(leaves: list, axes: Any, opts: Options) -> int:
+    """Bytes of the copies of the mapped `leaves` whose axis (in `axes`, one per leaf) is moved
+    to axis 0 before the loop, held beside it (each device's share under `Shard`)."""
+    moved = [x for x, a in zip(leaves, axes)
+             if a is not None and eqx.is_array(x) and a % max(x.ndim, 1) != 0]
+    return sum(x.size * x.dtype.itemsize for x in moved) // opts.devices(leaves)
 
 
 def plan_of(pipeline: Any, method: str, args: tuple, axes: tuple, opts: Options) -> Any:

@@ -16,7 +16,16 @@ from .._combinators.reduce import Concat
 from .._public import public
 from .._types import Budget, InAxes, Size
 from ._vmap_axes import Body, Checked, by_argument, out_axis, positional_only
-from .pipeline import AXES, Options, check_options, compose, fn_name, plan_call, plan_of
+from .pipeline import (
+    AXES,
+    Options,
+    check_options,
+    compose,
+    fn_name,
+    moved_bytes,
+    plan_call,
+    plan_of,
+)
 
 _BWD_PLANNED = "chunk_size='auto', use_scan=True, chunk_size_bwd=None"  # for messages
 
@@ -59,7 +68,7 @@ class ChunkMap(eqx.Module):
         rows = [None if a is None else moveaxis(x, a, 0) for x, a in zip(leaves, at)]
         fixed = [x if a is None else None for x, a in zip(leaves, at)]
         inner = _Moved(Body(self.f, treedef), at, self.out_axes, self.opts.who)
-        pipeline = self._pipeline(inner, n, args)
+        pipeline = self._pipeline(inner, n, args, moved_bytes(leaves, at, self.opts))
         if plan is not None:
             return plan_of(pipeline, plan, (rows, fixed), AXES, self.opts)
         return _move_outputs(pipeline(rows, fixed), self.out_axes, self.opts.who, front=False)
@@ -76,9 +85,10 @@ class ChunkMap(eqx.Module):
         self.opts.check_planned("grad_memory_plan", _BWD_PLANNED)
         return plan_call(self._call, self.opts, "grad_memory_plan", args, {})
 
-    def _pipeline(self, inner, n, args):
+    def _pipeline(self, inner, n, args, held=0):
         """[Shard ∘] [Pad ∘] [Groups ∘] Chunk ∘ [Blocks ∘] f, in quantax's per-device row layout
-        (an "auto" size, or none: the shared pipeline, its Chunk planning the size).
+        (an "auto" size, or none: the shared pipeline, its Chunk planning the size with the
+        `held` bytes of the arguments moved to axis 0).
 
         quantax needs `n % D == 0`; chunkx pads the device blocks (copies of a real row), with
         `shard_batch` in the one `shard_map` (see `Shard`).
@@ -89,7 +99,7 @@ class ChunkMap(eqx.Module):
         opts, what = self.opts, f"chunk_map({fn_name(self.f)})"
         size = opts.size
         if size in ("auto", None):
-            return compose(inner, AXES, Concat(), opts, what)
+            return compose(inner, AXES, Concat(), opts, what, held=held)
         mesh = call_mesh(opts.mesh, args)  # the mesh Shard runs on, or lays rows out for
         ndev = mesh.size
         per_device = padded_rows_per_device(n, ndev)

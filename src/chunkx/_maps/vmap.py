@@ -32,7 +32,16 @@ from .._plan.search import MemoryPlan
 from .._public import public
 from .._types import Budget, GradPolicy, Size
 from ._vmap_axes import Body, Spec, by_name, flat_axes, out_axis, resolve
-from .pipeline import AXES, Options, check_options, compose, fn_name, plan_call, plan_of
+from .pipeline import (
+    AXES,
+    Options,
+    check_options,
+    compose,
+    fn_name,
+    moved_bytes,
+    plan_call,
+    plan_of,
+)
 
 
 class AbstractChunkedVmap(eqx.Module):
@@ -120,7 +129,8 @@ class AbstractChunkedVmap(eqx.Module):
         placed = (every and spec != 0 and keeps_rows(self.reducer) and not self.opts.shard
                   and row_split(rows) is None)
         reducer = Concat(axis=spec) if placed else self.reducer
-        pipeline = compose(Vmap(body, AXES), AXES, reducer, self.opts, what)
+        pipeline = compose(Vmap(body, AXES), AXES, reducer, self.opts, what,
+                           held=moved_bytes(leaves, axes, self.opts))
         try:
             if plan is not None:  # the plan of the pipeline's Chunk on the rows one device sees
                 return plan_of(pipeline, plan, (rows, fixed), AXES, self.opts)

@@ -24,6 +24,7 @@ program (`cache.lower_cap`).
 """
 
 import dataclasses
+import functools
 import hashlib
 import math
 import warnings
@@ -59,12 +60,15 @@ from .search import (
 class Owner(eqx.Module):
     """Who plans, as the planner's messages and log lines name it: the public map that built
     the Chunk (`who`), its "auto" size argument (`arg`) and budget argument (`name`), and
-    `what` it maps; for a bare Chunk, `Chunk` itself."""
+    `what` it maps; for a bare Chunk, `Chunk` itself. `held`: bytes of temp memory the map's
+    program holds beside the loop at every chunk size (its mapped arguments' copies moved to
+    axis 0), counted in every size's measurement."""
 
     who: str = "Chunk"
     arg: str = "size"
     name: str = "memory_budget"
     what: str = "the chunked function"
+    held: int = 0
 
     def reverse(self, forward: int | None = None) -> "Owner":
         """The owner as the reverse pass's messages name it; with `forward`, the chunk size of
@@ -341,6 +345,9 @@ def _search(
     kind = "backward " if backward else ""
     notice = f"chunkx: planning the {kind or 'forward '}chunk size (compiling)..."
     m = measured(key, measure, label, notice if req.progress else None)
+    if who.held:  # beside the loop: not part of the Chunk's program (nor of its cache entry)
+        m = functools.partial(_plus, m, who.held)
+        source += f"; measured with {who.held} bytes of mapped arguments moved to axis 0"
     plan = _quick(m, entry(key).cap, size, n, budget, req.shift, who)
     tiled = aligned(plan.chunk_size, plan.rows or n, req.shift, row_tile())
     if plan.budget_bytes < budget:  # the device refused a size within the budget
@@ -376,6 +383,10 @@ def _quick(m, cap: int | None, size: int, n: int, budget: int, shift: bool, who)
         if plan is not None and plan.chunk_size >= 2:
             return _in_rows(plan, tile)
     return search_sizes(m, *_limits(m, cap, size, n, budget, shift), **kw)
+
+
+def _plus(m: Callable[[int], int], held: int, size: int) -> int:
+    return m(size) + held
 
 
 def _in_rows(plan: MemoryPlan, tile: int) -> MemoryPlan:

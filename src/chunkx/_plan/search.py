@@ -45,7 +45,9 @@ class MemoryPlan(eqx.Module):
     - `refused`: the chunk sizes the device refused as out of memory (a `RESOURCE_EXHAUSTED`
       error when compiled; above any budget, so the answer is below them).
     - `budget_source`: where `budget_bytes` came from: the argument that gave it, or how the
-      default was computed from the device's (or the host's) free memory.
+      default was computed from the device's (or the host's) free memory; and what the
+      `points` count besides the loop's program (a map's arguments copied to move their
+      mapped axis to the front, which its program holds beside the loop).
     - `fingerprint`: the key the plan cache keeps this program's measurements under (empty
       where nothing is kept, as for [`chunkx.fit_memory`][]).
 
