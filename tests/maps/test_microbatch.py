@@ -712,6 +712,21 @@ def test_auto_within_budget_equal_to_optax_and_vmap(fresh_cache, kind):
     assert temp(jax.grad(loss), w) <= BUDGET
 
 
+@pytest.mark.parametrize("kind", ["SUM", "CONCAT"])
+def test_auto_counts_the_rows_moved_to_axis_0(fresh_cache, kind):
+    """Rows mapped along axis 1 are copied to axis 0 beside the loop: the plan counts the
+    copy, so the call's program stays within the budget (reference: jax.vmap's values)."""
+    top = lambda r, w: jnp.sort(jnp.tanh(r[:, None] * w).ravel())[-4:]  # noqa: E731 (unfusable)
+    xt, w = normal(0, (32, 512), jnp.float32), normal(1, (32, 32), jnp.float32)  # rows: axis 1
+    f = chunkx.micro_vmap(top, (1, None), microbatch_size="auto", memory_budget=BUDGET,
+                          accumulator=ours(kind))
+    over(temp(jax.vmap(top, (1, None)), xt, w), BUDGET)
+    assert temp(f, xt, w) <= BUDGET
+    assert f"{xt.nbytes} bytes of mapped arguments moved" in f.memory_plan(xt, w).budget_source
+    rows = jax.jit(lambda w: reference(kind, jax.vmap(top, (1, None))(xt, w)))(w)
+    close(jax.jit(f)(xt, w), rows, tol=1e-6)
+
+
 def test_auto_micro_grad_within_budget_equal_to_optax(fresh_cache):
     x, w = heavy_data()
     y = jnp.linspace(0.0, 1.0, x.shape[0], dtype=jnp.float32)

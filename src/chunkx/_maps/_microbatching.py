@@ -53,7 +53,7 @@ from .._plan.search import MemoryPlan
 from .._types import RowMask, Tree
 from ._accumulations import Accumulated, LeafLoops, UserAccumulate, per_leaf
 from ._vmap_axes import Body, resolve
-from .pipeline import AXES, Options, check_options, compose, plan_call, plan_of
+from .pipeline import AXES, Options, check_options, compose, moved_bytes, plan_call, plan_of
 
 
 class AccumulationType(enum.Enum):
@@ -416,7 +416,7 @@ class Microbatched(eqx.Module):
             row_fn, (0,) * (masked and not as_valid) + AXES, leaves,
             dataclasses.replace(opts, size=local, grad_size=g), who, outer_axes=AXES,
             around=(lambda c: Interleave(c, leaves, k, r, masked, as_valid)) if grouped else None,
-            pad=mb if padded else 1,
+            pad=mb if padded else 1, held=moved_bytes(flat, at, opts),
         )
         if plan is not None:  # an "auto" size (no rows padded): the plan of the loop's Chunk
             return plan_of(core, plan, pair, AXES, opts)
