@@ -21,6 +21,7 @@ from .._combinators.shard import Shard
 from .._combinators.unrolled import Unrolled
 from .._combinators.vmap import Vmap
 from .._plan.auto import Owner
+from .._plan.measure import tree_bytes
 from .._types import GradPolicy, InAxes, Remainder
 
 Planned = int | Literal["auto"] | None
@@ -211,7 +212,7 @@ def moved_bytes(leaves: list, axes: Any, opts: Options) -> int:
     to axis 0 before the loop, held beside it (each device's share under `Shard`)."""
     moved = [x for x, a in zip(leaves, axes)
              if a is not None and eqx.is_array(x) and a % max(x.ndim, 1) != 0]
-    return sum(x.size * x.dtype.itemsize for x in moved) // opts.devices(leaves)
+    return tree_bytes(moved) // opts.devices(leaves)
 
 
 def plan_of(pipeline: Any, method: str, args: tuple, axes: tuple, opts: Options) -> Any:
