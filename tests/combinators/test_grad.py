@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import chunkx
-from helpers import budget_sized_for_the_cpu, normal, over, premise, temp_bytes
+from helpers import F32_TANH_RTOL, budget_sized_for_the_cpu, normal, over, premise, temp_bytes
 
 pytestmark = pytest.mark.x64  # float64 tolerances and references
 
@@ -171,11 +171,15 @@ def complex_f(w, x):  # not holomorphic
 
 
 @functools.cache
-def complex_case():
-    """The data and plain jax.vmap's VJP, JVP and real gradient, in one compiled program."""
-    x = rows(9)
-    w = jax.jit(lambda k: jax.random.normal(k, (3,)) * (1 + 0.5j))(jax.random.PRNGKey(2))
-    ct = jnp.asarray(0.3 - 1.2j)
+def complex_case(precision="double"):
+    """The data and plain jax.vmap's VJP, JVP and real gradient, in one compiled program
+    (complex128 data, or complex64 and float32 rows for `precision="single"`)."""
+    real, cplx = (jnp.float64, jnp.complex128) if precision == "double" else (
+        jnp.float32, jnp.complex64)
+    x = rows(9).astype(real)
+    w = jax.jit(lambda k: (jax.random.normal(k, (3,)) * (1 + 0.5j)).astype(cplx))(
+        jax.random.PRNGKey(2))
+    ct = jnp.asarray(0.3 - 1.2j, cplx)
     ref = lambda w, x: jnp.sum(jax.vmap(complex_f, (None, 0))(w, x))  # noqa: E731
 
     @jax.jit
@@ -188,18 +192,24 @@ def complex_case():
     return (x, w, ct), refs(w, x, ct)
 
 
-@pytest.mark.complex128
+@pytest.mark.parametrize(
+    "precision", [pytest.param("double", marks=pytest.mark.complex128), "single"])
 @pytest.mark.parametrize("grad", ["fused", "recompute"])
-def test_complex_outputs_and_inputs(grad):
-    (x, w, ct), (ref_vjp, ref_jvp, real_w, ref_grad) = complex_case()
+def test_complex_outputs_and_inputs(grad, precision):
+    """Complex rows and parameters (complex128, or complex64 as on a TPU, x64 on), summed:
+    jax.vmap's VJP, JVP and gradient, in the data's dtypes."""
+    (x, w, ct), refs = complex_case(precision)
+    ref_vjp, ref_jvp, real_w, ref_grad = refs
     f = complex_f
     g = chunkx.Chunk(chunkx.Vmap(f, (None, 0)), 4, reducer=chunkx.Sum(), in_axes=(None, 0),
                      grad=grad, grad_size=2)
     out, pull = jax.vjp(g, w, x)
-    close((out, pull(ct)), ref_vjp)
-    close(jax.jvp(g, (w, x), (w * 1j, x)), ref_jvp)
-    loss = lambda w: jnp.abs(g(w, x)) ** 2  # noqa: E731
-    close(jax.grad(loss)(real_w), ref_grad)
+    got = ((out, pull(ct)), jax.jvp(g, (w, x), (w * 1j, x)), jax.grad(lambda w: jnp.abs(
+        g(w, x)) ** 2)(real_w))
+    want = (ref_vjp, ref_jvp, ref_grad)
+    assert [a.dtype for a in jax.tree_util.tree_leaves(got)] == [
+        a.dtype for a in jax.tree_util.tree_leaves(want)]
+    close(got, want, rtol=1e-10 if precision == "double" else max(F32_TANH_RTOL, 1e-5))
 
 
 def test_closed_over_and_module_arrays_are_differentiated():
