@@ -18,6 +18,7 @@ Not for CI: the CPU suite runs there, with `pytest` as the README says.
 
 import argparse
 import ast
+import functools
 import json
 import os
 import subprocess
@@ -114,8 +115,11 @@ def run(args) -> None:
            "CHUNKX_TEST_XLA_CACHE": os.path.join(tempfile.gettempdir(), "chunkx-tpu-suite-xla"),
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     end = time.time() + args.seconds
-    latest = _latest(args.skip)
-    passed = {i for i, r in latest.items() if r["outcome"] in ("passed", "skipped")}
+    root = Path(args.root)
+    latest = _latest(args.skip, root)
+    # what passed or skipped, unless the test changed since (a skip's reason may be gone)
+    passed = {i for i, r in latest.items()
+              if r["outcome"] in ("passed", "skipped") and not _changed(i, r, root)}
     # the earlier runs' failures first (fixed since, as a rule), then the tests not yet run
     first.write_text("\n".join(sorted(i for i, r in latest.items()
                                        if r["outcome"] in ("failed", "crashed"))) + "\n")
@@ -168,9 +172,10 @@ def _latest(records: list[str], root: Path = ROOT) -> dict[str, dict]:
 
 
 def _changed(tid: str, record: dict, root: Path = ROOT) -> bool:
-    """Whether the test's function, or a helper of its file that it names, differs in this
-    tree from its source at the commit the record was made at (a failure since addressed, not
-    yet run again on the chip); for the test of a public name's docstring example
+    """Whether the test's function, a helper or constant of its file that it names, or its
+    file's `pytestmark`, differs in this tree from its source at the commit the record was made
+    at (the record is of another test: a failure since addressed, a skip whose reason may be
+    gone; not yet run again on the chip); for the test of a public name's docstring example
     (`test_example_runs[chunkx.name]`), whether that name's source (its docstring with it)
     does."""
     commit, (path, name) = record.get("commit", ""), tid.split("[")[0].split("::")[:2]
@@ -186,38 +191,61 @@ def _changed(tid: str, record: dict, root: Path = ROOT) -> bool:
 
 
 def _used(path: Path, name: str, root: Path) -> list[str]:
-    """`name` and the top-level functions and classes of its file (`path`, in this tree) that
-    its source names: a test, and the module's helpers it calls."""
-    text = (root / path).read_text() if (root / path).exists() else ""
-    source = _source(text, name)
-    if source is None:
+    """`name`, the top-level functions, classes and constants of its file (`path`, in this
+    tree) that its source names (a test, the module's helpers it calls, the marks it is given),
+    and the file's `pytestmark`."""
+    defined = _definitions(_text(root, path))
+    if name not in defined:
         return [name]
-    named = {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
-    defined = {node.name for node in ast.parse(text).body
-               if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
-    return [name, *sorted((named & defined) - {name})]
+    used, todo = {name}, [name]
+    while todo:  # what it names, what those name, ...
+        source = defined[todo.pop()]
+        named = {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
+        todo += sorted((named & set(defined)) - used)
+        used |= named & set(defined)
+    return [name, *sorted(used - {name}), "pytestmark"]
 
 
 def _differs(path: Path, name: str, commit: str, root: Path) -> bool:
     """Whether the top-level `name` of the file `path` differs here from its source at
     `commit` (a file that cannot be read there: no)."""
+    old = _text(root, path, commit)
+    if old is None:
+        return False
+    return _definitions(old).get(name) != _definitions(_text(root, path)).get(name)
+
+
+@functools.cache
+def _text(root: Path, path: Path, commit: str | None = None) -> str | None:
+    """The file `path` in this tree ("" if it is gone), or at `commit` (None if it cannot be
+    read there)."""
+    if commit is None:
+        return (root / path).read_text() if (root / path).exists() else ""
     old = subprocess.run(["git", "show", f"{commit}:./{path}"], cwd=root, capture_output=True,
                          text=True)
-    if old.returncode:
-        return False
-    new = (root / path).read_text() if (root / path).exists() else ""
-    return _source(old.stdout, name) != _source(new, name)
+    return None if old.returncode else old.stdout
+
+
+@functools.cache
+def _definitions(text: str) -> dict[str, str]:
+    """The source of each top-level function and class (with its decorators) and of each
+    top-level assignment to a name (`pytestmark = ...`, a mark or a table of cases), by name."""
+    lines, found = text.splitlines(), {}
+    for node in ast.parse(text).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            start = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+            found[node.name] = "\n".join(lines[start - 1:node.end_lineno])
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    found[target.id] = "\n".join(lines[node.lineno - 1:node.end_lineno])
+    return found
 
 
 def _source(text: str, name: str) -> str | None:
-    """The source of the top-level function or class `name` in the module `text` (with its
-    decorators)."""
-    for node in ast.parse(text).body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
-            lines = text.splitlines()[node.decorator_list[0].lineno - 1 if node.decorator_list
-                                      else node.lineno - 1:node.end_lineno]
-            return "\n".join(lines)
-    return None
+    """The source of the top-level function, class or assignment `name` in the module `text`."""
+    return _definitions(text).get(name)
 
 
 def summarize(args) -> None:
@@ -229,6 +257,10 @@ def summarize(args) -> None:
     today = set(collected)
     root = Path(args.root)
     latest = {tid: r for tid, r in _latest(args.records, root).items() if tid in today}
+    # a test that passed or skipped there and changed since is not yet run in its present form
+    stale = {tid for tid, r in latest.items()
+             if r["outcome"] in ("passed", "skipped") and _changed(tid, r, root)}
+    latest = {tid: r for tid, r in latest.items() if tid not in stale}
     skips, failures = {}, []
     for tid, r in sorted(latest.items()):
         if r["outcome"] == "skipped":
@@ -248,6 +280,7 @@ def summarize(args) -> None:
         "commits": sorted({r.get("commit", "") for r in latest.values()}),
         "totals": {k: sum(a[k] for a in areas.values())
                    for k in ("passed", "skipped", "failed", "crashed", "not run")},
+        "changed_since": len(stale),
         "areas": list(areas.values()),
         "skips": [{"reason": k, "tests": v}
                   for k, v in sorted(skips.items(), key=lambda kv: -kv[1])],
@@ -273,7 +306,9 @@ def main() -> None:
     r.add_argument("--commit", default="", help="the commit the tree is (recorded per test)")
     r.add_argument("--skip", nargs="*", default=[],
                    help="records of earlier runs (after the paths): their passed and skipped "
-                   "tests are left out")
+                   "tests are left out, unless changed since")
+    r.add_argument("--root", default=str(ROOT), help="the folder the test ids are relative to, "
+                   "in the git repository whose commits the records name")
     r.set_defaults(go=run)
     s = sub.add_parser("summarize", help="records -> the summary JSON")
     s.add_argument("records", nargs="+")

@@ -73,8 +73,9 @@ def test_run_and_summarize(tmp_path):
 def test_summary_takes_the_newest_commits_outcome_and_marks_changed_tests(tmp_path):
     """Of two records of a test, the one made at the newer commit counts, whatever the files'
     order; a failure whose test function, or a helper of its file that it names, changed since
-    its commit is marked `changed` (reference: the records and the repository's history,
-    written here)."""
+    its commit is marked `changed`; a pass or skip of a test changed since (its function, a
+    constant it names, its file's `pytestmark`) is not yet run in its present form, and a run
+    runs it again (reference: the records and the repository's history, written here)."""
     def git(*args, date="2026-01-01T00:00:00"):
         env = {"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date, "HOME": str(tmp_path),
                "PATH": __import__("os").environ["PATH"]}
@@ -92,6 +93,10 @@ def test_summary_takes_the_newest_commits_outcome_and_marks_changed_tests(tmp_pa
     (area / "test_docs.py").write_text(
         "import pytest\n\n\n@pytest.mark.parametrize('name', ['pkg.f', 'pkg.G'])\n"
         "def test_example_runs(name): assert 0\n")
+    marked = "import pytest\n\npytestmark = pytest.mark.skip(reason='old')\n\n\ndef test_d(): pass\n"
+    (area / "test_y.py").write_text(marked)
+    table = "CASES = [1]\n\n\ndef test_e(): assert CASES\n\n\ndef test_f(): pass\n"
+    (area / "test_z.py").write_text(table)
     (tmp_path / "src").mkdir()
     library = 'def f():\n    """f\'s example"""\n\n\nclass G:\n    """G\'s example"""\n'
     (tmp_path / "src" / "pkg.py").write_text(library)
@@ -105,6 +110,9 @@ def test_summary_takes_the_newest_commits_outcome_and_marks_changed_tests(tmp_pa
     (area / "test_x.py").write_text(source.replace("def test_b(): assert 0", "def test_b(): pass")
                                     .replace("return 0", "return 1"))
     (tmp_path / "src" / "pkg.py").write_text(library.replace("f's example", "f's new example"))
+    (area / "test_y.py").write_text(marked.replace("pytestmark = pytest.mark.skip(reason='old')",
+                                                   "pytestmark = pytest.mark.filterwarnings('error')"))
+    (area / "test_z.py").write_text(table.replace("[1]", "[2]"))
 
     def record(test, outcome, commit):
         return json.dumps({"id": f"area/test_x.py::{test}", "outcome": outcome,
@@ -115,13 +123,27 @@ def test_summary_takes_the_newest_commits_outcome_and_marks_changed_tests(tmp_pa
                                 + [json.dumps({"id": f"area/test_docs.py::test_example_runs[{n}]",
                                                "outcome": "failed", "reason": "", "commit": new})
                                    for n in ("pkg.f", "pkg.G")]))
-    second.write_text("\n".join([record("test_a", "passed", old), record("test_b", "passed", old)]))
+    second.write_text("\n".join(
+        [record("test_a", "passed", old), record("test_b", "passed", old)]
+        + [json.dumps({"id": f"area/test_{f}.py::test_{t}", "outcome": outcome,
+                       "reason": "old" if outcome == "skipped" else "", "commit": new})
+           for f, t, outcome in (("y", "d", "skipped"), ("z", "e", "passed"),
+                                 ("z", "f", "passed"))]))
     into = tmp_path / "summary.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tpu_suite.py"), "summarize",
                     str(first), str(second), "--into", str(into), "--tests", str(area),
                     "--root", str(tmp_path)], cwd=ROOT, check=True, capture_output=True)
     summary = json.loads(into.read_text())
-    assert summary["totals"]["failed"] == 5 and summary["totals"]["passed"] == 0
+    assert summary["totals"] == {"passed": 1, "skipped": 0, "failed": 5, "crashed": 0,
+                                 "not run": 2}  # test_f passed; test_d and test_e changed
+    assert summary["changed_since"] == 2 and summary["skips"] == []
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tpu_suite.py"), "run", "--out",
+                    str(tmp_path / "again"), str(area / "test_y.py"), str(area / "test_z.py"),
+                    "--root", str(tmp_path), "--skip", str(second)], cwd=ROOT, check=True,
+                   capture_output=True)
+    again = [json.loads(line) for line in (tmp_path / "again" / "tpu_suite.jsonl").open()]
+    assert [r["id"].split("::")[1] for r in again if r["outcome"] == "started"] == [
+        "test_d", "test_e"]  # not test_f, which passed and is the same
     changed = {f["id"].split("::")[1]: f["changed"] for f in summary["failures"]}
     assert changed == {"test_a": False, "test_b": True, "test_c": True,
                        "test_example_runs[pkg.f]": True, "test_example_runs[pkg.G]": False}
