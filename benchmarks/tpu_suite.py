@@ -5,12 +5,14 @@ the test files in one pytest process, within a time budget, and records every te
 as it finishes (a JSON line, so a run cut off or a process that aborts keeps what it did).
 A test whose process dies (XLA aborting), or that runs past `--test-seconds`, is recorded as
 `crashed`, and the tests without an outcome run on in a new process. Given the records of
-earlier runs (`--skip`), a run leaves out what passed or skipped there and runs what failed
-there first. `summarize` turns the
-records of any number of runs (the latest outcome of each test wins) into
+earlier runs (`--skip`), a run leaves out what passed or skipped there, unless the test changed
+since (which takes the repository's history: `todo` writes the plan where the history is, for
+`run --todo` on a machine whose copy of the tree has none), and runs what failed there first.
+`summarize` turns the records of any number of runs (the latest outcome of each test wins) into
 `benchmarks/results/tpu_suite.json`, which the accelerator page renders.
 
     python benchmarks/tpu_suite.py run --out OUT --seconds 540 tests/maps --skip OLD.jsonl
+    python benchmarks/tpu_suite.py todo OLD.jsonl --into todo.json  # then: run ... --todo todo.json
     python benchmarks/tpu_suite.py summarize OUT/*.jsonl [--into benchmarks/results/tpu_suite.json]
 
 Not for CI: the CPU suite runs there, with `pytest` as the README says.
@@ -115,14 +117,10 @@ def run(args) -> None:
            "CHUNKX_TEST_XLA_CACHE": os.path.join(tempfile.gettempdir(), "chunkx-tpu-suite-xla"),
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     end = time.time() + args.seconds
-    root = Path(args.root)
-    latest = _latest(args.skip, root)
-    # what passed or skipped, unless the test changed since (a skip's reason may be gone)
-    passed = {i for i, r in latest.items()
-              if r["outcome"] in ("passed", "skipped") and not _changed(i, r, root)}
-    # the earlier runs' failures first (fixed since, as a rule), then the tests not yet run
-    first.write_text("\n".join(sorted(i for i, r in latest.items()
-                                       if r["outcome"] in ("failed", "crashed"))) + "\n")
+    plan = (json.loads(Path(args.todo).read_text()) if args.todo
+            else _todo(args.skip, Path(args.root)))
+    passed = set(plan["done"])
+    first.write_text("\n".join(plan["first"]) + "\n")
     # a test past --test-seconds ends its process (pytest-timeout): crashed, the rest run on
     command = [sys.executable, "-m", "pytest", *PYTEST, "--timeout", str(args.test_seconds),
                "--timeout-method=thread", *args.paths]
@@ -148,6 +146,23 @@ def run(args) -> None:
         _record({**started, "outcome": "crashed", "seconds": seconds, "reason": reason,
                  "commit": args.commit}, str(record))
         print(f"{started['id']}: crashed ({reason})", flush=True)
+
+
+def _todo(records: list[str], root: Path) -> dict[str, list[str]]:
+    """What the records leave to do: `done`, the tests that passed or skipped there and have
+    not changed since (a skip's reason may be gone), which a run leaves out; `first`, those
+    that failed there (fixed since, as a rule), which it runs before the tests not yet run."""
+    latest = _latest(records, root)
+    return {"done": sorted(i for i, r in latest.items()
+                           if r["outcome"] in ("passed", "skipped") and not _changed(i, r, root)),
+            "first": sorted(i for i, r in latest.items()
+                            if r["outcome"] in ("failed", "crashed"))}
+
+
+def todo(args) -> None:
+    """Write `_todo` of the records to a file for `run --todo`: made where the repository's
+    history is, for a machine (the chip's) whose copy of the tree may have none."""
+    Path(args.into).write_text(json.dumps(_todo(args.records, Path(args.root))) + "\n")
 
 
 # -- the summary -------------------------------------------------------------------------------
@@ -307,9 +322,16 @@ def main() -> None:
     r.add_argument("--skip", nargs="*", default=[],
                    help="records of earlier runs (after the paths): their passed and skipped "
                    "tests are left out, unless changed since")
+    r.add_argument("--todo", help="a file written by `todo` (instead of --skip)")
     r.add_argument("--root", default=str(ROOT), help="the folder the test ids are relative to, "
                    "in the git repository whose commits the records name")
     r.set_defaults(go=run)
+    t = sub.add_parser("todo", help="records -> what a run leaves out and runs first (a file "
+                                    "for run --todo)")
+    t.add_argument("records", nargs="+")
+    t.add_argument("--into", required=True)
+    t.add_argument("--root", default=str(ROOT), help="as for run")
+    t.set_defaults(go=todo)
     s = sub.add_parser("summarize", help="records -> the summary JSON")
     s.add_argument("records", nargs="+")
     s.add_argument("--into", default=str(HERE / "results" / "tpu_suite.json"))

@@ -144,6 +144,20 @@ def test_summary_takes_the_newest_commits_outcome_and_marks_changed_tests(tmp_pa
     again = [json.loads(line) for line in (tmp_path / "again" / "tpu_suite.jsonl").open()]
     assert [r["id"].split("::")[1] for r in again if r["outcome"] == "started"] == [
         "test_d", "test_e"]  # not test_f, which passed and is the same
+    # the same, from a plan made where the history is, for a tree without it (the chip's)
+    todo = tmp_path / "todo.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tpu_suite.py"), "todo",
+                    str(second), "--into", str(todo), "--root", str(tmp_path)], cwd=ROOT,
+                   check=True, capture_output=True)
+    assert json.loads(todo.read_text()) == {  # test_b changed since it passed
+        "done": ["area/test_x.py::test_a", "area/test_z.py::test_f"], "first": []}
+    (tmp_path / ".git").rename(tmp_path / "no-git")
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tpu_suite.py"), "run", "--out",
+                    str(tmp_path / "planned"), str(area / "test_y.py"), str(area / "test_z.py"),
+                    "--todo", str(todo)], cwd=ROOT, check=True, capture_output=True)
+    planned = [json.loads(line) for line in (tmp_path / "planned" / "tpu_suite.jsonl").open()]
+    assert [r["id"].split("::")[1] for r in planned if r["outcome"] == "started"] == [
+        "test_d", "test_e"]
     changed = {f["id"].split("::")[1]: f["changed"] for f in summary["failures"]}
     assert changed == {"test_a": False, "test_b": True, "test_c": True,
                        "test_example_runs[pkg.f]": True, "test_example_runs[pkg.G]": False}
