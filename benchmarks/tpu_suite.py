@@ -212,11 +212,11 @@ def _used(path: Path, name: str, root: Path) -> list[str]:
     defined = _definitions(_text(root, path))
     if name not in defined:
         return [name]
-    used, todo = {name}, [name]
-    while todo:  # what it names, what those name, ...
-        source = defined[todo.pop()]
+    used, pending = {name}, [name]
+    while pending:  # what it names, what those name, ...
+        source = defined[pending.pop()]
         named = {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
-        todo += sorted((named & set(defined)) - used)
+        pending += sorted((named & set(defined)) - used)
         used |= named & set(defined)
     return [name, *sorted(used - {name}), "pytestmark"]
 

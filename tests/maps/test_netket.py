@@ -56,6 +56,7 @@ def close(got, want, precision, rtol, atol=0.0):
         assert got.dtype == want.dtype, (got.dtype, want.dtype)
     np.testing.assert_allclose(got.astype(complex), want.astype(complex), rtol=rtol, atol=atol)
 
+
 HERE = os.path.dirname(__file__)
 DATA = os.path.join(os.path.dirname(HERE), "data", "netket_reference")  # made by netket_worker.py
 
