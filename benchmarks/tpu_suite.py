@@ -199,7 +199,7 @@ def _changed(tid: str, record: dict, root: Path = ROOT) -> bool:
     if name == "test_example_runs" and "[" in tid:
         public = tid.split("[", 1)[1].rstrip("]").rsplit(".", 1)[-1]
         found = [f for f in sorted((root / "src").rglob("*.py"))
-                 if _source(f.read_text(), public) is not None]
+                 if public in _definitions(_text(root, f.relative_to(root)))]
         return any(_differs(f.relative_to(root), public, commit, root) for f in found)
     return any(_differs(Path(path), used, commit, root)
                for used in _used(Path(path), name, root))
@@ -256,11 +256,6 @@ def _definitions(text: str) -> dict[str, str]:
                 if isinstance(target, ast.Name):
                     found[target.id] = "\n".join(lines[node.lineno - 1:node.end_lineno])
     return found
-
-
-def _source(text: str, name: str) -> str | None:
-    """The source of the top-level function, class or assignment `name` in the module `text`."""
-    return _definitions(text).get(name)
 
 
 def summarize(args) -> None:

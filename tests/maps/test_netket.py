@@ -41,7 +41,7 @@ def lower(tree, precision):
     if precision == "double":
         return tree
     return jax.tree_util.tree_map(
-        lambda x: jax.device_put(np.asarray(x).astype(_LOWER.get(np.asarray(x).dtype, x.dtype)))
+        lambda x: jax.device_put(np.asarray(x, _LOWER.get(np.dtype(x.dtype), x.dtype)))
         if hasattr(x, "dtype") else x, tree)
 
 
