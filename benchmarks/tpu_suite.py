@@ -201,24 +201,59 @@ def _changed(tid: str, record: dict, root: Path = ROOT) -> bool:
         found = [f for f in sorted((root / "src").rglob("*.py"))
                  if public in _definitions(_text(root, f.relative_to(root)))]
         return any(_differs(f.relative_to(root), public, commit, root) for f in found)
-    return any(_differs(Path(path), used, commit, root)
-               for used in _used(Path(path), name, root))
+    return any(_differs(file, used, commit, root) for file, used in _used(Path(path), name, root))
 
 
-def _used(path: Path, name: str, root: Path) -> list[str]:
-    """`name`, the top-level functions, classes and constants of its file (`path`, in this
-    tree) that its source names (a test, the module's helpers it calls, the marks it is given),
-    and the file's `pytestmark`."""
-    defined = _definitions(_text(root, path))
-    if name not in defined:
-        return [name]
-    used, pending = {name}, [name]
+def _used(path: Path, name: str, root: Path) -> list[tuple[Path, str]]:
+    """What the test `name` of the file `path` (in this tree) depends on, as (file, top-level
+    name) pairs: the test; what its source names, transitively: the top-level functions,
+    classes and constants of its file, the names it imports from the suite's own modules
+    (`helpers`, a `conftest`) and the fixtures it asks for from a `conftest.py` above it; its
+    file's `pytestmark`; and the conftests' hooks and autouse fixtures, which every test goes
+    through."""
+    conftests = [p.relative_to(root) for p in (root / path).parents
+                 if (p / "conftest.py").exists() and p.is_relative_to(root)]
+    conftests = [p / "conftest.py" for p in conftests]
+    start = [(path, name), (path, "pytestmark"), (path, "<module>")]
+    for conftest in conftests:
+        start += [(conftest, n) for n, source in _definitions(_text(root, conftest)).items()
+                  if n.startswith("pytest_") or n == "<module>"
+                  or "autouse=True" in source.split("def ")[0]]
+    used, pending = set(start), list(start)
     while pending:  # what it names, what those name, ...
-        source = defined[pending.pop()]
-        named = {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
-        pending += sorted((named & set(defined)) - used)
-        used |= named & set(defined)
-    return [name, *sorted(used - {name}), "pytestmark"]
+        file, n = pending.pop()
+        source = _definitions(_text(root, file)).get(n)
+        if source is None:
+            continue
+        for m in sorted(_named(source)):
+            found = _resolve(file, m, conftests, root)
+            if found is not None and found not in used:
+                used.add(found)
+                pending.append(found)
+    return [(path, name), *sorted(used - {(path, name)})]
+
+
+def _resolve(file: Path, name: str, conftests: list[Path],
+             root: Path) -> tuple[Path, str] | None:
+    """Where the name `name`, used in the file `file`, is defined among the suite's files: in
+    `file` itself, in a module of the suite it imports the name from, or (a fixture) in one of
+    `conftests`, the nearest first; None elsewhere (JAX, the library, a local)."""
+    text = _text(root, file)
+    if name in _definitions(text):
+        return file, name
+    if name in _imports(text):
+        module, original = _imports(text)[name]
+        for folder in (root / file).parents:
+            found = folder / (module.replace(".", "/") + ".py")
+            if found.exists() and found.is_relative_to(root):
+                return found.relative_to(root), original
+            if folder == root:
+                break
+        return None
+    for conftest in conftests:
+        if conftest != file and name in _definitions(_text(root, conftest)):
+            return conftest, name
+    return None
 
 
 def _differs(path: Path, name: str, commit: str, root: Path) -> bool:
@@ -242,19 +277,59 @@ def _text(root: Path, path: Path, commit: str | None = None) -> str | None:
 
 
 @functools.cache
+def _imports(text: str) -> dict[str, tuple[str, str]]:
+    """The names the module `text` imports at its top level with `from M import a [as b]`,
+    each as the module and the name there (`{b: (M, a)}`)."""
+    return {a.asname or a.name: (node.module, a.name) for node in ast.parse(text).body
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level
+            for a in node.names}
+
+
+@functools.cache
+def _named(source: str) -> frozenset[str]:
+    """The names a definition's source uses: its names and its functions' arguments (a test's
+    or fixture's arguments name fixtures)."""
+    tree = ast.parse(source)
+    return frozenset({x.id for x in ast.walk(tree) if isinstance(x, ast.Name)}
+                     | {x.arg for x in ast.walk(tree) if isinstance(x, ast.arg)})
+
+
+@functools.cache
 def _definitions(text: str) -> dict[str, str]:
-    """The source of each top-level function and class (with its decorators) and of each
-    top-level assignment to a name (`pytestmark = ...`, a mark or a table of cases), by name."""
+    """The source of each name the module `text` binds at its top level, by name: a function or
+    class (with its decorators), an assignment (`pytestmark = ...`, a mark, a table of cases;
+    each name of `A, B = ...`); a name bound inside a top-level `with`, `if`, `try` or loop
+    has that whole statement (its context manager or condition with it)."""
     lines, found = text.splitlines(), {}
+
+    def source(node, start=None):
+        return "\n".join(lines[(start or node.lineno) - 1:node.end_lineno])
+
+    def add(name, text):
+        found[name] = found[name] + "\n" + text if name in found else text
+
     for node in ast.parse(text).body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            start = node.decorator_list[0].lineno if node.decorator_list else node.lineno
-            found[node.name] = "\n".join(lines[start - 1:node.end_lineno])
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            start = node.decorator_list[0].lineno if node.decorator_list else None
+            add(node.name, source(node, start))
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                if isinstance(target, ast.Name):
-                    found[target.id] = "\n".join(lines[node.lineno - 1:node.end_lineno])
+            bound = {n.id for t in targets for n in ast.walk(t)
+                     if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            for name in sorted(bound) or ["<module>"]:  # `os.environ[...] = ...`: no name
+                add(name, source(node))
+        elif isinstance(node, (ast.With, ast.If, ast.Try, ast.For, ast.While)):
+            bound = {n.id for n in ast.walk(node)
+                     if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            bound |= {n.name for n in ast.walk(node)
+                      if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+            for name in sorted(bound):
+                add(name, source(node))
+            if not bound:
+                add("<module>", source(node))
+        elif not isinstance(node, (ast.Import, ast.ImportFrom)) and not (
+                isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):
+            add("<module>", source(node))  # a statement run on import: `jax.config.update(...)`
     return found
 
 

@@ -162,3 +162,58 @@ def test_summary_takes_the_newest_commits_outcome_and_marks_changed_tests(tmp_pa
     assert changed == {"test_a": False, "test_b": True, "test_c": True,
                        "test_example_runs[pkg.f]": True, "test_example_runs[pkg.G]": False}
     assert summary["failures_changed"] == 3
+
+
+def test_a_change_outside_the_tests_file_marks_the_tests_that_use_it(tmp_path):
+    """A record is of a test changed since when what the test uses changed in another file or in
+    a form other than a function or a plain assignment: a name it imports from the suite's own
+    module (`helpers`), a fixture of a `conftest.py` above it, one name of a tuple assignment in a
+    module-level `with` block, and, for every test, a conftest's hook or its statements run on
+    import; a change to a helper or constant no test uses marks none (reference: the history written here)."""
+    def git(*args):
+        env = {"HOME": str(tmp_path), "PATH": __import__("os").environ["PATH"]}
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              cwd=tmp_path, env=env, check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    suite = tmp_path / "tests"
+    (suite / "area").mkdir(parents=True)
+    conftest = ("import pytest\n\nLIMIT = 1\n\n\n@pytest.fixture\ndef fix():\n    return 1\n\n\n"
+                "def pytest_runtest_setup(item):\n    pass\n")
+    (suite / "conftest.py").write_text(conftest)
+    helpers = "def h():\n    return 1\n\n\ndef unused():\n    return 1\n"
+    (suite / "helpers.py").write_text(helpers)
+    tests = ("from helpers import h as helper\n\nwith open(__file__):\n    A, B = 1, 2\n\n\n"
+             "def test_tuple(): assert B\n\n\ndef test_helper(): assert helper()\n\n\n"
+             "def test_fixture(fix): assert fix\n\n\ndef test_plain(): pass\n")
+    (suite / "area" / "test_m.py").write_text(tests)
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "old")
+    records = tmp_path / "records.jsonl"
+    records.write_text("\n".join(json.dumps(
+        {"id": f"tests/area/test_m.py::{t}", "outcome": "passed", "reason": "",
+         "commit": git("rev-parse", "HEAD")})
+        for t in ("test_tuple", "test_helper", "test_fixture", "test_plain")))
+
+    def done():
+        todo = tmp_path / "todo.json"
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tpu_suite.py"), "todo",
+                        str(records), "--into", str(todo), "--root", str(tmp_path)], cwd=ROOT,
+                       check=True, capture_output=True)
+        return [t.split("::")[1] for t in json.loads(todo.read_text())["done"]]
+
+    assert done() == ["test_fixture", "test_helper", "test_plain", "test_tuple"]
+    (suite / "helpers.py").write_text(helpers.replace("def unused():\n    return 1",
+                                                      "def unused():\n    return 2"))
+    assert done() == ["test_fixture", "test_helper", "test_plain", "test_tuple"]
+    (suite / "area" / "test_m.py").write_text(tests.replace("1, 2", "1, 3"))
+    (suite / "helpers.py").write_text(helpers.replace("return 1", "return 2", 1))
+    (suite / "conftest.py").write_text(conftest.replace("return 1", "return 2"))
+    assert done() == ["test_plain"]
+    (suite / "conftest.py").write_text(conftest + "\nLIMIT += 1\n")  # used by no test
+    assert done() == ["test_fixture", "test_plain"]
+    (suite / "conftest.py").write_text(conftest + "\nimport os\nos.environ['X'] = '1'\n")
+    assert done() == []
+    (suite / "conftest.py").write_text(conftest.replace("pass", "assert item"))
+    assert done() == []
