@@ -31,10 +31,11 @@ Sections (float32; medians of interleaved rounds in one process; temp bytes are 
 
 Run: `python benchmarks/bench_accelerator.py [--quick] [--reps 15] [--sections jac,rows,...]
 [--merge]` (`--merge`: a run of some sections updates those in an existing JSON of the same
-device and jax; `reps` is recorded per section). `--compile-only --sections masked,compile64`, on a
-host without a TPU: the sections that run no program, compiled for one TPU v5e chip
-(`compile_only.py`; `compile64`'s seconds are then this host's), to
-`benchmarks/results/accelerator_tpu_compile_only.json`.
+device and jax; `reps` is recorded per section). `--compile-only [tpu|h200] --sections
+jac,rows,...`, on a host without the chip: compiled for one TPU v5e chip or one NVIDIA H200
+(`compile_only.py`), nothing run; the timed sections give each program's temp alone
+(`compile64`'s seconds are then this host's), to
+`benchmarks/results/accelerator_<tpu|h200>_compile_only.json`.
 """
 
 import argparse
@@ -55,11 +56,21 @@ import chunkx
 
 SECTIONS = ("jac", "rows", "rows_highest", "sum", "grad", "jacfwd", "accuracy", "float64",
             "compile64", "masked")
-COMPILED_ONLY = ("masked", "compile64")  # what `--compile-only` can run: no program runs
+# what `--compile-only` can run (no program runs): the timed sections give their temp only
+COMPILED_ONLY = ("jac", "rows", "rows_highest", "sum", "grad", "jacfwd", "masked", "compile64")
+COMPILING_ONLY = False  # set by `--compile-only`
 
 
 def report(name, variants, reps, base=None):
-    """Time `variants` interleaved; rows of (variant, ms, ratio to the first (or `base`), temp)."""
+    """Time `variants` interleaved; rows of (variant, ms, ratio to the first (or `base`), temp).
+    Compiling only (`--compile-only`): each variant's temp, compiled for the chip described,
+    its time and ratio None."""
+    if COMPILING_ONLY:
+        rows = [dict(variant=v.name, ms=None, ratio=None, spread=None,
+                     temp_mib=compile_only.temp_mib(v.fn, *v.args)) for v in variants]
+        for r in rows:
+            print(f"  {name:<12s} {r['variant']:<44s} temp {r['temp_mib']:9.1f} MiB", flush=True)
+        return rows
     prepare(variants)
     med = time_interleaved(variants, reps)
     ref = med[base or variants[0].name]
@@ -392,7 +403,8 @@ def _t3_programs(dtype, order=2):
 def section_compile64(q, reps, seconds=300.0):
     """Seconds to lower and compile each program (a fresh closure: XLA's cache does not
     answer), float32 then float64: `jax.grad` of the small summed maps, then the T3 programs; a
-    program not reached within `seconds` of the section is recorded as `None`."""
+    program not reached within `seconds` of the section is recorded as `None`, one that XLA
+    fails to compile as its error's first line."""
     out, t_end = {}, time.perf_counter() + seconds
 
     def timed(key, f, args):
@@ -400,7 +412,12 @@ def section_compile64(q, reps, seconds=300.0):
             out[key] = None
             return
         t0 = time.perf_counter()
-        jax.jit(f).lower(*compile_only.on_chip(args)).compile()
+        try:
+            jax.jit(f).lower(*compile_only.on_chip(args)).compile()
+        except jax.errors.JaxRuntimeError as e:  # XLA's, not the program's: recorded
+            out[key] = str(e).splitlines()[0]
+            print(f"  compile64    {key:<48s} {out[key]}", flush=True)
+            return
         out[key] = time.perf_counter() - t0
         print(f"  compile64    {key:<48s} {out[key]:8.2f} s", flush=True)
 
@@ -468,19 +485,24 @@ def main():
                     help="JSON path (default: results/accelerator_<platform>.json)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the sections of an existing --out that this run does not run")
-    ap.add_argument("--compile-only", action="store_true",
-                    help=f"compile for a TPU v5e chip without one (libtpu: compile_only.py); "
-                         f"sections {', '.join(COMPILED_ONLY)} only")
+    ap.add_argument("--compile-only", nargs="?", const="tpu", choices=compile_only.TARGETS,
+                    help=f"compile for a chip without one, a TPU v5e (the default; libtpu) or "
+                         f"an H200 (JAX's CUDA plugin: compile_only.py), and run nothing; "
+                         f"sections {', '.join(COMPILED_ONLY)} only, the timed ones' temp")
     args = ap.parse_args()
     q = 64 if args.quick else 1
     here = pathlib.Path(__file__).parent
     if args.compile_only:
         if not set(args.sections.split(",")) <= set(COMPILED_ONLY):
             raise SystemExit(f"--compile-only runs the sections {', '.join(COMPILED_ONLY)} only")
-        chip = compile_only.enable()
-        out = pathlib.Path(args.out or here / "results" / "accelerator_tpu_compile_only.json")
-        res = dict(platform="tpu", device_kind=chip["device_kind"], jax=jax.__version__,
-                   quick=args.quick, compile_only=chip, sections={}, reps={}, seconds=0.0)
+        global COMPILING_ONLY
+        COMPILING_ONLY = True
+        chip = compile_only.enable(args.compile_only)
+        out = pathlib.Path(args.out or here / "results" /
+                           f"accelerator_{args.compile_only}_compile_only.json")
+        res = dict(platform=chip["platform"], device_kind=chip["device_kind"],
+                   jax=jax.__version__, quick=args.quick, compile_only=chip, sections={},
+                   reps={}, seconds=0.0)
         dev = None
     else:
         dev = jax.devices()[0]
