@@ -333,6 +333,17 @@ def _definitions(text: str) -> dict[str, str]:
     return found
 
 
+@functools.cache
+def _library_changed(commit: str, root: Path) -> bool:
+    """Whether the library (`src/`) differs in this tree from its code at `commit` (a record
+    without a commit, or one that cannot be read here: no)."""
+    if not commit:
+        return False
+    diff = subprocess.run(["git", "diff", "--quiet", commit, "--", "src"], cwd=root,
+                          capture_output=True)
+    return diff.returncode == 1
+
+
 def summarize(args) -> None:
     collected = subprocess.run(  # every test id (collected on this machine: the same ids)
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-o", "addopts=", args.tests],
@@ -366,6 +377,10 @@ def summarize(args) -> None:
         "totals": {k: sum(a[k] for a in areas.values())
                    for k in ("passed", "skipped", "failed", "crashed", "not run")},
         "changed_since": len(stale),
+        # the outcomes recorded with other library code than this tree's (a test's change
+        # counts its own code and the suite's; the library's is the same for every test)
+        "library_changed_since": sum(_library_changed(r.get("commit", ""), root)
+                                     for r in latest.values()),
         "areas": list(areas.values()),
         "skips": [{"reason": k, "tests": v}
                   for k, v in sorted(skips.items(), key=lambda kv: -kv[1])],

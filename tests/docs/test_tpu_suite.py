@@ -217,3 +217,40 @@ def test_a_change_outside_the_tests_file_marks_the_tests_that_use_it(tmp_path):
     assert done() == []
     (suite / "conftest.py").write_text(conftest.replace("pass", "assert item"))
     assert done() == []
+
+
+def test_summary_counts_the_outcomes_recorded_with_other_library_code(tmp_path):
+    """An outcome recorded at a commit whose `src/` differs from the tree's counts in
+    `library_changed_since`; one recorded at a commit with today's `src/` does not, nor does
+    a change outside `src/` (reference: the history written here)."""
+    def git(*args):
+        env = {"HOME": str(tmp_path), "PATH": __import__("os").environ["PATH"]}
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              cwd=tmp_path, env=env, check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "area").mkdir()
+    (tmp_path / "src" / "pkg.py").write_text("X = 1\n")
+    (tmp_path / "area" / "test_q.py").write_text("def test_old(): pass\n\n\ndef test_new(): pass\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "old")
+    old = git("rev-parse", "HEAD")
+    (tmp_path / "src" / "pkg.py").write_text("X = 2\n")
+    git("commit", "-qam", "library")
+    (tmp_path / "README").write_text("not the library\n")
+    git("add", ".")
+    git("commit", "-qm", "docs")
+    new = git("rev-parse", "HEAD")
+    records = tmp_path / "records.jsonl"
+    records.write_text("\n".join(json.dumps({"id": f"area/test_q.py::test_{t}",
+                                             "outcome": "passed", "reason": "", "commit": c})
+                                 for t, c in (("old", old), ("new", new))))
+    into = tmp_path / "summary.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tpu_suite.py"), "summarize",
+                    str(records), "--into", str(into), "--tests", str(tmp_path / "area"),
+                    "--root", str(tmp_path)], cwd=ROOT, check=True, capture_output=True)
+    summary = json.loads(into.read_text())
+    assert summary["totals"]["passed"] == 2 and summary["library_changed_since"] == 1
