@@ -209,11 +209,10 @@ def _used(path: Path, name: str, root: Path) -> list[tuple[Path, str]]:
     name) pairs: the test; what its source names, transitively: the top-level functions,
     classes and constants of its file, the names it imports from the suite's own modules
     (`helpers`, a `conftest`) and the fixtures it asks for from a `conftest.py` above it; its
-    file's `pytestmark`; and the conftests' hooks and autouse fixtures, which every test goes
-    through."""
-    conftests = [p.relative_to(root) for p in (root / path).parents
-                 if (p / "conftest.py").exists() and p.is_relative_to(root)]
-    conftests = [p / "conftest.py" for p in conftests]
+    file's statements run on import and its `pytestmark`; and the conftests' hooks, autouse
+    fixtures and statements run on import, which every test goes through."""
+    conftests = [(p / "conftest.py").relative_to(root) for p in (root / path).parents
+                 if p.is_relative_to(root) and (p / "conftest.py").exists()]
     start = [(path, name), (path, "pytestmark"), (path, "<module>")]
     for conftest in conftests:
         start += [(conftest, n) for n, source in _definitions(_text(root, conftest)).items()
