@@ -79,8 +79,8 @@ def enable(target: str = "tpu") -> dict:
                             if re.fullmatch(r"jax[-_]cuda\d+[-_]plugin", d.metadata["Name"]))
             if not plugin:
                 raise SystemExit("compile_only: compiling for an H200 takes JAX's CUDA plugin "
-                                 f"(pip install 'jax-cuda12-plugin[with-cuda]=={jax.__version__}'"
-                                 " into a folder on PYTHONPATH)")
+                                 f"(pip install 'jax-cuda13-plugin[with-cuda]=={jax.__version__}'"
+                                 ", jax-cuda12-plugin for JAX 0.10, into a folder on PYTHONPATH)")
             jax.config.update("jax_platforms", "cpu")  # the plugin registers, unstarted
             config = H200.replace("CUDA_MAJOR", re.findall(r"\d+", plugin[0])[0])
             topology = topologies.get_topology_desc(platform="cuda", target_config=config,
