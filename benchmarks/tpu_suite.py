@@ -187,10 +187,11 @@ def _latest(records: list[str], root: Path = ROOT) -> dict[str, dict]:
 
 
 def _changed(tid: str, record: dict, root: Path = ROOT) -> bool:
-    """Whether the test's function, a helper or constant of its file that it names, or its
-    file's `pytestmark`, differs in this tree from its source at the commit the record was made
-    at (the record is of another test: a failure since addressed, a skip whose reason may be
-    gone; not yet run again on the chip); for the test of a public name's docstring example
+    """Whether anything the test uses in the suite's files (`_used`: its function, the helpers,
+    constants and fixtures it names, its file's `pytestmark`, the conftests' hooks) differs in
+    this tree from its source at the commit the record was made at (the record is of another
+    test: a failure since addressed, a skip whose reason may be gone; not yet run again on the
+    chip); for the test of a public name's docstring example
     (`test_example_runs[chunkx.name]`), whether that name's source (its docstring with it)
     does."""
     commit, (path, name) = record.get("commit", ""), tid.split("[")[0].split("::")[:2]
