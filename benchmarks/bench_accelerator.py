@@ -23,7 +23,12 @@ Sections (float32; medians of interleaved rounds in one process; temp bytes are 
   and a chain of small matrix products, programs of small contractions;
 - `masked`: the temp memory of `micro_vmap`'s SUM of per-example gradients where some rows do
   not run (microbatches past `num_real_microbatches`, a batch padded to whole microbatches),
-  against all rows, optax's and `jax.vmap`'s.
+  against all rows, optax's and `jax.vmap`'s;
+- `t3_float64`: a T3's float64 programs (the corewise transpose of `compile64`, chunked and
+  not, and its forward derivatives) with their small contractions as dots and multiplied out
+  (a broadcast product summed, chunkx's form on a TPU): each form's seconds to compile
+  (medians of fresh compiles, interleaved), temp, XLA's count of bytes accessed and flops,
+  and, run, its time.
 
 `--quick` shrinks every size by 64 (a CPU run in about a minute). The JSON goes to
 `benchmarks/results/accelerator_<platform>.json` (or `--out`), with the device kind in it;
@@ -39,6 +44,7 @@ jac,rows,...`, on a host without the chip: compiled for one TPU v5e chip or one 
 """
 
 import argparse
+import contextlib
 import json
 import math
 import pathlib
@@ -55,9 +61,10 @@ from _timing import MiB, Variant, prepare, spread, time_interleaved
 import chunkx
 
 SECTIONS = ("jac", "rows", "rows_highest", "sum", "grad", "jacfwd", "accuracy", "float64",
-            "compile64", "masked")
+            "compile64", "masked", "t3_float64")
 # what `--compile-only` can run (no program runs): the timed sections give their temp only
-COMPILED_ONLY = ("jac", "rows", "rows_highest", "sum", "grad", "jacfwd", "masked", "compile64")
+COMPILED_ONLY = ("jac", "rows", "rows_highest", "sum", "grad", "jacfwd", "masked", "compile64",
+                 "t3_float64")
 COMPILING_ONLY = False  # set by `--compile-only`
 
 
@@ -395,8 +402,12 @@ def _t3_programs(dtype, order=2):
             a = a @ (a * (i + 1.0) / 20.0)
         return a
 
+    def forward(U, G, ww, pp, c):
+        return t3.t3_apply_derivatives(ww, pp, (U, G), order)
+
     return args, {"t3 corewise transpose, chunks of 4": transpose(4),
                   "t3 corewise transpose, unchunked": transpose(None),
+                  "t3 apply derivatives": forward,
                   "20 products of 8 x 8": chain}
 
 
@@ -430,7 +441,66 @@ def section_compile64(q, reps, seconds=300.0):
         with jax.enable_x64(dtype == "float64"):
             args, programs = _t3_programs(jnp.dtype(dtype))
             for name, h in programs.items():
-                timed(f"{name}, {dtype}", h, args)
+                if name != "t3 apply derivatives":
+                    timed(f"{name}, {dtype}", h, args)
+    return out
+
+
+# ------------------------------------------------------------------------------ t3_float64
+@contextlib.contextmanager
+def _t3_form(multiplied: bool):
+    """A T3's small float64 contractions traced multiplied out (on any backend) or as dots."""
+    from chunkx.t3 import _contract
+
+    chosen = _contract._multiplied_out
+    _contract._multiplied_out = lambda ops: multiplied and jnp.result_type(*ops) == jnp.float64
+    try:
+        yield
+    finally:
+        _contract._multiplied_out = chosen
+
+
+def _cost(compiled) -> dict:
+    cost = compiled.cost_analysis()
+    cost = (cost[0] if isinstance(cost, list) else cost) or {}
+    return {"bytes accessed": cost.get("bytes accessed"), "flops": cost.get("flops")}
+
+
+def section_t3_float64(q, reps):
+    """The T3 programs of `compile64` in float64, their small contractions as dots and
+    multiplied out: per program and form, the median seconds of `min(reps, 3)` fresh compiles
+    (the forms interleaved), temp MiB, XLA's bytes accessed and flops, and (run, not compiling
+    only) the median ms of `reps` interleaved calls, the outputs checked to agree."""
+    forms = {"as dots": False, "multiplied out": True}
+    out = {}
+    with jax.enable_x64(True):
+        args, programs = _t3_programs(jnp.dtype("float64"))
+        variants = [Variant(f"{name}, {form}", h, args,
+                            ctx=lambda m=multiplied: _t3_form(m))
+                    for name, h in programs.items() if name.startswith("t3")
+                    for form, multiplied in forms.items()]
+        seconds: dict = {v.name: [] for v in variants}
+        for _ in range(min(reps, 3)):
+            for v in variants:
+                fresh = lambda *a, f=v.fn: f(*a)  # noqa: E731  (no cache hit)
+                with v.ctx():
+                    t0 = time.perf_counter()
+                    v.compiled = jax.jit(fresh).lower(*compile_only.on_chip(args)).compile()
+                    seconds[v.name].append(time.perf_counter() - t0)
+        for v in variants:
+            out[v.name] = {"compile_s": float(np.median(seconds[v.name])),
+                           "temp_mib": v.compiled.memory_analysis().temp_size_in_bytes / MiB,
+                           **_cost(v.compiled), "ms": None}
+        if not COMPILING_ONLY:
+            for dots, mult in zip(variants[::2], variants[1::2]):
+                prepare([dots, mult])  # the second checked against the first
+            med = time_interleaved(variants, reps)
+            for v in variants:
+                out[v.name]["ms"] = med[v.name] * 1e3
+    for name, r in out.items():
+        ms = "" if r["ms"] is None else f" {r['ms']:9.3f} ms"
+        print(f"  t3_float64   {name:<52s} compile {r['compile_s']:6.2f} s temp "
+              f"{r['temp_mib']:7.1f} MiB{ms}", flush=True)
     return out
 
 

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
 from .._public import public
+from ._contract import einsum
 from ._format import as_arrays, check_len
 from ._inputs import check_order
 from ._jets import binomial_table
@@ -94,7 +95,7 @@ def dense_probe_derivatives(
         spec = ",".join([letters] + [letters[j] for j in others]) + "->" + letters[i]
         jets = []
         for t in range(order + 1):
-            terms = (jnp.einsum(spec, T, *[pp[j] if j in subset else ww[j] for j in others])
+            terms = (einsum(spec, T, *[pp[j] if j in subset else ww[j] for j in others])
                      for subset in itertools.combinations(others, t))
             jets.append(math.factorial(t) * sum(terms, jnp.zeros((T.shape[i],), T.dtype)))
         out.append(jnp.stack(jets))

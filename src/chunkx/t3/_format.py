@@ -9,6 +9,8 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, jaxtyped
 
+from ._contract import einsum
+
 # Per-core ranks differ, so only the frame stack `*C` is shared across the cores of one T3.
 TuckerCore = Float[ArrayLike, "*C _n _N"]
 TTCore = Float[ArrayLike, "*C _rl _n _rr"]
@@ -80,7 +82,7 @@ class TuckerTensorTrain(eqx.Module):
         C, G0 = self.stack_shape, self.tt_cores[0]
         X = jnp.ones(C + (1, G0.shape[-3]), G0.dtype)  # C + (the modes so far, flat; bond)
         for U, G in zip(self.tucker_cores, self.tt_cores):
-            X = jnp.einsum("...ma,...anb,...nk->...mkb", X, G, U)
+            X = einsum("...ma,...anb,...nk->...mkb", X, G, U)
             X = X.reshape(C + (-1, X.shape[-1]))
         return X.sum(-1).reshape(C + self.shape)
 

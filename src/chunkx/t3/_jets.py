@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from ._contract import einsum, matmul
+
 
 def binomial_table(order: int, dtype) -> Float[Array, "T T T"]:
     """`trs[t, r, s] = C(t, r)` if `r + s == t` else 0, as a constant array of `dtype`."""
@@ -33,12 +35,12 @@ def _unit_jet(batch, rank: int, order: int, dtype) -> Float[Array, "*w T r"]:
 def _push(X, mats):
     """Left-to-right jet push through `A(v)`: `X^(t) M0 + t X^(t-1) M1` (M1 is None for K=0)."""
     M0, M1 = mats
-    out = X @ M0
+    out = matmul(X, M0)
     if M1 is not None:
         # `t X^(t-1)` (zero at t = 0): the affine-input term of the product rule
         tvec = jnp.arange(X.shape[-2], dtype=X.dtype)[:, None]
         shifted = jnp.concatenate([jnp.zeros_like(X[..., :1, :]), X[..., :-1, :]], axis=-2)
-        out = out + (tvec * shifted) @ M1
+        out = out + matmul(tvec * shifted, M1)
     return out
 
 
@@ -49,25 +51,25 @@ def _pushr(Y, mats):
 
 def _comb(X, A, Y, trs):
     """Binomial convolution `sum_r C(t,r) X^(r) A Y^(t-r)` -> `(T, k)`."""
-    AY = jnp.einsum("akb,...sb->...sak", A, Y)
-    XAY = jnp.einsum("...ra,...sak->...rsk", X, AY)
-    return jnp.einsum("trs,...rsk->...tk", trs, XAY)
+    AY = einsum("akb,...sb->...sak", A, Y)
+    XAY = einsum("...ra,...sak->...rsk", X, AY)
+    return einsum("trs,...rsk->...tk", trs, XAY)
 
 
 def _mats(G, xi0, xi1):
     """`G(xi0)`, `G(xi1)` as `w + (r, r')` matrices (`None` for a missing order)."""
-    M0 = jnp.einsum("akb,...k->...ab", G, xi0)
-    M1 = None if xi1 is None else jnp.einsum("akb,...k->...ab", G, xi1)
+    M0 = einsum("akb,...k->...ab", G, xi0)
+    M1 = None if xi1 is None else einsum("akb,...k->...ab", G, xi1)
     return M0, M1
 
 
 def _inputs(tucker, x, p, order):
     """Affine input jets `(U_i x_i, U_i p_i)` (the second is None for order 0)."""
-    return [xv @ U.T for U, xv in zip(tucker, x)], _directions(tucker, p, order)
+    return [matmul(xv, U.T) for U, xv in zip(tucker, x)], _directions(tucker, p, order)
 
 
 def _directions(tucker, p, order):
-    return [None] * len(p) if order == 0 else [pv @ U.T for U, pv in zip(tucker, p)]
+    return [None] * len(p) if order == 0 else [matmul(pv, U.T) for U, pv in zip(tucker, p)]
 
 
 def _variation_mats(dG, Dn, xi0, xi1, dxi0, dxi1):
@@ -97,7 +99,7 @@ def probe_jets(x, p, tucker, tt, order):
     trs = binomial_table(order, tt[0].dtype)
     xi0, xi1 = _inputs(tucker, x, p, order)
     L, R, _, _ = _sweeps(tt, tt, xi0, xi1, order)
-    return tuple(_comb(Li, G, Ri, trs) @ U for Li, G, Ri, U in zip(L, tt, R, tucker))
+    return tuple(matmul(_comb(Li, G, Ri, trs), U) for Li, G, Ri, U in zip(L, tt, R, tucker))
 
 
 def tangent_jets(x, p, dtucker, dtt, frame, order):
@@ -125,7 +127,7 @@ def tangent_jets(x, p, dtucker, dtt, frame, order):
             + _comb(L[i], dtt[i], R[i], trs)
             + _comb(L[i], P[i], Tau[i], trs)
         )
-        out.append(deta @ U[i] + eta @ dtucker[i])
+        out.append(matmul(deta, U[i]) + matmul(eta, dtucker[i]))
     return tuple(out)
 
 
