@@ -8,6 +8,7 @@ reference outputs met, and dots kept where the form does not apply.
 """
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -65,7 +66,7 @@ def test_einsum_multiplied_out_on_a_tpu_matches_numpy(tpu, spec, shapes):
 
 
 MATMULS = [[(6, 3), (3, 4)], [(5, 3, 2), (2, 4)], [(3,), (3, 4)], [(2, 3, 4), (4,)],
-           [(1, 3, 4), (2, 4, 5)], [(2, 3), (4, 3, 5)]]
+           [(1, 3, 4), (2, 4, 5)], [(2, 3), (4, 3, 5)], [(3,), (3,)], [(3,), (2, 3, 4)]]
 
 
 @pytest.mark.parametrize("shapes", MATMULS, ids=[str(s) for s in MATMULS])
@@ -90,9 +91,15 @@ def test_dots_are_kept_off_a_tpu_in_float32_and_for_large_contractions(tpu, monk
     np.testing.assert_allclose(_contract.matmul(*big), big[0] @ big[1], rtol=1e-12)
 
 
-def test_a_repeated_index_is_left_to_einsum(tpu):
-    (a,) = _arrays([(4, 4)])
+def test_what_it_does_not_multiply_out_is_left_to_einsum(tpu):
+    """A repeated index (a diagonal) is einsum's to compute; a term that does not fit its
+    operand, einsum's to explain."""
+    a, b = _arrays([(4, 4), (4, 3)])
     np.testing.assert_allclose(_contract.einsum("ii->i", jnp.asarray(a)), np.diag(a))
+    with pytest.raises(ValueError) as theirs:
+        jnp.einsum("abc,cd->abd", a, b)
+    with pytest.raises(ValueError, match=re.escape(str(theirs.value))):
+        _contract.einsum("abc,cd->abd", a, b)
 
 
 @functools.partial(jax.jit, static_argnums=(4,))

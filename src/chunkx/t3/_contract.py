@@ -42,15 +42,15 @@ def _labels(spec: str, ops: tuple):
 
     def labelled(term, ndim):
         head, dots, tail = term.partition("...")
-        if len(set(head + tail)) != len(head + tail):
-            raise _Unhandled  # a repeated index (a diagonal): einsum's
         k = ndim - len(head + tail) if dots else 0
+        if len(set(head + tail)) != len(head + tail) or k < 0 or len(head + tail) + k != ndim:
+            raise _Unhandled  # a repeated index (a diagonal), or a term not of its operand
         return list(head) + [n_ell - k + i for i in range(k)] + list(tail)
 
     try:
         labels = [labelled(t, op.ndim) for t, op in zip(terms, ops)]
-        return labels, labelled(out, len(out.replace("...", "")) + n_ell)
-    except _Unhandled:
+        return labels, labelled(out, len(out.replace("...", "")) + ("..." in out) * n_ell)
+    except _Unhandled:  # einsum's to handle, or to explain
         return None
 
 
@@ -86,6 +86,8 @@ def matmul(a, b):
     """`a @ b`; a small float64 product on a TPU multiplied out."""
     if not _multiplied_out((a, b)):
         return a @ b
+    if a.ndim == 1 and b.ndim == 1:
+        return einsum("j,j->", a, b)
     if a.ndim == 1:
         return einsum("j,...jk->...k", a, b)
     if b.ndim == 1:
