@@ -28,7 +28,8 @@ Sections (float32; medians of interleaved rounds in one process; temp bytes are 
   not, and its forward derivatives) with their small contractions as dots and multiplied out
   (a broadcast product summed, chunkx's form on a TPU): each form's seconds to compile
   (medians of fresh compiles, interleaved), temp, XLA's count of bytes accessed and flops,
-  and, run, its time.
+  and, run, its time; `t3_fit64`: the same for one Levenberg-Marquardt step of
+  `examples/t3_fit.py` (its probe fit and its tensor completion), compiled once each.
 
 `--quick` shrinks every size by 64 (a CPU run in about a minute). The JSON goes to
 `benchmarks/results/accelerator_<platform>.json` (or `--out`), with the device kind in it;
@@ -45,6 +46,7 @@ jac,rows,...`, on a host without the chip: compiled for one TPU v5e chip or one 
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import pathlib
@@ -56,15 +58,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _timing import MiB, Variant, prepare, spread, time_interleaved
+from _timing import MiB, Variant, assert_tree_close, prepare, run, spread, time_interleaved
 
 import chunkx
 
 SECTIONS = ("jac", "rows", "rows_highest", "sum", "grad", "jacfwd", "accuracy", "float64",
-            "compile64", "masked", "t3_float64")
+            "compile64", "masked", "t3_float64", "t3_fit64")
 # what `--compile-only` can run (no program runs): the timed sections give their temp only
 COMPILED_ONLY = ("jac", "rows", "rows_highest", "sum", "grad", "jacfwd", "masked", "compile64",
-                 "t3_float64")
+                 "t3_float64", "t3_fit64")
 COMPILING_ONLY = False  # set by `--compile-only`
 
 
@@ -466,26 +468,25 @@ def _cost(compiled) -> dict:
     return {"bytes accessed": cost.get("bytes accessed"), "flops": cost.get("flops")}
 
 
-def section_t3_float64(q, reps):
-    """The T3 programs of `compile64` in float64, their small contractions as dots and
-    multiplied out: per program and form, the median seconds of `min(reps, 3)` fresh compiles
-    (the forms interleaved), temp MiB, XLA's bytes accessed and flops, and (run, not compiling
-    only) the median ms of `reps` interleaved calls, the outputs checked to agree."""
+def _both_forms(section, programs, compile_reps, reps):
+    """`programs` ({name: (function, args)}, float64) with a T3's small contractions as dots
+    and multiplied out: per program and form, the median seconds of `compile_reps` fresh
+    compiles (the forms interleaved), temp MiB, XLA's bytes accessed and flops, and (run, not
+    compiling only) the median ms of `reps` interleaved calls, the two forms' outputs checked
+    to agree."""
     forms = {"as dots": False, "multiplied out": True}
     out = {}
     with jax.enable_x64(True):
-        args, programs = _t3_programs(jnp.dtype("float64"))
-        variants = [Variant(f"{name}, {form}", h, args,
-                            ctx=lambda m=multiplied: _t3_form(m))
-                    for name, h in programs.items() if name.startswith("t3")
+        variants = [Variant(f"{name}, {form}", f, args, ctx=lambda m=multiplied: _t3_form(m))
+                    for name, (f, args) in programs.items()
                     for form, multiplied in forms.items()]
         seconds: dict = {v.name: [] for v in variants}
-        for _ in range(min(reps, 3)):
+        for _ in range(compile_reps):
             for v in variants:
                 fresh = lambda *a, f=v.fn: f(*a)  # noqa: E731  (no cache hit)
                 with v.ctx():
                     t0 = time.perf_counter()
-                    v.compiled = jax.jit(fresh).lower(*compile_only.on_chip(args)).compile()
+                    v.compiled = jax.jit(fresh).lower(*compile_only.on_chip(v.args)).compile()
                     seconds[v.name].append(time.perf_counter() - t0)
         for v in variants:
             out[v.name] = {"compile_s": float(np.median(seconds[v.name])),
@@ -493,15 +494,48 @@ def section_t3_float64(q, reps):
                            **_cost(v.compiled), "ms": None}
         if not COMPILING_ONLY:
             for dots, mult in zip(variants[::2], variants[1::2]):
-                prepare([dots, mult])  # the second checked against the first
+                assert_tree_close(run(mult), jax.tree_util.tree_map(np.asarray, run(dots)),
+                                  mult.name)
             med = time_interleaved(variants, reps)
             for v in variants:
                 out[v.name]["ms"] = med[v.name] * 1e3
     for name, r in out.items():
         ms = "" if r["ms"] is None else f" {r['ms']:9.3f} ms"
-        print(f"  t3_float64   {name:<52s} compile {r['compile_s']:6.2f} s temp "
+        print(f"  {section:<12s} {name:<52s} compile {r['compile_s']:6.2f} s temp "
               f"{r['temp_mib']:7.1f} MiB{ms}", flush=True)
     return out
+
+
+def section_t3_float64(q, reps):
+    """The T3 programs of `compile64` in float64 (`_both_forms`, `min(reps, 3)` compiles)."""
+    with jax.enable_x64(True):
+        args, programs = _t3_programs(jnp.dtype("float64"))
+    return _both_forms("t3_float64", {name: (f, args) for name, f in programs.items()
+                                      if name.startswith("t3")}, min(reps, 3), reps)
+
+
+def section_t3_fit64(q, reps):
+    """One Levenberg-Marquardt step of `examples/t3_fit.py` (float64: the Gauss-Newton
+    operator's forward and gradient, 100 CG iterations on it), its probe fit (400 probes, order
+    1) and its tensor completion (600 entries), in chunks of 256 (`_both_forms`, one compile
+    each: the longest programs here)."""
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
+    x64 = jax.config.jax_enable_x64
+    import t3_fit  # it turns x64 on, as its own script: turned back as it was
+
+    jax.config.update("jax_enable_x64", x64)
+    programs = {}
+    with jax.enable_x64(True):
+        for kind, n in (("probe", 400), ("entries", 600)):
+            n = max(n // q, 32)
+            samples, pp, data, _, x, order = t3_fit.problem(kind, n)
+            step = functools.partial(t3_fit.lm_step.__wrapped__, kind=kind, order=order,
+                                     chunk_size=min(256, n))
+            programs[f"{kind} fit step, {n} samples"] = (
+                step, (x, jnp.asarray(1e-3), samples, pp, data))
+    return _both_forms("t3_fit64", programs, 1, reps)
 
 
 # ---------------------------------------------------------------------------------- masked
