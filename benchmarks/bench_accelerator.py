@@ -29,7 +29,9 @@ Sections (float32; medians of interleaved rounds in one process; temp bytes are 
   (a broadcast product summed, chunkx's form on a TPU): each form's seconds to compile
   (medians of fresh compiles, interleaved), temp, XLA's count of bytes accessed and flops,
   and, run, its time; `t3_fit64`: the same for one Levenberg-Marquardt step of
-  `examples/t3_fit.py` (its probe fit and its tensor completion), compiled once each.
+  `examples/t3_fit.py` (its probe fit and its tensor completion), compiled once each;
+  `t3_large64`: the same for the summed transpose at `bench_t3.py`'s size (4,096 probes, 6
+  cores), in chunks of 256 and of 32 probes.
 
 `--quick` shrinks every size by 64 (a CPU run in about a minute). The JSON goes to
 `benchmarks/results/accelerator_<platform>.json` (or `--out`), with the device kind in it;
@@ -63,10 +65,10 @@ from _timing import MiB, Variant, assert_tree_close, prepare, run, spread, time_
 import chunkx
 
 SECTIONS = ("jac", "rows", "rows_highest", "sum", "grad", "jacfwd", "accuracy", "float64",
-            "compile64", "masked", "t3_float64", "t3_fit64")
+            "compile64", "masked", "t3_float64", "t3_fit64", "t3_large64")
 # what `--compile-only` can run (no program runs): the timed sections give their temp only
 COMPILED_ONLY = ("jac", "rows", "rows_highest", "sum", "grad", "jacfwd", "masked", "compile64",
-                 "t3_float64", "t3_fit64")
+                 "t3_float64", "t3_fit64", "t3_large64")
 COMPILING_ONLY = False  # set by `--compile-only`
 
 
@@ -536,6 +538,28 @@ def section_t3_fit64(q, reps):
             programs[f"{kind} fit step, {n} samples"] = (
                 step, (x, jnp.asarray(1e-3), samples, pp, data))
     return _both_forms("t3_fit64", programs, 1, reps)
+
+
+def section_t3_large64(q, reps):
+    """The summed corewise transpose at the size of `bench_t3.py` (d=6, N=40, n=r=8, order 2,
+    4,096 probes) in float64, in chunks of 256 and of 32 probes (`_both_forms`, one compile
+    each): a T3 whose larger contractions stay matrix products."""
+    import chunkx.t3 as t3
+
+    d, N, n, r, K, W = 6, 40, 8, 8, 2, 4096 // q
+    rng = np.random.default_rng(0)
+    programs = {}
+    with jax.enable_x64(True):
+        arr = lambda *shape: jnp.asarray(rng.standard_normal(shape))  # noqa: E731
+        x = ([arr(n, N) for _ in range(d)],
+             [arr(1 if i == 0 else r, n, 1 if i == d - 1 else r) for i in range(d)])
+        args = ([arr(K + 1, W, N) for _ in range(d)], [arr(W, N) for _ in range(d)],
+                [arr(W, N) for _ in range(d)], x)
+        for cs in ((256, 32) if q == 1 else (16, 4)):
+            f = lambda z, w, p, x, cs=cs: t3.t3_probe_corewise_derivatives_transpose(  # noqa: E731
+                z, w, p, x, K, True, cs)
+            programs[f"corewise transpose, {W} probes, chunks of {cs}"] = (f, args)
+    return _both_forms("t3_large64", programs, 1, reps)
 
 
 # ---------------------------------------------------------------------------------- masked
