@@ -260,14 +260,14 @@ def test_integer_sums_exact(size):
         f_int = chunkx.Chunk(
             chunkx.Vmap(lambda r: r**2 % 65521), size, reducer=chunkx.Sum(compensated=compensated)
         )
-        got = jax.jit(f_int)(x)
-        assert got.dtype == jnp.int32 and int(got) == want
+        got = jax.jit(f_int)(x)  # in jnp.sum's integer: int64 with x64 on, as here
+        assert got.dtype == jnp.sum(x).dtype and int(got) == want
 
 
 # a plain bfloat16 running sum of several chunks rounds every addition: that case is not one
 _SUMS_AS_JNP_SUM = [
     (dtype, compensated, size)
-    for dtype in (jnp.bool_, jnp.int8, jnp.uint8, jnp.bfloat16)
+    for dtype in (jnp.bool_, jnp.int8, jnp.uint8, jnp.int32, jnp.uint32, jnp.bfloat16)
     for compensated in (True, False)
     for size in (None, 7, 300)
     if not (dtype == jnp.bfloat16 and not compensated and size == 7)
@@ -276,8 +276,9 @@ _SUMS_AS_JNP_SUM = [
 
 @pytest.mark.parametrize(("dtype", "compensated", "size"), _SUMS_AS_JNP_SUM)
 def test_sums_as_jnp_sum(dtype, compensated, size):
-    """Bool and narrow integer rows are summed in jnp.sum's integer, as `jnp.sum` sums them (not
-    as a logical or, nor wrapping around in int8); bfloat16 rows as `jnp.sum` sums them."""
+    """Bool and integer rows are summed in jnp.sum's integer, as `jnp.sum` sums them (not as a
+    logical or, nor wrapping around in int8; int32 rows in int64, x64 being on here);
+    bfloat16 rows as `jnp.sum` sums them."""
     x = jnp.arange(300)
 
     def fn(i):

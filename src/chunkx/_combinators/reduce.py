@@ -256,9 +256,9 @@ class Sum(AbstractReducer):
       (each addition's rounding error is carried into the next addition; bfloat16 and
       float16 accumulate in float32), so the result is as accurate as `jnp.sum` of all rows
       at any chunk size. `False`: a plain running sum in the leaves' dtype (the bits of a
-      hand-written loop such as optax's). Integer sums are exact either way; bool rows and
-      integer rows narrower than 32 bits add up in `jnp.sum`'s dtype (a count in the
-      default integer).
+      hand-written loop such as optax's). Integer sums are exact either way; bool and integer
+      rows add up in `jnp.sum`'s dtype (a count in the default integer; int32 rows in int64
+      with x64 on).
     - `wide` (with `compensated`): a bfloat16/float16 sum is returned unrounded, in float32
       (as a private partial that the layer around it rounds once): what [`chunkx.Shard`][]
       asks of the layers it wraps before its cross-device sum, and the microbatching maps
@@ -444,12 +444,12 @@ def _row_sum(x: Any, valid: RowMask | None, multiply: bool = False) -> Any:
     `multiply`: the masked rows are multiplied out (`times_mask`: exact where they are
     finite), not selected out, so that XLA keeps a sum of per-row products as one contraction.
 
-    Bool and integers narrower than 32 bits add up in `jnp.sum`'s dtype (the default integer
-    of their signedness: a count, not a logical or, not modulo 256); bfloat16/float16 in
+    Bool and integers add up in `jnp.sum`'s dtype (the default integer of their signedness,
+    or their own where wider: a count, not a logical or, not modulo 256); bfloat16/float16 in
     float32 (as `jnp.sum` accumulates them); any other dtype in its own.
     """
     dtype = jnp.result_type(x)
-    if dtype == jnp.bool_ or (jnp.issubdtype(dtype, jnp.integer) and dtype.itemsize < 4):
+    if dtype == jnp.bool_ or jnp.issubdtype(dtype, jnp.integer):
         dtype = jax.eval_shape(jnp.sum, jax.ShapeDtypeStruct((0,), dtype)).dtype
     if valid is not None:
         x = times_mask(x, valid) if multiply else zero_masked(x, valid)
