@@ -30,11 +30,11 @@ from .._plan.recover import Eager
 from .._plan.search import MemoryPlan
 from .._types import GradPolicy, InAxes, Remainder, RowMask
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
-from ._protocol import AbstractReducer, accumulation, can_shift, fn_masks, skips_masked
+from ._protocol import AbstractReducer, accumulation, can_shift
 from ._rows import compiled_if_eager, join_args, mapped_length, split_args, widened
 from ._sharding import on_inputs_mesh, row_split, split_rows_as, whole_rows
 from .fused import fused_call, grad_policy, piece_sizes, regrad_call
-from .loop import chunk_loop, evaluate, skipping
+from .loop import chunk_loop, evaluate, skipping, skips
 from .reduce import Concat, keeps_rows
 
 
@@ -362,7 +362,7 @@ class Chunk(eqx.Module):
         s = self.size
         mapped, fixed, static = split_args(args, axes)
         if s is None or n <= min(s, self.grad_size or s):  # one call: the loop's one chunk
-            if not _skips(self.reducer, valid):
+            if not skips(self.reducer, valid):
                 return evaluate(self.fn, self.reducer, args, valid, "Chunk")
 
             def whole(rows, valid):
@@ -396,15 +396,8 @@ class Chunk(eqx.Module):
 
         source = (mapped, valid)
         loop = accumulation(self.reducer)
-        skip = _skips(self.reducer, valid)
+        skip = skips(self.reducer, valid)
         return chunk_loop(piece, loop, source, n, s, self, remat=policy == "recompute", skip=skip)
-
-
-def _skips(reducer: AbstractReducer, valid: RowMask | None) -> bool:
-    """Whether a chunk of rows its caller masks is skipped where none counts and its masked
-    rows stood in for (see `chunk_loop`): a caller's masked rows (padding) may hold anything,
-    and a sum skips or stands in for them, in a loop's chunks and in one call alike."""
-    return valid is not None and skips_masked(reducer) and not fn_masks(reducer)
 
 
 layer_in_axes.register(Chunk, own_axes)

@@ -28,7 +28,7 @@ from .._plan.auto import Owner
 from ._protocol import AbstractAccumulation, accumulation, fn_masks, rounded
 from ._rows import IN_RANGE, join_args, rows, widened, zero_masked
 from ._sharding import explicit_layout, typed_like
-from .loop import chunk_loop, evaluate
+from .loop import chunk_loop, evaluate, skipping, skips
 from .reduce import Sum
 
 #: `grad="auto"` fuses where the reduced output has at most this many real elements.
@@ -141,11 +141,17 @@ class _Lifted:
 
     def loop(self, piece, acc, row_leaves, valid, size, what="chunkx", **how):
         """`piece` over the rows in chunks of `size`, carried by the accumulation `acc`;
-        `how`: `chunk_loop`'s `remat`, `call`."""
+        `how`: `chunk_loop`'s `remat`, `call`. Rows the caller masks are stood in for (or a
+        chunk without a row that counts skipped) as in the value's own loop (`skips`): they
+        may hold anything, which must reach neither the value nor a Jacobian."""
+        skip = skips(self.chunk.reducer, valid)
         if self.n <= size:  # one piece: its partial is the result
+            if skip:
+                piece = skipping(piece, jax.eval_shape(piece, row_leaves, valid))
             return rounded(self.chunk.reducer, piece(row_leaves, valid))
         source = (row_leaves, valid)
-        return chunk_loop(piece, acc, source, self.n, size, self.chunk, what=what, **how)
+        return chunk_loop(piece, acc, source, self.n, size, self.chunk, what=what, skip=skip,
+                          **how)
 
     def primal(self, row_leaves, whole_leaves, valid):
         piece = self.piece(whole_leaves)

@@ -18,6 +18,7 @@ from ._protocol import (
     call_masked,
     fn_masks,
     reduce_chunk,
+    skips_masked,
     zero_unrun,
 )
 from ._rows import (
@@ -46,6 +47,14 @@ def evaluate(
             "can_mask() is False); use remainder='call' and no Pad, or a reducer that masks."
         )
     return part
+
+
+def skips(reducer: AbstractReducer, valid: RowMask | None) -> bool:
+    """Whether a chunk of rows its caller masks is skipped where none counts and its masked
+    rows stood in for (see `chunk_loop`): a caller's masked rows (padding) may hold anything,
+    and a sum skips or stands in for them, in a loop's chunks and in one call alike, in the
+    value's loop and in the fused or recomputed gradient's."""
+    return valid is not None and skips_masked(reducer) and not fn_masks(reducer)
 
 
 def chunk_loop(
