@@ -238,6 +238,29 @@ def test_unreadable_entries_warn_and_concurrent_writers_leave_whole_files(fresh_
     assert not list(fresh_cache.glob("*.json")) and not cache._MEMO
 
 
+@pytest.mark.parametrize("damage", [
+    {"cap": 0}, {"cap": -5}, {"cap": 2.5}, {"cap": True}, {"points": [[0, 10]]},
+    {"points": [[4, -1]]}, {"points": [[4.5, 100]]},
+])
+def test_entries_with_impossible_numbers_warn_and_are_planned_again(fresh_cache, damage):
+    """An entry that parses but holds a number no plan writes (a cap or chunk size below one,
+    negative bytes, a fraction, a bool) is ignored with a warning, as an unreadable one is:
+    the map plans again and runs, at the size it planned before."""
+    x, w = data(n=256)
+    chunk = chunkx.Chunk(chunkx.Vmap(energy, (0, None)), "auto", reducer=chunkx.Sum(),
+                         in_axes=(0, None), memory_budget=2**17)
+    plan = chunk.memory_plan(x, w)
+    (entry,) = fresh_cache.glob("*.json")
+    entry.write_text(json.dumps({**json.loads(entry.read_text()), **damage}))
+    from chunkx._plan import cache
+
+    cache._MEMO.clear()  # a new process: only the disk is left
+    with pytest.warns(UserWarning, match=r"ignoring the plan cache entry .*ValueError"):
+        got = jax.jit(chunk)(x, w)
+    assert_tree_close(got, jax.jit(lambda x, w: jnp.sum(jax.vmap(energy, (0, None))(x, w)))(x, w))
+    assert chunk.memory_plan(x, w).chunk_size == plan.chunk_size
+
+
 @pytest.mark.parametrize("rows,remainder", [(2048, "shift"), (2048, "call"), (2000, "shift")])
 def test_planned_sizes_start_on_a_tpus_tiles(fresh_cache, monkeypatch, rows, remainder):
     """On a TPU (its 128-row tiles simulated here) an "auto" size is a multiple of 128 where

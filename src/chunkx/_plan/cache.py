@@ -93,9 +93,9 @@ def _read(path: Path, key: str) -> Points:
         entry = json.loads(path.read_text())
         if entry.get("format") not in _READS or entry.get("key") != key:
             raise ValueError(f"not a chunkx plan entry of format {_FORMAT} for this program")
-        points = Points((int(s), int(v)) for s, v in entry["points"])
+        points = Points((_count(s, 1), _count(v, 0)) for s, v in entry["points"])
         cap = entry.get("cap")
-        points.cap = None if cap is None else int(cap)
+        points.cap = None if cap is None else _count(cap, 1)
         return points
     except FileNotFoundError:
         return Points()
@@ -105,6 +105,13 @@ def _read(path: Path, key: str) -> Points:
             "chunk size is planned again.", stacklevel=2,
         )
         return Points()
+
+
+def _count(value: object, least: int) -> int:
+    """`value` read from an entry: a chunk size (`least` 1) or a byte count (0), as written."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{value!r} is not an integer of at least {least}")
+    return value
 
 
 def _write(root: Path, key: str, points: dict[int, int]) -> None:
