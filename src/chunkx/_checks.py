@@ -127,11 +127,24 @@ def wrong_kind(who: str, name: str, value: Any, hint: Any) -> str:
     if not isinstance(value, type):
         words = [v for m in _members(hint) if typing.get_origin(m) is Literal
                  for v in typing.get_args(m)]
-        return head + f"{shown} ({type(value).__name__}){_spelled(value, words) or '.'}"
+        got = f"{shown} ({type(value).__name__})" if shown != "..." else _described(value)
+        return head + f"{got}{_spelled(value, words) or '.'}"
     wanted = [c for c in _members(hint) if isinstance(c, type) and issubclass(value, c)]
     if wanted:
         return head + f"the class {value.__name__}; pass an instance, e.g. {value.__name__}()."
     return head + f"the class {value.__name__}."
+
+
+def _described(value: Any) -> str:
+    """What arrived, where `_shown` leaves it out: its type, and its name (a function's) or its
+    length (a list's)."""
+    kind = type(value).__name__
+    article = "an" if kind[0].lower() in "aeiou" else "a"
+    if isinstance(getattr(value, "__name__", None), str):
+        return f"{article} {kind} named {value.__name__!r}"
+    if isinstance(value, list | tuple | dict | set):
+        return f"{article} {kind} of {len(value)} item{'' if len(value) == 1 else 's'}"
+    return f"{article} {kind}"
 
 
 def allowed(hint: Any) -> str:

@@ -224,20 +224,23 @@ def test_a_wrong_kind_of_option_is_told_what_to_pass(call, match):
 def test_the_combinators_ask_for_an_instance_and_a_bool():
     """Equinox Modules are not type-checked when built (the suite's jaxtyping import hook
     does check them, with beartype's account): without the hook, a class where a reducer
-    belongs and a progress that is no bool are refused when the combinator is built, as the
-    public maps refuse them."""
+    belongs, a progress that is no bool and a mesh that is no Mesh are refused when the
+    combinator is built, as the public maps refuse them."""
     import json
     import os
     import subprocess
     import sys
 
     script = (
-        "import json, jax.numpy as jnp, chunkx\n"
+        "import json, jax, jax.numpy as jnp, chunkx\n"
         "calls = [lambda: chunkx.Chunk(jnp.sin, 2, reducer=chunkx.Sum),\n"
         "         lambda: chunkx.Reduce(jnp.sin, chunkx.Sum),\n"
         "         lambda: chunkx.Shard(jnp.sin, reducer=chunkx.Sum),\n"
         "         lambda: chunkx.Pad(jnp.sin, 2, reducer=chunkx.Concat),\n"
-        "         lambda: chunkx.Chunk(jnp.sin, 2, progress='yes')]\n"
+        "         lambda: chunkx.Chunk(jnp.sin, 2, progress='yes'),\n"
+        "         lambda: chunkx.Shard(jnp.sin, mesh='d'),\n"
+        "         lambda: chunkx.Shard(jnp.sin, mesh=jax.devices()[:1]),\n"
+        "         lambda: chunkx.Chunk(jnp.sin, 2, reducer=jnp.sum)]\n"
         "out = []\n"
         "for call in calls:\n"
         "    try:\n"
@@ -259,6 +262,10 @@ def test_the_combinators_ask_for_an_instance_and_a_bool():
         "`Pad(reducer=Concat)`: reducer must be an AbstractReducer or None, "
         + instance.format("Concat"),
         "`Chunk(progress='yes')`: progress must be a bool (True or False), got 'yes' (str).",
+        # a mesh too; what arrived, where it is not shown, by its type and name or length
+        "`Shard(mesh='d')`: mesh must be a Mesh or None, got 'd' (str).",
+        "`Shard(mesh=...)`: mesh must be a Mesh or None, got a list of 1 item.",
+        "`Chunk(reducer=...)`: reducer must be an AbstractReducer, got a function named 'sum'.",
     ]
     with pytest.raises(TypeError, match="reducer"):  # in this process: the hook's account
         chunkx.Chunk(jnp.sin, 2, reducer=chunkx.Sum)

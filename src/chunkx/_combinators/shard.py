@@ -85,6 +85,7 @@ class Shard(eqx.Module):
 
     def __check_init__(self):
         check_callable("Shard", "fn", self.fn, "a batched function")
+        check_instance("Shard", "mesh", self.mesh, Mesh, allow_none=True)
         check_instance("Shard", "reducer", self.reducer, AbstractReducer, allow_none=True)
         if self.remainder is not None:
             check_choice("Shard", "remainder", self.remainder, ("call", "pad"))
