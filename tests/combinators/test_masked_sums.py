@@ -93,12 +93,13 @@ POLICIES = [("fused", None), ("recompute", 2), ("recompute", None), ("store", No
 
 
 @pytest.mark.parametrize(("grad", "grad_size"), POLICIES)
-@pytest.mark.parametrize("size", [3, 16])
-def test_masked_rows_that_hold_anything_op_by_op(grad, grad_size, size, skipped_by):
+@pytest.mark.parametrize(("size", "remainder"), [(3, "shift"), (3, "call"), (16, "shift")])
+def test_masked_rows_that_hold_anything_op_by_op(grad, grad_size, size, remainder, skipped_by):
     """A caller's masked rows hold NaN or inf and reach neither the value nor a gradient in any
-    policy, evaluated op by op (`jax.disable_jit`: no compiler turns the mask's product into a
-    select, so the masked rows must be stood in for), in a chunk where some rows count, one
-    where none does, and in one call; every row masked: zeros."""
+    policy, compiled and evaluated op by op (`jax.disable_jit`: no compiler turns the mask's
+    product into a select, so the masked rows must be stood in for), in a chunk where some rows count, one
+    where none does, the rows left over (`remainder="call"`) and in one call; every row
+    masked: zeros."""
     x = rand(1, (11, 3), jnp.float32)
     valid = np.ones(11, bool)
     valid[[1, 3, 4, 5, 10]] = False  # chunk 3..5 (of 3 rows) counts no row
@@ -109,17 +110,20 @@ def test_masked_rows_that_hold_anything_op_by_op(grad, grad_size, size, skipped_
         return jnp.sqrt(r[2]) * jnp.tanh(r @ w)  # sqrt(-1): NaN in a masked row
 
     chunk = chunkx.Chunk(chunkx.Vmap(f, (0, None)), size, reducer=chunkx.Sum(),
-                         in_axes=(0, None), grad=grad, grad_size=grad_size)
+                         in_axes=(0, None), grad=grad, grad_size=grad_size, remainder=remainder)
 
     def want(x, w):  # the rows that count, alone
         return jnp.sum(jax.vmap(f, (0, None))(x[valid], w))
 
     rv, (rx, rw) = jax.jit(jax.value_and_grad(want, (0, 1)))(x, w)
+    some = jax.value_and_grad(lambda x, w: chunk(x, w, valid=valid), (0, 1))
+    none = jax.value_and_grad(lambda x, w: chunk(x, w, valid=np.zeros(11, bool)), (0, 1))
+    got = [(jax.jit(some)(dirty, w), jax.jit(none)(dirty, w))]  # compiled
     with jax.disable_jit():
-        v, (gx, gw) = jax.value_and_grad(lambda x, w: chunk(x, w, valid=valid), (0, 1))(dirty, w)
-        none = np.zeros(11, bool)
-        v0, g0 = jax.value_and_grad(lambda x, w: chunk(x, w, valid=none), (0, 1))(dirty, w)
-    assert_tree_close((v, gw), (rv, rw))
-    assert_tree_close(gx[valid], rx[valid])
-    assert bool(jnp.all(gx[~valid] == 0))
-    assert_tree_close((v0, g0), (jnp.zeros_like(v0), (jnp.zeros_like(dirty), jnp.zeros_like(w))))
+        got.append((some(dirty, w), none(dirty, w)))  # op by op
+    for (v, (gx, gw)), (v0, g0) in got:
+        assert_tree_close((v, gw), (rv, rw))
+        assert_tree_close(gx[valid], rx[valid])
+        assert bool(jnp.all(gx[~valid] == 0))
+        zeros = (jnp.zeros_like(dirty), jnp.zeros_like(w))
+        assert_tree_close((v0, g0), (jnp.zeros_like(v0), zeros))

@@ -14,6 +14,7 @@ from .._types import RowMask
 from ._protocol import (
     AbstractAccumulation,
     AbstractReducer,
+    RowsNotKept,
     accumulation,
     call_masked,
     fn_masks,
@@ -47,6 +48,12 @@ def evaluate(
             "can_mask() is False); use remainder='call' and no Pad, or a reducer that masks."
         )
     return part
+
+
+def who_built(chunk: Any) -> str:
+    """The name a `Chunk`'s messages give: the public map that built it (its `owner`), else
+    `Chunk`."""
+    return "Chunk" if chunk.owner is None else chunk.owner.who
 
 
 def skips(reducer: AbstractReducer, valid: RowMask | None) -> bool:
@@ -92,7 +99,10 @@ def chunk_loop(
         first = first_counted(*source)
         unrun = functools.partial(zero_unrun, opts.reducer)
         step = skipping(step, part, first, each=unrun)
-    loop.check_chunk(part, s)
+    try:
+        loop.check_chunk(part, s)
+    except RowsNotKept as e:  # in the name of the map that built the Chunk
+        raise e.named(who_built(opts)) from None
     acc = loop.init(part, n)
     tick = Ticker(k + (r > 0), f"{what}: chunks of {s} rows") if opts.progress else None
     at = _at(step, n, s, shift, remat, varying=jax.default_backend() == "tpu" and k < _ONE_UNTIL)
@@ -111,8 +121,10 @@ def chunk_loop(
     unroll = opts.unroll or default_unroll(opts.reducer, loop, k)
     (acc, _), stacked = jax.lax.scan(body, init, None, k, unroll=unroll)
     if r:  # remainder="call": the leftover rows are one more piece
-        last = skipping(piece, part, first, each=unrun) if skip else piece
-        acc, _ = loop.accumulate(acc, last(*rows(source, k * s, r)), k * s, k)
+        left = rows(source, k * s, r)
+        # its partial's structs are its own (the fused gradient's row Jacobians have r rows)
+        last = skipping(piece, jax.eval_shape(piece, *left), first, each=unrun) if skip else piece
+        acc, _ = loop.accumulate(acc, last(*left), k * s, k)
         if tick is not None:  # counted too, reported after the loop's own steps
             tick(k, acc)
     out = loop.finish(acc, stacked)
