@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import chunkx
@@ -171,16 +172,44 @@ def test_planning_errors_name_the_function_called(fn):
         fn(jnp.sin, x, budget_bytes=10**6, shard=True, mesh=mesh)
 
 
+@pytest.mark.parametrize("use_scan", [False, True])
+def test_chunk_map_of_an_output_without_its_rows_is_refused_in_its_name(use_scan):
+    """quantax's `chunk_map` takes a batched `f` whose outputs hold their rows along
+    `out_axes`: an output reduced over the rows, or with its rows along another axis, is a
+    ValueError naming `chunk_map` and `out_axes`, not JAX's error from moving an axis that is
+    not there. Without a chunk size the map is `f` itself, as quantax's."""
+    x = jnp.arange(74.0).reshape(37, 2)
+    k = 5 * jax.device_count()  # f sees chunks of 5 rows per device
+    cases = [(lambda a: a.sum(), 0, rf"\(\) for {k} rows"),
+             (lambda a: a * 2, 1, rf"\({k}, 2\) for {k} rows"),
+             (lambda a: a[:2], 0, rf"\(2, 2\) for {k} rows")]
+    for f, axes, shape in cases:
+        with pytest.raises(ValueError, match=rf"^`chunk_map\(out_axes={axes}\)`: f must return "
+                           rf"its rows along axis {axes} of each output, one per input row, got "
+                           rf"an output of shape {shape}"):
+            chunkx.chunk_map(f, out_axes=axes, chunk_size=5, use_scan=use_scan)(x)
+    assert chunkx.chunk_map(jnp.sum, chunk_size=None)(x) == jnp.sum(x)  # quantax: `f` itself
+    got = chunkx.chunk_map(lambda a: (a * 2).T, out_axes=1, chunk_size=5, use_scan=use_scan)(x)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(x * 2).T)
+
+
 @pytest.mark.parametrize("n", [8, 7])
 def test_concat_of_an_output_without_rows_is_refused(n):
     """A batched function that reduces its rows (a scalar per chunk) cannot be concatenated:
     a ValueError, not an IndexError from the loop's buffer."""
     x = jnp.arange(2.0 * n).reshape(n, 2)
-    with pytest.raises(ValueError, match=r"`Chunk` with the Concat reducer: the chunked function "
-                       r"must return its rows along axis 0"):
-        chunkx.batch_map(lambda a: a.sum(), x, batch_size=2)
-    with pytest.raises(ValueError, match=r"must return its rows along axis 0"):
+    # in the name of the map called, never of the Chunk inside it
+    for who, call in [("batch_map", lambda: chunkx.batch_map(lambda a: a.sum(), x, batch_size=2)),
+                      ("apply_chunked", lambda: chunkx.apply_chunked(jnp.sum, chunk_size=2)(x))]:
+        with pytest.raises(ValueError, match=rf"^`{who}`: the chunked function must return its "
+                           r"rows along axis 0"):
+            call()
+    with pytest.raises(ValueError, match=r"^`Chunk` with the Concat reducer: the chunked "
+                       r"function must return its rows along axis 0"):
         chunkx.Chunk(lambda a: (a, a.sum()), 3)(x)
+    with pytest.raises(ValueError, match=r"^`Shard` with the Concat reducer: the chunked "
+                       r"function must return its rows along axis 0"):  # not shard_map's error
+        chunkx.Shard(lambda a: (a, a.sum()))(x)
     # more or fewer rows than given: refused, not cut to n rows or written over other rows
     for f in (lambda a: jnp.concatenate([a, a]), lambda a: a[:1]):
         with pytest.raises(ValueError, match=r"one per input row, got .* for a chunk of 3 rows"):

@@ -375,7 +375,9 @@ ERRORS = [
      r"`chunkx.vmap\(in_axes=\(0, 0, 0\)\)`: in_axes has 3 entries but the function was called"
      r" with 2"),
     (lambda: chunkx.vmap(lambda d: d, ({"a": 0},), batch_size=2)({"b": _x()}), ValueError,
-     r"`chunkx.vmap\(in_axes=\(\{'a': 0\},\)\)`: in_axes must be a pytree prefix of the"),
+     r"`chunkx.vmap\(in_axes=\(\{'a': 0\},\)\)`: in_axes must be a pytree prefix of the"
+     r" positional arguments; Dict key mismatch.* \(the positional arguments: \(\(\{'b': "
+     r"float\d+\[6, 3\]\},\), \{\}\)\)"),
     (lambda: chunkx.vmap(lambda x, y: x, batch_size=2)(_x(6), _x(5)), ValueError,
      r"`chunkx.vmap`: the mapped axes must all have the same size .* args\[0\] has 6, "
      r"args\[1\] has 5"),
@@ -395,7 +397,9 @@ ERRORS = [
      r"`chunkx.vmap\(out_axes=\(0, None\)\)`: an output with out_axes None depends on a "
      r"mapped argument"),
     (lambda: chunkx.vmap(lambda x: (x, x), 0, (0, 0, 0), batch_size=2)(_x()), ValueError,
-     r"`chunkx.vmap\(out_axes=\(0, 0, 0\)\)`: out_axes must be a pytree prefix of the output"),
+     r"`chunkx.vmap\(out_axes=\(0, 0, 0\)\)`: out_axes must be a pytree prefix of the output"
+     r" of the function; Tuple arity mismatch: 2 != 3 \(the output of the function: "
+     r"\(float\d+\[3\], float\d+\[3\]\)\)"),  # shapes, not tracers
     (lambda: chunkx.filter_vmap(lambda x: x, batch_size=2)(x=_x()), TypeError,
      r"`chunkx.filter_vmap`: keyword arguments cannot be passed"),
     (lambda: chunkx.filter_vmap(lambda x: x, in_axes={"y": 0}, batch_size=2)(_x()), ValueError,

@@ -32,6 +32,26 @@ from ._rows import call_with_valid, zeros_like_struct
 from ._sharding import is_explicit, place
 
 
+class RowsNotKept(ValueError):
+    """A piece's output that a loop writing rows in place (`Concat`'s), or a `Shard` joining
+    its devices' rows, cannot join: its leaves do not hold the piece's `size` rows along axis
+    0. Said by the combinator `who` ("`Chunk` with the Concat reducer"), or in the name of the
+    public map that built it (`named`)."""
+
+    def __init__(self, part: Any, size: int, who: str = "Chunk", combinator: bool = True):
+        self.part, self.size = part, size
+        head = f"`{who}` with the Concat reducer" if combinator else f"`{who}`"
+        super().__init__(
+            f"{head}: the chunked function must return its rows along axis 0 to be "
+            f"concatenated, one per input row, got {part} for a chunk of {size} rows; use a "
+            "reducer (Sum, Monoid) for an output reduced over the rows."
+        )
+
+    def named(self, who: str) -> "RowsNotKept":
+        """The same in the name of `who` (a public map; `Chunk`: as it is)."""
+        return RowsNotKept(self.part, self.size, who, combinator=who == "Chunk")
+
+
 class AbstractAccumulation(eqx.Module):
     """How a chunk loop carries its result: the loop is
 

@@ -34,7 +34,7 @@ from ._protocol import AbstractReducer, accumulation, can_shift
 from ._rows import compiled_if_eager, join_args, mapped_length, split_args, widened
 from ._sharding import on_inputs_mesh, row_split, split_rows_as, whole_rows
 from .fused import fused_call, grad_policy, piece_sizes, regrad_call
-from .loop import chunk_loop, evaluate, skipping, skips
+from .loop import chunk_loop, evaluate, skipping, skips, who_built
 from .reduce import Concat, keeps_rows
 
 
@@ -363,11 +363,11 @@ class Chunk(eqx.Module):
         mapped, fixed, static = split_args(args, axes)
         if s is None or n <= min(s, self.grad_size or s):  # one call: the loop's one chunk
             if not skips(self.reducer, valid):
-                return evaluate(self.fn, self.reducer, args, valid, "Chunk")
+                return evaluate(self.fn, self.reducer, args, valid, who_built(self))
 
             def whole(rows, valid):
                 return evaluate(self.fn, self.reducer, join_args(rows, fixed, static), valid,
-                                "Chunk")
+                                who_built(self))
 
             return skipping(whole, jax.eval_shape(whole, mapped, valid))(mapped, valid)
         split = row_split(mapped) if keeps_rows(self.reducer) else None
@@ -392,7 +392,7 @@ class Chunk(eqx.Module):
         def piece(chunk_rows, chunk_valid):  # one chunk of the loop itself
             fn, shared = narrow(wide)
             full = join_args(chunk_rows, shared, static)
-            return evaluate(fn, self.reducer, full, chunk_valid, "Chunk", chunk=True)
+            return evaluate(fn, self.reducer, full, chunk_valid, who_built(self), chunk=True)
 
         source = (mapped, valid)
         loop = accumulation(self.reducer)

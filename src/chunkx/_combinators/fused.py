@@ -24,11 +24,10 @@ import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 from jax.sharding import PartitionSpec as P
 
-from .._plan.auto import Owner
 from ._protocol import AbstractAccumulation, accumulation, fn_masks, rounded
 from ._rows import IN_RANGE, join_args, rows, widened, zero_masked
 from ._sharding import explicit_layout, typed_like
-from .loop import chunk_loop, evaluate, skipping, skips
+from .loop import chunk_loop, evaluate, skipping, skips, who_built
 from .reduce import Sum
 
 #: `grad="auto"` fuses where the reduced output has at most this many real elements.
@@ -56,7 +55,7 @@ def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
     if chunk.grad in ("recompute", "store"):
         return chunk.grad, None
     additive = chunk.reducer.is_additive()
-    who = (chunk.owner or Owner()).who  # the public map that built it, else `Chunk`
+    who = who_built(chunk)
     if chunk.grad == "fused" and not additive:
         raise ValueError(
             f"`{who}(grad='fused')`: fusing value and gradient needs a reducer whose chunks "
@@ -135,7 +134,7 @@ class _Lifted:
             mapped = jax.tree_util.tree_unflatten(self.rows_tree, row_leaves)
             fn = convs[row_leaves[0].shape[0]]
             full = join_args(mapped, fixed, self.static)
-            return evaluate(fn, self.chunk.reducer, full, valid, "Chunk", chunk=chunk)
+            return evaluate(fn, self.chunk.reducer, full, valid, who_built(self.chunk), chunk=chunk)
 
         return piece
 

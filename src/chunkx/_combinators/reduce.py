@@ -27,6 +27,7 @@ from ._buffer import buffer_rows, new_buffer, write_chunk
 from ._protocol import (
     AbstractAccumulation,
     AbstractReducer,
+    RowsNotKept,
     accumulation,
     call_masked,
     check_collapses,
@@ -144,12 +145,7 @@ class _Written(AbstractAccumulation):
             return t.shape[self.axis] if -len(t.shape) <= self.axis < len(t.shape) else None
 
         if any(rows_of(t) != size for t in jax.tree_util.tree_leaves(part)):
-            raise ValueError(
-                "`Chunk` with the Concat reducer: the chunked function must return its rows "
-                f"along axis 0 to be concatenated, one per input row, got {part} for a chunk "
-                f"of {size} rows; use a reducer (Sum, Monoid) for an output reduced over the "
-                "rows."
-            )
+            raise RowsNotKept(part, size)
 
     def init(self, part: Tree, n: int) -> Tree:
         return new_buffer(part, n, self.axis)

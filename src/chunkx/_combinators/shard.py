@@ -12,7 +12,15 @@ from jax.sharding import PartitionSpec as P
 from .._checks import as_in_axes, check_callable, check_choice, check_instance, zero_in_axes
 from .._types import InAxes, RowMask, ShardRemainder
 from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
-from ._protocol import AbstractReducer, rounded, shard_collect, shard_local, shard_spec, trim
+from ._protocol import (
+    AbstractReducer,
+    RowsNotKept,
+    rounded,
+    shard_collect,
+    shard_local,
+    shard_spec,
+    trim,
+)
 from ._rows import call_with_valid, compiled_if_eager, map_mapped, mapped_length
 from ._sharding import call_mesh, is_explicit, mesh_of, on_mesh, place
 from .pad import pad_rows, round_up, row_mask, split_rows
@@ -170,7 +178,10 @@ class Shard(eqx.Module):
         v_spec = None if valid is None else P(axis)
         if valid is not None:
             valid = place(valid, mesh, v_spec)
-        layout = (mesh, axis, specs, v_spec)
+        mapped = [x for x, s in zip(jax.tree_util.tree_leaves(dyn), jax.tree_util.tree_leaves(
+            specs, is_leaf=lambda s: isinstance(s, P))) if s != P()]
+        rows = mapped[0].shape[0] // mesh.size if keeps_rows(reducer) and mapped else None
+        layout = (mesh, axis, specs, v_spec, rows, built_by(self.fn))
         return compiled_if_eager(_shard_run, self.fn, reducer, layout, (dyn, static), valid)
 
 
@@ -186,7 +197,7 @@ def _replicate(x, mesh, alone: bool):
 def _shard_run(fn, reducer, layout, args, valid):
     """`fn` on each device's rows (`args`: arrays and static leaves, `layout`: the mesh, its
     axis and the arguments' specs), joined by the reducer's collective."""
-    mesh, axis, specs, v_spec = layout
+    mesh, axis, specs, v_spec, rows, who = layout
     dyn, static = args
     # on an Explicit mesh the arrays `fn` holds (a Module's weights made under `jax.set_mesh`,
     # a map's count of microbatches) enter replicated: `shard_map` cannot close over them
@@ -195,6 +206,12 @@ def _shard_run(fn, reducer, layout, args, valid):
 
     def local(dyn_args, v, held):
         part = call_with_valid(eqx.combine(held, fn), eqx.combine(dyn_args, static), v)
+        if rows is not None and any(jnp.ndim(x) == 0 or jnp.shape(x)[0] != rows
+                                    for x in jax.tree_util.tree_leaves(part)):
+            # rows to join along axis 0: in the name of the map that built the layers
+            shapes = jax.tree_util.tree_map(
+                lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), part)
+            raise RowsNotKept(shapes, rows, who or "Shard", who is None)
         return shard_local(reducer, part, axis)
 
     # check_vma=False: `fn` is the user's code, and with the check on JAX types every value
@@ -210,6 +227,17 @@ def _shard_run(fn, reducer, layout, args, valid):
         check_vma=False,
     )(dyn, valid, held)
     return shard_collect(reducer, gathered, mesh)
+
+
+def built_by(layer: Any) -> str | None:
+    """The public map that built the chunkx layers `layer` (the `owner` of a Chunk among
+    them, through the layers' `fn`), `None` for layers built by hand."""
+    while isinstance(layer, eqx.Module) and type(layer).__module__.startswith("chunkx."):
+        owner = getattr(layer, "owner", None)
+        if owner is not None:
+            return owner.who
+        layer = getattr(layer, "fn", None)
+    return None
 
 
 layer_in_axes.register(Shard, own_axes)

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .._checks import in_axes_tuple
@@ -69,6 +70,21 @@ def by_name(who: str, fun: Callable, in_axes: Any, nargs: int) -> Any:
     return tuple(in_axes.get(p, eqx.if_array(0)) for p in names)
 
 
+class _Shape:
+    """An array leaf as a message shows it: its dtype and shape (`float32[3]`)."""
+
+    def __init__(self, x: Any):
+        self.text = f"{jnp.result_type(x)}{list(jnp.shape(x))}"
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _shapes(tree: Any) -> Any:
+    """`tree` with its array leaves shown by dtype and shape."""
+    return jax.tree_util.tree_map(lambda x: _Shape(x) if eqx.is_array_like(x) else x, tree)
+
+
 def flat_axes(who: str, name: str, spec: Any, tree: Any, what: str, shown: Any = None) -> list:
     """One resolved axis (int or `None`) per leaf of `tree`, in `tree_leaves` order.
 
@@ -80,9 +96,12 @@ def flat_axes(who: str, name: str, spec: Any, tree: Any, what: str, shown: Any =
     try:
         subtrees = treedef.flatten_up_to(tree)
     except (ValueError, TypeError) as e:
+        # JAX's first clause ("Tuple arity mismatch: 2 != 3", "Expected dict"), then the tree
+        # by its leaves' shapes (JAX's own account shows the leaves, as tracers or values)
+        said = str(e).splitlines()[0].split("; ")[0].split(", got ")[0]
         raise ValueError(
-            f"`{who}({name}={shown!r})`: {name} must be a pytree prefix of {what}; "
-            f"{str(e).splitlines()[0]}"
+            f"`{who}({name}={shown!r})`: {name} must be a pytree prefix of {what}; {said} "
+            f"({what}: {_shapes(tree)!r})"
         ) from None
     out = []
     for ax, sub in zip(leaves, subtrees):

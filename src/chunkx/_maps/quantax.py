@@ -127,20 +127,33 @@ class _Moved(eqx.Module):
     who: str = eqx.field(static=True)
 
     def __call__(self, rows: list, fixed: list) -> Any:
+        n = next((x.shape[0] for x in rows if x is not None), None)
         rows = [x if a is None else moveaxis(x, 0, a) for x, a in zip(rows, self.at)]
-        return _move_outputs(self.body(rows, fixed), self.out_axes, self.who, front=True)
+        return _move_outputs(self.body(rows, fixed), self.out_axes, self.who, front=True, n=n)
 
 
-def _move_outputs(out: Any, out_axes: Any, who: str, *, front: bool) -> Any:
+def _move_outputs(out: Any, out_axes: Any, who: str, *, front: bool, n: int | None = None) -> Any:
     """Each output's mapped axis moved to the front (`front`), or from the front back to it:
     its `out_axes` entry, checked against the rank of each array leaf in the name of the map
-    `who` (other leaves stay as they are). A tuple output zips with a tuple `out_axes`, which
-    must have one entry per output; an int `out_axes` (or a tuple's first entry, where `f`
-    returns no tuple) is the axis of the whole output."""
+    `who` (other leaves stay as they are); moved to the front, an array leaf must have the
+    mapped axis, of `n` rows (the rows `f` was given, where known). A tuple output zips with
+    a tuple `out_axes`, which must have one entry per output; an int `out_axes` (or a tuple's
+    first entry, where `f` returns no tuple) is the axis of the whole output."""
 
     def move(output, axis):
         def leaf(x):
+            def no_rows():
+                return ValueError(
+                    f"`{who}(out_axes={out_axes!r})`: f must return its rows along axis {axis} "
+                    f"of each output, one per input row, got an output of shape {x.shape} for "
+                    f"{n} rows; an output reduced over the rows cannot be chunked."
+                )
+
+            if front and x.ndim == 0:
+                raise no_rows()
             mapped = out_axis(who, x.shape[1:], axis)
+            if front and n is not None and x.shape[mapped] != n:
+                raise no_rows()
             return moveaxis(x, mapped, 0) if front else moveaxis(x, 0, mapped)
 
         return map_mapped(leaf, (output,), (0,))[0]
