@@ -146,8 +146,8 @@ def _run(g, transform, x, w, d):
     return jax.jit(lambda w: jax.vmap(lambda w: call(x, w))(jnp.stack([w, 2 * w])))(w)
 
 
-def _sum_rows(tree):
-    return jax.tree.map(lambda y: jnp.sum(y, 0, dtype=y.dtype), tree)
+def _sum_rows(tree):  # in jnp.sum's dtype: int32 rows sum in int64 with x64 on, as Sum's do
+    return jax.tree.map(lambda y: jnp.sum(y, 0), tree)
 
 
 @pytest.mark.devices(4)
