@@ -305,6 +305,37 @@ def test_check_block_diagonal_under_jit_raises():
         jax.jit(lambda x: sparse_pullback(jnp.cumsum, x, 4, check_block_diagonal=True))(x)
 
 
+def test_check_block_diagonal_differentiated_outside_jit_raises_its_error():
+    """Under `jax.grad`, `jax.jacrev` or `jax.jvp` outside `jit` the check still raises its
+    ValueError, with the difference it found (not a tracer's ConcretizationTypeError)."""
+    y = jnp.linspace(-1.0, 1.0, 48).reshape(16, 3)
+    mixing = lambda y: jnp.roll(jnp.sum(y**2, -1), 1)  # noqa: E731  row i from row i - 1
+    calls = [lambda: jax.grad(lambda y: jnp.sum(sparse_pullback(mixing, y, 4,
+                                                               check_block_diagonal=True)))(y),
+             lambda: jax.jacrev(lambda y: check_block_diagonal(mixing, y))(y),
+             lambda: jax.jvp(lambda y: check_block_diagonal(mixing, y), (y,), (y,))]
+    for call in calls:
+        with pytest.raises(ValueError, match=r"not block-diagonal .* Max abs difference \d"):
+            call()
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_check_block_diagonal_in_half_precision(dtype):
+    """In bfloat16/float16 the dense and the sparse pullback round apart: a per-row `fn`
+    passes the check (its default tolerances follow the dtype), a mixing one is still caught,
+    and tolerances below zero are refused."""
+    fn = lambda y: jnp.sum(jnp.tanh(y) ** 2, axis=-1)  # noqa: E731
+    y = jnp.linspace(-1.0, 1.0, 3000).reshape(1000, 3).astype(dtype)
+    got = sparse_pullback(fn, y, 256, check_block_diagonal=True)
+    assert_tree_close(got, jax.jit(fn)(y))
+    for mixing in (lambda y: jnp.cumsum(fn(y)), lambda y: jnp.roll(fn(y), 1)):
+        with pytest.raises(ValueError, match="not block-diagonal"):
+            check_block_diagonal(mixing, y[:64])
+    with pytest.raises(ValueError, match=r"^`check_block_diagonal\(rtol=-1\.0\)`: rtol must be "
+                       r"a number of at least 0 or None, got -1\.0 \(float\)\.$"):
+        check_block_diagonal(fn, y[:8], rtol=-1.0)
+
+
 def test_errors():
     _, y = make("rowmap", 6)
     with pytest.raises(ValueError, match=r"`sparse_pullback\(fn=...\)`: fn must return a single"):

@@ -18,17 +18,38 @@ from .._types import Budget, Size
 from .pipeline import check_options, run_one_input
 
 
-def _block_check(who: str, fn: Callable, y: Any, key: Any, rtol: float, atol: float) -> tuple:
+def _tolerances(who: str, rtol: float | None, atol: float | None, y: Any, out: Any) -> tuple:
+    """`(rtol, atol)`, each given (a number of at least zero) or by default: 1e-4 and 1e-6, or
+    for bfloat16/float16 inputs or outputs 8 and 1 times their machine epsilon (the dense and
+    the sparse pullback round differently there)."""
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and (isinstance(value, bool) or not isinstance(
+                value, int | float | np.floating | np.integer) or not value >= 0):
+            raise ValueError(
+                f"`{who}({name}={value!r})`: {name} must be a number of at least 0 or None, "
+                f"got {value!r} ({type(value).__name__})."
+            )
+    eps = max([float(jnp.finfo(x.dtype).eps) for x in jax.tree_util.tree_leaves((y, out))
+               if jnp.issubdtype(x.dtype, jnp.inexact)] or [0.0])
+    return (max(1e-4, 8 * eps) if rtol is None else rtol,
+            max(1e-6, eps) if atol is None else atol)
+
+
+def _block_check(who: str, fn: Callable, y: Any, key: Any, rtol: float | None = None,
+                 atol: float | None = None) -> tuple:
     """`fn(y)`, and a guard for values computed from it: whether the sparse pullback of a random
-    cotangent differs from the dense one. Concretely, a difference raises `ValueError` here and
-    the guard is the identity; traced, the guard is an `equinox.error_if` on the value."""
+    cotangent differs from the dense one (tolerances: `_tolerances`). Concretely, a difference
+    raises `ValueError` here and the guard is the identity; traced, the guard is an
+    `equinox.error_if` on the value. The check is not differentiated: called under `jax.grad`
+    outside `jit`, it raises as it does eagerly."""
     out, vjp = eqx.filter_vjp(fn, y)
+    rtol, atol = _tolerances(who, rtol, atol, y, out)
     g = jax.random.normal(key, out.shape, out.dtype)
     dense = jax.tree_util.tree_leaves(vjp(g))
     diag = jax.tree_util.tree_leaves(vjp(jnp.ones_like(out)))
     sparse = [p * g.reshape(g.shape + (1,) * (p.ndim - g.ndim)) for p in diag]
-    err = _largest([d - s for d, s in zip(dense, sparse)], out.dtype)
-    scale = _largest(dense, out.dtype)
+    err, scale = jax.lax.stop_gradient((
+        _largest([d - s for d, s in zip(dense, sparse)], out.dtype), _largest(dense, out.dtype)))
     bad = err > atol + rtol * scale
     msg = (
         f"`{who}`: fn's Jacobian is not block-diagonal along the mapped axis: a dense VJP "
@@ -54,8 +75,8 @@ def check_block_diagonal(
     y: PyTree,
     *,
     key: PRNGKeyArray | UInt32[np.ndarray, " 2"] | None = None,
-    rtol: float = 1e-4,
-    atol: float = 1e-6,
+    rtol: float | None = None,
+    atol: float | None = None,
 ) -> Any:
     """Return `fn(y)`, raising if `fn`'s Jacobian is visibly not block-diagonal at `y`.
 
@@ -70,7 +91,9 @@ def check_block_diagonal(
     - `fn`: a natively batched function of one pytree, returning one array.
     - `y`: the input pytree.
     - `key`: the random key for the cotangent (default `jax.random.key(0)`).
-    - `rtol`, `atol`: tolerance on the largest absolute difference.
+    - `rtol`, `atol`: tolerance on the largest absolute difference, relative to the largest
+      entry of the dense pullback and absolute; `None`: 1e-4 and 1e-6, or 8 and 1 times the
+      machine epsilon of bfloat16/float16 inputs or outputs (whose two pullbacks round apart).
 
     **Returns:**
 
@@ -202,7 +225,7 @@ def sparse_pullback(
     guard = identity
     if check_block_diagonal and n:  # outside jit this raises before the pipeline runs
         where = f"{who}(check_block_diagonal=True)"
-        _, guard = _block_check(where, fn, head, jax.random.key(0), 1e-4, 1e-6)
+        _, guard = _block_check(where, fn, head, jax.random.key(0))
     out = run_one_input(
         Pullback(fn, higher_order), y, opts, reduction, chunk_reduction, strip_dim0=strip_dim0,
         arg="y",
