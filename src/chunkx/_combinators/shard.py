@@ -222,10 +222,21 @@ def _shard_run(fn, reducer, layout, args, valid):
     # output declared replicated (`P()`) really is -- the reducers guarantee: only `Sum`
     # declares `P()`, and it returns a `psum`. tests/combinators/test_combinators.py::
     # test_shard_sum_replicated_and_user_constants checks both sides.
-    gathered = jax.shard_map(
-        local, mesh=mesh, in_specs=(specs, v_spec, P()), out_specs=shard_spec(reducer, axis),
-        check_vma=False,
-    )(dyn, valid, held)
+    try:
+        gathered = jax.shard_map(
+            local, mesh=mesh, in_specs=(specs, v_spec, P()), out_specs=shard_spec(reducer, axis),
+            check_vma=False,
+        )(dyn, valid, held)
+    except NotImplementedError as e:
+        if "closing over" not in str(e).lower():
+            raise
+        raise NotImplementedError(  # JAX's account names neither the map nor what to do
+            f"`{who or 'Shard'}`: the function closes over an array typed on an Explicit mesh "
+            "(weights placed on a mesh, or computed from such arrays under jax.jit), which "
+            "jax.shard_map cannot close over. Pass such arrays as arguments: unmapped "
+            "arguments of batch_vmap or chunkx.vmap (in_axes None), or place them on no mesh. "
+            f"JAX says: {str(e).splitlines()[0]}"
+        ) from None
     return shard_collect(reducer, gathered, mesh)
 
 

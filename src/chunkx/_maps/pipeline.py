@@ -2,6 +2,7 @@
 arguments laid out once (mapped axes to the front), and one builder, `compose`, of the
 combinators around its loop, all with one reducer."""
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -12,7 +13,7 @@ from jax.sharding import Mesh
 
 from .._checks import check_budget, check_choice, check_mesh_1d, check_positive, resolve_batch_size
 from .._combinators._rows import map_mapped, mapped_length, per_device_rows
-from .._combinators._sharding import call_mesh, on_inputs_mesh
+from .._combinators._sharding import auto_twin, call_mesh, on_inputs_mesh, to_mesh
 from .._combinators.chunk import Chunk, Reduce
 from .._combinators.groups import Blocks, Groups
 from .._combinators.pad import Pad
@@ -256,13 +257,18 @@ def run_one_input(
     fun: Callable, x: Any, opts: Options, reduction: Any, chunk_reduction: Callable, **how: Any
 ) -> Any:
     """The tail shared by `batch_map`, `sparse_pullback` and `chunkx.map`: one chunked input
-    pytree `x`, whose leading lengths are checked here, in the map's name.
+    pytree `x`, whose leading lengths are checked here, in the map's name. Sharded over an
+    Explicit mesh with no context mesh, it runs on an Auto mesh of that shape, as
+    `batch_vmap` does (an eager `jax.grad` can then start from its output).
 
     `how`: `strip_dim0` calls `fun` per row; with a `reduction` those rows are folded (seeded
     from row 0, so 0 rows of the input named `arg` is an error); `vmap` vectorises `fun` over
     a chunk's rows; `reducer` as in `reducer_for`. An "auto" size is planned by the pipeline's
     Chunk.
     """
+    twin = auto_twin(x, opts.mesh) if opts.shard else None
+    if twin is not None:  # an Explicit mesh, no context mesh: as adv (and batch_vmap), on an
+        x, opts = to_mesh(x, twin), dataclasses.replace(opts, mesh=twin)  # Auto mesh
     who, what = opts.who, f"{opts.who}({fn_name(fun)})"
     n = mapped_length((x,), (0,), who)
     if how.get("strip_dim0"):

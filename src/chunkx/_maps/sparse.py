@@ -11,6 +11,7 @@ from jax.sharding import Mesh
 from jaxtyping import PRNGKeyArray, PyTree, UInt32
 
 from .._combinators._rows import is_eager, map_mapped, mapped_length
+from .._combinators._sharding import whole_rows
 from .._combinators.pullback import Pullback, check_contract
 from .._combinators.reduce import identity
 from .._public import public
@@ -219,13 +220,18 @@ def sparse_pullback(
     n = mapped_length((y,), (0,), who)
     if n:
         rows = n if opts.size in (None, "auto") else min(n, opts.size)  # the first chunk
-        # leaves that are no arrays pass whole, as in batch_map
-        (head,) = map_mapped(lambda x: x[0] if strip_dim0 else x[:rows], (y,), (0,))
+
+        def first(y):  # leaves that are no arrays pass whole, as in batch_map; rows split over
+            # an Explicit mesh that the chunk would not split evenly are gathered first
+            return map_mapped(lambda x: (lambda x: x[0] if strip_dim0 else x[:rows])(
+                whole_rows(x, 1 if strip_dim0 else rows)), (y,), (0,))[0]
+
+        head = jax.eval_shape(first, y)
         check_contract(who, head, jax.eval_shape(fn, head))
     guard = identity
     if check_block_diagonal and n:  # outside jit this raises before the pipeline runs
         where = f"{who}(check_block_diagonal=True)"
-        _, guard = _block_check(where, fn, head, jax.random.key(0))
+        _, guard = _block_check(where, fn, first(y), jax.random.key(0))
     out = run_one_input(
         Pullback(fn, higher_order), y, opts, reduction, chunk_reduction, strip_dim0=strip_dim0,
         arg="y",
