@@ -5,9 +5,11 @@ The row layout is internal (see `_stacks`): residual rows `(w, [Bf,] Cf, T, N_i)
 `(w, N_i)`, cores `(Cf,) + core`, variations `(Bf, Cf) + core`.
 """
 
-from functools import partial
+from collections.abc import Callable
 
+import equinox as eqx
 import jax
+from jax.tree_util import Partial
 
 from chunkx import Chunk, Concat, Pad, Shard, Sum, Vmap
 from chunkx._combinators._rows import equal_chunks, padded_rows_per_device
@@ -33,15 +35,12 @@ def run_rows(chunk_fn, fwd, sum_over_probes: bool, chunk_size: Size, mesh, args:
     in_axes = (0,) * 3 + (None,) * (len(args) - 3)
     ndev = 1 if mesh is None else mesh.size
     if sum_over_probes:
-        inner, reducer, remainder = partial(chunk_fn, fwd), Sum(presummed=True), "call"
+        inner, reducer, remainder = Partial(chunk_fn, fwd), Sum(presummed=True), "call"
         if chunk_size is not None:
             rows = max(1, padded_rows_per_device(args[2][0].shape[0], ndev))
             chunk_size = equal_chunks(rows, chunk_size)
     else:
-
-        def per_probe(*args):
-            return chunk_fn(fwd, *jax.tree_util.tree_map(lambda v: v[None], args[:3]), *args[3:])
-
+        per_probe = _PerProbe(chunk_fn, fwd)
         inner, reducer, remainder = Vmap(per_probe, in_axes=in_axes), Concat(), "shift"
     pipe = Chunk(inner, chunk_size, reducer=reducer, in_axes=in_axes, remainder=remainder)
     if mesh is not None:
@@ -51,6 +50,19 @@ def run_rows(chunk_fn, fwd, sum_over_probes: bool, chunk_size: Size, mesh, args:
         multiple = ndev if chunk_size is None else chunk_size * ndev
         pipe = Pad(pipe, multiple, reducer=reducer, in_axes=in_axes, fill="zero")
     return pipe(*args)
+
+
+class _PerProbe(eqx.Module):
+    """`chunk_fn(fwd, ...)` on one probe row (a chunk of one). A Module, as every callable of
+    the pipeline is: equal pipelines are equal, so a call outside `jit` finds its program
+    compiled on the next call."""
+
+    chunk_fn: Callable
+    fwd: Callable
+
+    def __call__(self, *args):
+        rows = jax.tree_util.tree_map(lambda v: v[None], args[:3])
+        return self.chunk_fn(self.fwd, *rows, *args[3:])
 
 
 def vjp_chunk(fwd, zt, x, p, A, B, *rest):

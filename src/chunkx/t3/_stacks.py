@@ -4,10 +4,12 @@ Internal layout: probes `ww_f[i]`: `(Wf, N_i)`; cores `(Cf,) + core`; variations
 `(Bf, Cf) + core`; per-row jets `(w, Bf, Cf, T, N_i)` (corewise: no `Bf`).
 """
 
-from functools import partial
+from collections.abc import Callable
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax.tree_util import Partial
 
 from ._format import prod
 from ._jets import JETS
@@ -36,25 +38,34 @@ def rows_to_jets(rows, W, n, stacks, scalar=False):
     return tuple(jnp.moveaxis(z, -1 if scalar else -2, 0) for z in shaped)
 
 
+class _Lifted(eqx.Module):
+    """`fn` vmapped over a stack (output axis 1), or a trivial length-1 stack squeezed. A
+    Module (equal for equal `fn`, `axes` and `stacked`): a call outside `jit`, one compiled
+    program, finds that program compiled on its next call."""
+
+    fn: Callable
+    axes: tuple = eqx.field(static=True)
+    stacked: bool = eqx.field(static=True)
+
+    def __call__(self, *args):
+        if self.stacked:
+            return jax.vmap(self.fn, in_axes=self.axes, out_axes=1)(*args)
+        taken = (a if ax is None else jax.tree_util.tree_map(lambda v: v[0], a)
+                 for a, ax in zip(args, self.axes))
+        return tuple(z[:, None] for z in self.fn(*taken))
+
+
 def _lift(fn, axes, stacked):
     """vmap `fn` over a stack (output axis 1), or squeeze a trivial length-1 stack."""
-    if stacked:
-        return jax.vmap(fn, in_axes=axes, out_axes=1)
-    take = lambda a, ax: a if ax is None else jax.tree_util.tree_map(lambda v: v[0], a)  # noqa: E731
-
-    def squeezed(*args):
-        out = fn(*(take(a, ax) for a, ax in zip(args, axes)))
-        return tuple(z[:, None] for z in out)
-
-    return squeezed
+    return _Lifted(fn, tuple(axes), bool(stacked))
 
 
 def corewise_rows_fn(order, c_stacked=True, kind="probe"):
     """Batched forward: `(a_rows, p_rows, tucker_f, tt_f)` -> jets `(w, Cf, T[, N_i])`."""
-    return _lift(partial(JETS[kind][0], order=order), (None, None, 0, 0), c_stacked)
+    return _lift(Partial(JETS[kind][0], order=order), (None, None, 0, 0), c_stacked)
 
 
 def tangent_rows_fn(order, b_stacked=True, c_stacked=True, kind="probe"):
     """Batched tangent forward: `(a, p, dU_f, dG_f, frame_f)` -> `(w, Bf, Cf, T[, N_i])`."""
-    per_frame = _lift(partial(JETS[kind][1], order=order), (None, None, 0, 0, 0), c_stacked)
+    per_frame = _lift(Partial(JETS[kind][1], order=order), (None, None, 0, 0, 0), c_stacked)
     return _lift(per_frame, (None, None, 0, 0, None), b_stacked)
