@@ -43,6 +43,16 @@ def test_small_problem_runs_unchunked_as_t3toolbox():
     assert isinstance(got, int)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_half_precision_estimate_is_a_size(dtype):
+    """In bfloat16/float16 the balanced estimate is a size (before, bfloat16 found none: its
+    budget counted the inputs at their own width, while XLA computes the jets in float32), at
+    least float32's."""
+    args = ((8, 8), (3, 3), (2, 3, 2), 1, 1000)
+    size, wide = t3.estimate_chunk_size(*args, dtype=dtype), t3.estimate_chunk_size(*args)
+    assert isinstance(size, int) and wide <= size <= 1000, (size, wide)
+
+
 def test_estimate_cuts_memory_with_equal_chunks():
     N, n, r, T = SHAPE["mode_shapes"], SHAPE["tucker_ranks"], SHAPE["tt_ranks"], 3
     inputs = 4 * sum(T * W * Ni + 2 * W * Ni + ni * Ni + 3 * r[i] * ni * r[i + 1]

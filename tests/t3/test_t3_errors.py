@@ -1,6 +1,7 @@
 """Every input error of chunkx.t3 names the function, the argument / core index and the shapes."""
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import chunkx.t3 as t3
@@ -137,3 +138,18 @@ def test_sampling_kind_errors():
                                          r"must be a positive number of bytes \(an int or an "
                                          r"integral float such as 64e6\), got 0.5"):
         t3.max_chunk_size_within((3, 4), (2, 3), (1, 2, 1), 1, 10, 0.5)
+
+
+def test_order_of_any_integer_type():
+    """`order` as a NumPy or a concrete JAX integer is taken as its int (as t3toolbox takes
+    it), by every public function; a fraction is refused."""
+    x, ww = cores(), probes()
+    want = t3.t3_probe_derivatives(ww, ww, x, 1)
+    for order in (np.int64(1), jnp.int32(1)):
+        got = t3.t3_probe_derivatives(ww, ww, x, order)
+        assert all(np.array_equal(a, b) for a, b in zip(got, want))
+        z = [jnp.ones((2, 5, N_i)) for N_i in N]
+        t3.t3_probe_corewise_derivatives_transpose(z, ww, ww, x, order, True, 2)
+        assert t3.binomial_combine_tensor(order).shape == (2, 2, 2)
+    with pytest.raises(ValueError, match=r"`t3_probe_derivatives\(order=1\.5\)`: order must be"):
+        t3.t3_probe_derivatives(ww, ww, x, 1.5)

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
 from .._public import public
+from .._types import Size
 from ._contract import einsum
 from ._format import as_arrays, check_len
 from ._inputs import check_order
@@ -16,7 +17,7 @@ from ._jets import binomial_table
 
 
 @public
-def binomial_combine_tensor(order: int, *, dtype=None) -> Float[Array, "T T T"]:
+def binomial_combine_tensor(order: Size, *, dtype=None) -> Float[Array, "T T T"]:
     """The binomial product-rule tensor `trs[t, r, s] = C(t, r)` if `r + s == t`, else 0.
 
     It combines jets: `(a b)^(t) = sum_{r, s} trs[t, r, s] a^(r) b^(s)`.
@@ -47,7 +48,7 @@ def dense_probe_derivatives(
     ww: Sequence[Float[ArrayLike, " _N"]],
     pp: Sequence[Float[ArrayLike, " _N"]],
     T: Float[ArrayLike, "..."],
-    order: int,
+    order: Size,
 ) -> list[Float[Array, "_T _N"]]:
     """Probe-derivative jets of a dense tensor by the multilinear subset expansion (test oracle).
 

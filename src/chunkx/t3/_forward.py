@@ -12,6 +12,7 @@ from typing import Any
 from jaxtyping import Array, ArrayLike, Float, Int
 
 from .._public import public
+from .._types import Size
 from ._format import CorePair, TuckerTensorTrain
 from ._inputs import Inputs, as_parts, check_variation, corewise_inputs, tangent_inputs
 from ._stacks import corewise_rows_fn, flat_lead, rows_to_jets, tangent_rows_fn
@@ -53,7 +54,7 @@ def tv_jets(fn: str, kind: str, a: Any, pp: Any, variation: Any, frame: Any, ord
 
 @public
 def t3_probe_derivatives(
-    ww: Probes, pp: Directions, x: TuckerTensorTrain | CorePair, order: int
+    ww: Probes, pp: Directions, x: TuckerTensorTrain | CorePair, order: Size
 ) -> Jets:
     """Symmetric derivatives of probing a T3 along the rays `X + s P`.
 
@@ -97,7 +98,7 @@ def t3_probe_derivatives(
 
 @public
 def tv_probe_derivatives(
-    ww: Probes, pp: Directions, variation: Variation, frame: Frame, order: int
+    ww: Probes, pp: Directions, variation: Variation, frame: Frame, order: Size
 ) -> Jets:
     """Probe-derivative jets of a tangent vector given in the frame-variations format.
 
@@ -139,7 +140,7 @@ SampleResiduals = Float[ArrayLike, "_T ..."]
 
 @public
 def t3_apply_derivatives(
-    ww: Probes, pp: Directions, x: TuckerTensorTrain | CorePair, order: int
+    ww: Probes, pp: Directions, x: TuckerTensorTrain | CorePair, order: Size
 ) -> SampleJets:
     """Symmetric derivatives of applying a T3 to vectors in every mode along `X + s P`.
 
@@ -178,7 +179,7 @@ def t3_apply_derivatives(
 
 @public
 def t3_entries_derivatives(
-    index: Index, pp: Directions, x: TuckerTensorTrain | CorePair, order: int
+    index: Index, pp: Directions, x: TuckerTensorTrain | CorePair, order: Size
 ) -> SampleJets:
     """Symmetric derivatives of a T3's entries along `e_index + s P` (tensor completion).
 
@@ -219,7 +220,7 @@ def t3_entries_derivatives(
 
 @public
 def tv_apply_derivatives(
-    ww: Probes, pp: Directions, variation: Variation, frame: Frame, order: int
+    ww: Probes, pp: Directions, variation: Variation, frame: Frame, order: Size
 ) -> SampleJets:
     """Apply-derivative jets of a tangent vector in the frame-variations format.
 
@@ -254,7 +255,7 @@ def tv_apply_derivatives(
 
 @public
 def tv_entries_derivatives(
-    index: Index, pp: Directions, variation: Variation, frame: Frame, order: int
+    index: Index, pp: Directions, variation: Variation, frame: Frame, order: Size
 ) -> SampleJets:
     """Entry-derivative jets of a tangent vector in the frame-variations format.
 
