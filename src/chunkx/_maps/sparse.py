@@ -226,7 +226,7 @@ def sparse_pullback(
             return map_mapped(lambda x: (lambda x: x[0] if strip_dim0 else x[:rows])(
                 whole_rows(x, 1 if strip_dim0 else rows)), (y,), (0,))[0]
 
-        head = jax.eval_shape(first, y)
+        head = eqx.filter_eval_shape(first, y)  # numbers stay numbers, as they pass whole
         check_contract(who, head, jax.eval_shape(fn, head))
     guard = identity
     if check_block_diagonal and n:  # outside jit this raises before the pipeline runs
