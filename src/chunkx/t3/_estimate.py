@@ -89,8 +89,8 @@ def _plan(who: str, p: _Problem, budget: int | None) -> int:
     measured, and fits as it does.
     """
     if budget is None:  # balanced: the chunked scratch about equals the resident inputs,
-        # counted at float32's width at least (XLA computes bfloat16/float16 jets in float32,
-        # so their scratch is not narrower, and the size is float32's)
+        # counted at float32's width at least (XLA:CPU computes bfloat16 jets in float32, so
+        # their scratch is not narrower: at their own width no size fitted)
         wide = p if jnp.dtype(p.dtype).itemsize >= 4 else p._replace(dtype="float32")
         budget = 2 * tree_bytes(wide.structs())
 
@@ -147,7 +147,8 @@ def estimate_chunk_size(
     - `n_tangent`: tangent stack size `B`; `stack_shape`: frame stack `C`.
     - `n_shards`: devices the probes are sharded over (the chunk sizes the local shard).
     - `dtype`: floating dtype (default float32). In bfloat16 and float16 the balanced budget
-      counts the inputs at float32's width, as XLA computes their jets in float32.
+      counts the inputs at float32's width (XLA may compute their jets in float32, as it does
+      on the CPU).
 
     **Returns:**
 
