@@ -1,5 +1,6 @@
 """Every input error of chunkx.t3 names the function, the argument / core index and the shapes."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -39,6 +40,9 @@ CW = "t3_probe_corewise_derivatives_transpose"
          r"TT core 1 middle dim must equal Tucker rank n_1=3 .* got TT core shape \(2, 2, 1\)"),
         ((probes(N=(3, 5)), probes(N=(3, 5)), cores(), 1),
          r"ww\[1\] has mode size N_1=5 but Tucker core 1 has shape \(3, 4\)"),
+        # a wrong ww is named, not the pp that is right for the cores
+        ((probes(N=(3, 5)), probes(), cores(), 1),
+         r"`t3_probe_derivatives\(ww\)`: ww\[1\] has mode size N_1=5 but Tucker core 1"),
         ((probes(), probes(W=(4,)), cores(), 1),
          r"`t3_probe_derivatives\(pp\)`: pp\[0\] must have the shape of ww\[0\] \(5, 3\), "
          r"got \(4, 3\)"),
@@ -112,7 +116,7 @@ def test_other_errors():
         t3.estimate_chunk_size((3, 4), (2, 3), (1, 2, 1), 1, 10, n_shards=0)
     with pytest.raises(ValueError, match=r"`max_chunk_size_within\(target_bytes=0\)`"):
         t3.max_chunk_size_within((3, 4), (2, 3), (1, 2, 1), 1, 10, 0)
-    with pytest.raises(ValueError, match=r"`TuckerTensorTrain.randn\(tucker_ranks, tt_ranks\)`"):
+    with pytest.raises(ValueError, match=r"`TuckerTensorTrain.randn\(shape, tucker_ranks, tt_ranks\)`"):
         import jax
         t3.TuckerTensorTrain.randn(jax.random.key(0), (3, 4), (2,), (1, 2, 1))
 
@@ -153,3 +157,27 @@ def test_order_of_any_integer_type():
         assert t3.binomial_combine_tensor(order).shape == (2, 2, 2)
     with pytest.raises(ValueError, match=r"`t3_probe_derivatives\(order=1\.5\)`: order must be"):
         t3.t3_probe_derivatives(ww, ww, x, 1.5)
+
+
+def test_sizes_damping_and_frame_said_where_they_are_wrong():
+    """A mode size or rank below one is refused where the T3 is described (before: a rank-0 T3
+    made silently, or a bare reshape error); a damping that is no scalar when the operator is
+    built; a frame of the wrong length with its length."""
+    key = jax.random.key(0)
+    with pytest.raises(ValueError, match=r"^`TuckerTensorTrain\.randn\(shape, tucker_ranks, "
+                       r"tt_ranks\)`: every Tucker rank must be a positive int, got -1 at index 1"):
+        t3.TuckerTensorTrain.randn(key, (4, 5, 3), (2, -1, 2), (1, 2, 2, 1))
+    with pytest.raises(ValueError, match=r"every mode size must be a positive int, got -5"):
+        t3.TuckerTensorTrain.randn(key, (4, -5, 3), (2, 3, 2), (1, 2, 2, 1))
+    with pytest.raises(ValueError, match=r"^`estimate_chunk_size\(mode_shapes, tucker_ranks, "
+                       r"tt_ranks\)`: every TT rank must be a positive int, got 0 at index 0"):
+        t3.estimate_chunk_size((4, 5), (2, 3), (0, 2, 1), 1, 100)
+    x, ww = cores(), probes()
+    # the suite's jaxtyping hook checks the annotation first; without it, chunkx says
+    # "`GaussNewton(damping)`: damping must be a scalar, got shape (3,)"
+    with pytest.raises((ValueError, TypeError), match=r"damping"):
+        t3.GaussNewton("probe", ww, ww, t3.TuckerTensorTrain(*x), 1, damping=np.ones(3))
+    U, G = x
+    with pytest.raises(ValueError, match=r"`tv_probe_derivatives\(frame\)`: expected a 4-tuple "
+                       r"\(U, O, P, Q\), got a tuple of 3 items"):
+        t3.tv_probe_derivatives(ww, ww, (U, G), (U, G, G), 1)

@@ -1,6 +1,7 @@
 """The Tucker tensor train format: a final `eqx.Module` holding typed cores."""
 
 import math
+import operator
 from collections.abc import Sequence
 
 import equinox as eqx
@@ -115,8 +116,8 @@ class TuckerTensorTrain(eqx.Module):
 
         A `TuckerTensorTrain`.
         """
-        d = check_ranks("TuckerTensorTrain.randn", "tucker_ranks, tt_ranks", shape, tucker_ranks,
-                        tt_ranks)
+        d = check_ranks("TuckerTensorTrain.randn", "shape, tucker_ranks, tt_ranks", shape,
+                        tucker_ranks, tt_ranks)
         # the Tucker cores' shapes, then the TT cores'
         shapes = sum(core_shapes(shape, tucker_ranks, tt_ranks, stack_shape), ())
         sizes = [prod(s) for s in shapes]
@@ -158,7 +159,22 @@ def check_ranks(fn: str, names: str, N, n, r) -> int:
             f"`{fn}({names})`: expected d, d and d+1 entries (d modes, d Tucker ranks, d+1 TT "
             f"ranks), got {len(N)}, {len(n)} and {len(r)}: {tuple(N)}, {tuple(n)} and {tuple(r)}."
         )
+    for what, sizes in (("mode size", N), ("Tucker rank", n), ("TT rank", r)):
+        for i, v in enumerate(sizes):
+            if isinstance(v, bool) or _index(v) is None or _index(v) < 1:
+                raise ValueError(
+                    f"`{fn}({names})`: every {what} must be a positive int, got {v!r} at index "
+                    f"{i} of {tuple(sizes)}."
+                )
     return d
+
+
+def _index(v) -> int | None:
+    """`v` as an int where it is an integer of any integer type (`operator.index`), else None."""
+    try:
+        return operator.index(v)
+    except TypeError:
+        return None
 
 
 def core_shapes(N, n, r, C=()) -> tuple[tuple, tuple]:

@@ -106,6 +106,10 @@ class GaussNewton(eqx.Module):
                 f"{self.weights.shape}."
             )
         self.damping = jnp.asarray(damping, dtype)
+        if self.damping.shape != ():
+            raise ValueError(
+                f"`{fn}(damping)`: damping must be a scalar, got shape {self.damping.shape}."
+            )
 
     def _inputs(self) -> Inputs:
         return corewise_inputs("GaussNewton", "x", self.kind, self.samples, self.pp, self.x,

@@ -97,14 +97,9 @@ def check_probes(fn: str, ww, pp, tucker, nc: int, label: str):
     check_len(fn, "ww", ww, len(tucker))
     check_len(fn, "pp", pp, len(tucker))
     W = shape_of(ww[0])[:-1]
-    for i, (w, p, U) in enumerate(zip(ww, pp, tucker)):
-        if w.ndim < 1:
+    for i, (w, U) in enumerate(zip(ww, tucker)):  # the probes against the cores first,
+        if w.ndim < 1:  # then the directions against the probes
             raise ValueError(f"`{fn}(ww)`: ww[{i}] must have a mode axis, got shape {shape_of(w)}.")
-        if shape_of(p) != shape_of(w):
-            raise ValueError(
-                f"`{fn}(pp)`: pp[{i}] must have the shape of ww[{i}] {shape_of(w)}, "
-                f"got {shape_of(p)}."
-            )
         if shape_of(w)[:-1] != W:
             raise ValueError(
                 f"`{fn}(ww)`: every ww[i] must share the probe stack W={W}, "
@@ -115,13 +110,21 @@ def check_probes(fn: str, ww, pp, tucker, nc: int, label: str):
                 f"`{fn}(ww)`: ww[{i}] has mode size N_{i}={shape_of(w)[-1]} but {label} core {i} "
                 f"has shape {shape_of(U)} (N_{i}={shape_of(U)[nc + 1]})."
             )
+    for i, (w, p) in enumerate(zip(ww, pp)):
+        if shape_of(p) != shape_of(w):
+            raise ValueError(
+                f"`{fn}(pp)`: pp[{i}] must have the shape of ww[{i}] {shape_of(w)}, "
+                f"got {shape_of(p)}."
+            )
     return W
 
 
 def check_frame(fn: str, frame):
     """Frame `(U, O, P, Q)`; returns C."""
     if not isinstance(frame, Sequence) or len(frame) != 4:
-        raise ValueError(f"`{fn}(frame)`: expected a 4-tuple (U, O, P, Q), got {type(frame)}.")
+        got = (f"a {type(frame).__name__} of {len(frame)} items" if isinstance(frame, Sequence)
+               else f"a {type(frame).__name__}")
+        raise ValueError(f"`{fn}(frame)`: expected a 4-tuple (U, O, P, Q), got {got}.")
     U, Dn, P, Q = frame
     d, C = check_cores(fn, "frame (U, P)", U, P)
     check_cores(fn, "frame (U, Q)", U, Q)
