@@ -4,6 +4,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.extend.core
 import jax.numpy as jnp
@@ -50,10 +51,21 @@ def evaluate(
     return part
 
 
+def built_by(layer: Any) -> str | None:
+    """The public map that built the chunkx layers `layer` (the `owner` of a Chunk among
+    them, through the layers' `fn`), `None` for layers built by hand."""
+    while isinstance(layer, eqx.Module) and type(layer).__module__.startswith("chunkx."):
+        owner = getattr(layer, "owner", None)
+        if owner is not None:
+            return owner.who
+        layer = getattr(layer, "fn", None)
+    return None
+
+
 def who_built(chunk: Any) -> str:
     """The name a `Chunk`'s messages give: the public map that built it (its `owner`), else
     `Chunk`."""
-    return "Chunk" if chunk.owner is None else chunk.owner.who
+    return built_by(chunk) or "Chunk"
 
 
 def skips(reducer: AbstractReducer, valid: RowMask | None) -> bool:

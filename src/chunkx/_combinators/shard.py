@@ -15,6 +15,7 @@ from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._protocol import (
     AbstractReducer,
     RowsNotKept,
+    accumulation,
     rounded,
     shard_collect,
     shard_local,
@@ -23,6 +24,7 @@ from ._protocol import (
 )
 from ._rows import call_with_valid, compiled_if_eager, map_mapped, mapped_length
 from ._sharding import call_mesh, is_explicit, mesh_of, on_mesh, place
+from .loop import built_by
 from .pad import pad_rows, round_up, row_mask, split_rows
 from .reduce import held_reducer, keeps_rows, reducer_of, wide_sums
 
@@ -206,12 +208,13 @@ def _shard_run(fn, reducer, layout, args, valid):
 
     def local(dyn_args, v, held):
         part = call_with_valid(eqx.combine(held, fn), eqx.combine(dyn_args, static), v)
-        if rows is not None and any(jnp.ndim(x) == 0 or jnp.shape(x)[0] != rows
-                                    for x in jax.tree_util.tree_leaves(part)):
-            # rows to join along axis 0: in the name of the map that built the layers
-            shapes = jax.tree_util.tree_map(
+        if rows is not None:  # rows to join along axis 0, checked as the reducer's loop checks
+            shapes = jax.tree_util.tree_map(  # a chunk's (by shape: no tracers in its message)
                 lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), part)
-            raise RowsNotKept(shapes, rows, who or "Shard", who is None)
+            try:
+                accumulation(reducer).check_chunk(shapes, rows)
+            except RowsNotKept as e:  # in the name of the map that built the layers
+                raise RowsNotKept(e.part, e.size, who or "Shard", who is None) from None
         return shard_local(reducer, part, axis)
 
     # check_vma=False: `fn` is the user's code, and with the check on JAX types every value
@@ -238,17 +241,6 @@ def _shard_run(fn, reducer, layout, args, valid):
             f"JAX says: {str(e).splitlines()[0]}"
         ) from None
     return shard_collect(reducer, gathered, mesh)
-
-
-def built_by(layer: Any) -> str | None:
-    """The public map that built the chunkx layers `layer` (the `owner` of a Chunk among
-    them, through the layers' `fn`), `None` for layers built by hand."""
-    while isinstance(layer, eqx.Module) and type(layer).__module__.startswith("chunkx."):
-        owner = getattr(layer, "owner", None)
-        if owner is not None:
-            return owner.who
-        layer = getattr(layer, "fn", None)
-    return None
 
 
 layer_in_axes.register(Shard, own_axes)

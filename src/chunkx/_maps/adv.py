@@ -10,12 +10,12 @@ import equinox as eqx
 from jax.sharding import Mesh
 
 from .._checks import as_in_axes, check_in_axes, in_axes_tuple
-from .._combinators._sharding import auto_twin, on_inputs_mesh, to_mesh
+from .._combinators._sharding import on_inputs_mesh
 from .._combinators.reduce import AbstractReducer, identity
 from .._public import public
 from .._types import Budget, GradPolicy, InAxes, Size
 from ._vmap_axes import Spec, by_argument
-from .pipeline import Options, check_options, reducer_for, run_one_input
+from .pipeline import Options, check_options, on_auto_twin, reducer_for, run_one_input
 from .vmap import AbstractChunkedVmap
 
 
@@ -61,10 +61,8 @@ class BatchVmap(AbstractChunkedVmap):
     fun = property(operator.attrgetter("f"))  # the function, as the base class calls it
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        twin = auto_twin((args, kwargs), self.opts.mesh) if self.opts.shard else None
-        if twin is not None:  # an Explicit mesh, no context mesh: as adv, on an Auto mesh
-            args, kwargs = to_mesh((args, kwargs), twin)
-            opts = dataclasses.replace(self.opts, mesh=twin)
+        (args, kwargs), opts = on_auto_twin((args, kwargs), self.opts)
+        if opts is not self.opts:  # an Explicit mesh, no context mesh: as adv, on an Auto mesh
             return dataclasses.replace(self, opts=opts)(*args, **kwargs)
         with on_inputs_mesh((args, kwargs)):
             out = self._run(args, kwargs)

@@ -253,6 +253,16 @@ def _first_row(rows: Any) -> Any:
     return jax.tree_util.tree_map(lambda y: y[0] if eqx.is_array(y) else y, rows)
 
 
+def on_auto_twin(tree: Any, opts: Options) -> tuple[Any, Options]:
+    """`(tree, opts)` of a sharded map moved onto an Auto mesh of the Explicit mesh it would
+    run on, where no context mesh is set (`auto_twin`: as adv's maps, whose output an eager
+    `jax.grad` can then start from); else as they are (`opts` itself)."""
+    twin = auto_twin(tree, opts.mesh) if opts.shard else None
+    if twin is None:
+        return tree, opts
+    return to_mesh(tree, twin), dataclasses.replace(opts, mesh=twin)
+
+
 def run_one_input(
     fun: Callable, x: Any, opts: Options, reduction: Any, chunk_reduction: Callable, **how: Any
 ) -> Any:
@@ -266,9 +276,7 @@ def run_one_input(
     a chunk's rows; `reducer` as in `reducer_for`. An "auto" size is planned by the pipeline's
     Chunk.
     """
-    twin = auto_twin(x, opts.mesh) if opts.shard else None
-    if twin is not None:  # an Explicit mesh, no context mesh: as adv (and batch_vmap), on an
-        x, opts = to_mesh(x, twin), dataclasses.replace(opts, mesh=twin)  # Auto mesh
+    x, opts = on_auto_twin(x, opts)
     who, what = opts.who, f"{opts.who}({fn_name(fun)})"
     n = mapped_length((x,), (0,), who)
     if how.get("strip_dim0"):

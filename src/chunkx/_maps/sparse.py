@@ -221,10 +221,12 @@ def sparse_pullback(
     if n:
         rows = n if opts.size in (None, "auto") else min(n, opts.size)  # the first chunk
 
-        def first(y):  # leaves that are no arrays pass whole, as in batch_map; rows split over
-            # an Explicit mesh that the chunk would not split evenly are gathered first
-            return map_mapped(lambda x: (lambda x: x[0] if strip_dim0 else x[:rows])(
-                whole_rows(x, 1 if strip_dim0 else rows)), (y,), (0,))[0]
+        def cut(x):  # rows split over an Explicit mesh that the chunk would not split evenly
+            x = whole_rows(x, 1 if strip_dim0 else rows)  # are gathered first
+            return x[0] if strip_dim0 else x[:rows]
+
+        def first(y):  # leaves that are no arrays pass whole, as in batch_map
+            return map_mapped(cut, (y,), (0,))[0]
 
         head = eqx.filter_eval_shape(first, y)  # numbers stay numbers, as they pass whole
         check_contract(who, head, jax.eval_shape(fn, head))
