@@ -177,7 +177,8 @@ def complex_case(precision="double"):
     real, cplx = (jnp.float64, jnp.complex128) if precision == "double" else (
         jnp.float32, jnp.complex64)
     x = rows(9).astype(real)
-    w = jax.jit(lambda k: (jax.random.normal(k, (3,)) * (1 + 0.5j)).astype(cplx))(
+    # drawn in the rows' dtype: XLA:TPU compiles no float64 to complex128 conversion
+    w = jax.jit(lambda k: jax.random.normal(k, (3,), real) * jnp.asarray(1 + 0.5j, cplx))(
         jax.random.PRNGKey(2))
     ct = jnp.asarray(0.3 - 1.2j, cplx)
     ref = lambda w, x: jnp.sum(jax.vmap(complex_f, (None, 0))(w, x))  # noqa: E731

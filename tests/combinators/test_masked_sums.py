@@ -127,3 +127,39 @@ def test_masked_rows_that_hold_anything_op_by_op(grad, grad_size, size, remainde
         assert bool(jnp.all(gx[~valid] == 0))
         zeros = (jnp.zeros_like(dirty), jnp.zeros_like(w))
         assert_tree_close((v0, g0), (jnp.zeros_like(v0), zeros))
+
+
+@pytest.mark.x64
+@pytest.mark.parametrize("size", [4, 16])
+def test_float64_rows_are_selected_out_without_a_cond(monkeypatch, size):
+    """On a TPU (its way taken here) a batch in which no row counts is selected out by a
+    `lax.cond` outside the loop, but XLA:TPU fails to compile one that passes float64 through
+    (its float64 emulation): float64 sums are selected by a select instead, with the same
+    values and gradients, in a loop and in one call; float32 keeps its cond."""
+    from chunkx._combinators import loop
+
+    monkeypatch.setattr(loop, "skips_by_cond", lambda: False)
+    valid = np.ones(11, bool)
+    valid[[1, 4, 5, 6, 7, 10]] = False
+    w = rand(2, (3,), jnp.float64)
+
+    def f(r, w):
+        return jnp.sin(r @ w) * r[0]
+
+    chunk = chunkx.Chunk(chunkx.Vmap(f, (0, None)), size, reducer=chunkx.Sum(),
+                         in_axes=(0, None), grad="recompute")
+
+    def want(x, w, valid):  # the rows that count, alone
+        return jnp.sum(jax.vmap(f, (0, None))(x[valid], w))
+
+    for dtype, conds in ((jnp.float64, False), (jnp.float32, True)):
+        x = rand(1, (11, 3), dtype)
+        program = jax.jit(lambda x, w, v: chunk(x, w, valid=v)).lower(
+            x, w.astype(dtype), valid).as_text()
+        assert ("stablehlo.case" in program) == conds, dtype
+    x = rand(1, (11, 3), jnp.float64)
+    for v in (valid, np.zeros(11, bool)):
+        got = jax.jit(jax.value_and_grad(lambda x, w: chunk(x, w, valid=v), (0, 1)))(x, w)
+        ref = jax.jit(jax.value_and_grad(lambda x, w: want(x, w, v), (0, 1)))(x, w)
+        assert got[0].dtype == jnp.float64
+        assert_tree_close(got, ref, rtol=1e-12, atol=1e-14)

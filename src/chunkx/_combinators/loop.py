@@ -224,9 +224,13 @@ def skipping(piece, part, row=None, *, each=None):
 
 def zero_unless_counted(tree, valid):
     """`tree` where some row of `valid` counts, zeros of its structure where none does (a
-    `lax.cond` outside any loop: on a TPU a select of a loop's result holds more memory)."""
-    zeros = jax.tree_util.tree_map(jnp.zeros_like, tree)
-    return jax.lax.cond(jnp.any(valid), lambda: tree, lambda: zeros)
+    `lax.cond` outside any loop: on a TPU a select of a loop's result holds more memory). A
+    tree with a float64 leaf is selected: XLA:TPU fails to compile a `lax.cond` that passes
+    one through (its float64 emulation)."""
+    counts, zeros = jnp.any(valid), jax.tree_util.tree_map(jnp.zeros_like, tree)
+    if any(jnp.result_type(x) == jnp.float64 for x in jax.tree_util.tree_leaves(tree)):
+        return jax.tree_util.tree_map(lambda x, z: jnp.where(counts, x, z), tree, zeros)
+    return jax.lax.cond(counts, lambda: tree, lambda: zeros)
 
 
 def _times_one(tree, i):
