@@ -108,7 +108,39 @@ def cases(quick: bool) -> list:
             out.append((f"vjp_chunked ({dtype} outputs) of the parameters, {n} samples, "
                         f"{k} a chunk",
                         _vjp_case(n, k, dtype, s)))
+    # netket's variational Monte Carlo on a TPU: float32 parameters and samples, complex64
+    # log-amplitudes and cotangents, x64 on (as netket leaves it)
+    for kw in ({"chunk_size": 4, "return_forward": True}, {"chunk_size": 11},
+               {"chunk_size": 4, "conjugate": True}, {"chunk_size": 4, "has_aux": True},
+               {"chunk_size": 4, "nondiff_argnums": (), "return_forward": True},
+               {"chunk_size": 8, "chunk_size_bwd": 2}):
+        out.append((f"vjp_chunked of a complex64 log-amplitude, 10 samples, {kw}",
+                    _netket_case(kw, s)))
     return out
+
+
+def _netket_case(kw, s):
+    def build():
+        import jax
+        import jax.numpy as jnp
+
+        import chunkx
+
+        def logpsi(p, x):  # an RBM's log-amplitude with a phase, one per sample
+            theta = p["W"] @ x + p["b"]
+            out = jnp.sum(jnp.log(jnp.cosh(theta))) + p["a"] @ x
+            out = out + 1j * jnp.sin(p["a"] @ x + 0.5 * p["b"].sum())
+            return (out, 2.0 * x.sum()) if kw.get("has_aux") else out
+
+        def fn(p, x, ct):
+            return chunkx.vjp_chunked(jax.vmap(logpsi, (None, 0)), p, x, chunk_argnums=1,
+                                      **{"nondiff_argnums": 1, **kw})(ct)
+
+        f32 = jnp.float32
+        p = {"W": s(4, 6, dtype=f32), "b": s(4, dtype=f32), "a": s(6, dtype=f32)}
+        return fn, (p, s(10, 6, dtype=f32), s(10, dtype=jnp.complex64))
+
+    return build
 
 
 def _chunk_case(make, n, size, remainder, masked, mode, row, summed, s):

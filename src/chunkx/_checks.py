@@ -58,6 +58,17 @@ def check_positive(
     return size
 
 
+def check_store_grad_size(who: str, grad: str, grad_name: str, grad_size: Any) -> None:
+    """Raise where a backward chunk size comes with `grad="store"` (a reverse pass of the
+    stored residuals, which runs no chunks)."""
+    if grad_size is not None and grad == "store":
+        raise ValueError(
+            f"`{who}(grad='store', {grad_name}={grad_size!r})`: a backward chunk size needs a "
+            "reverse pass that runs chunk by chunk; use grad='fused', 'recompute' or 'auto', "
+            f"or leave {grad_name}=None."
+        )
+
+
 def check_argnums(
     who: str, name: str, value: Any, nargs: int | None = None, *, negative: bool = True,
     as_tuple: bool = False,

@@ -467,6 +467,13 @@ def test_errors():
         chunkx.Chunk(jnp.sin, 2, grad_size=0)
     with pytest.raises(ValueError, match=r"`Chunk\(grad='store', grad_size=2\)`: a backward"):
         chunkx.Chunk(jnp.sin, 4, grad="store", grad_size=2)
+    # a map says it in its own name and argument, when it is built
+    with pytest.raises(ValueError, match=r"^`batch_vmap\(grad='store', grad_batch_size=2\)`: a "
+                                         r"backward chunk size needs a reverse pass that runs "
+                                         r"chunk by chunk; .* or leave grad_batch_size=None\.$"):
+        chunkx.batch_vmap(jnp.sin, batch_size=4, grad="store", grad_batch_size=2)
+    with pytest.raises(ValueError, match=r"^`chunkx.vmap\(grad='store', grad_batch_size=2\)`"):
+        chunkx.vmap(jnp.sin, batch_size=4, grad="store", grad_batch_size=2)
     with pytest.raises(ValueError, match=r"`Chunk\(grad='fused'\)`: fusing value and gradient"):
         chunkx.Chunk(chunkx.Vmap(jnp.sin), 2, grad="fused")(jnp.ones(5))
     with pytest.raises(ValueError, match=r"`Chunk\(grad='fused'\)`: every leaf of the reduced"):

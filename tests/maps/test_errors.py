@@ -112,6 +112,35 @@ def test_combinator_settings_validated():
         chunkx.Shard(chunkx.Chunk(jnp.sin, 3, reducer=chunkx.Sum()), reducer=chunkx.Concat())
 
 
+def test_a_vmap_wrapped_as_if_it_reduced_or_moved_its_rows_is_refused():
+    """A Vmap returns its rows along axis 0 and reduces nothing: a Shard or Pad told to join
+    its output with Sum, or a wrapper of a Vmap built with out_axes=1, is refused when built
+    (before, Shard returned the rows or per-device sums as if summed, Pad(fill="zero") let its
+    zero rows into the output, and a Chunk whose size equalled the row width joined
+    transposed blocks), and the reducing forms give the sums of the rows."""
+    x = jnp.arange(1.0, 11.0)
+    rows = chunkx.Vmap(lambda r: 2 * r)
+    for who, build in (("Shard", lambda: chunkx.Shard(rows, reducer=chunkx.Sum())),
+                       ("Pad", lambda: chunkx.Pad(rows, 4, reducer=chunkx.Sum(), fill="zero"))):
+        with pytest.raises(ValueError, match=rf"^`{who}\(reducer=Sum\(\)\)`: the wrapped Vmap returns "
+                                             r"its rows, not a partial result of Sum\(\)"):
+            build()
+    summed = chunkx.Chunk(rows, 3, reducer=chunkx.Sum())
+    for layer in (chunkx.Shard(summed), chunkx.Pad(summed, 4, fill="zero"), summed):
+        np.testing.assert_allclose(layer(x), 110.0)
+    moved = chunkx.Vmap(lambda r: 2 * r, out_axes=1)
+    for who, build in (("Chunk", lambda: chunkx.Chunk(moved, 3)),
+                       ("Reduce", lambda: chunkx.Reduce(moved)), ("Pad", lambda: chunkx.Pad(moved, 2)),
+                       ("Shard", lambda: chunkx.Shard(moved))):
+        with pytest.raises(ValueError, match=rf"^`{who}`: the wrapped Vmap puts its rows along out_axes=1, "
+                                             rf"but a {who} takes them along axis 0"):
+            build()
+    x3 = jnp.arange(30.0).reshape(10, 3)
+    np.testing.assert_allclose(moved(x3), 2 * x3.T)
+    np.testing.assert_allclose(chunkx.Chunk(chunkx.Vmap(lambda r: 2 * r), 3,
+                                            reducer=chunkx.Concat(axis=1))(x3), 2 * x3.T)
+
+
 def test_zero_dim_mapped_leaf():
     with pytest.raises(ValueError, match=r"`Chunk`: argument 0 is mapped \(in_axes 0\) but has a 0-d leaf"):
         chunkx.Chunk(jnp.sin, 2)(jnp.float32(1.0))

@@ -280,6 +280,22 @@ def test_micro_vmap_nested_in_vmap_and_a_module_through_jit():
     close(eqx.filter_jit(lambda f, x, w: f(x, w))(f, x, w), want[0])
 
 
+def test_sizes_as_numpy_and_jax_integers():
+    """A microbatch size computed with NumPy or JAX (`np.int64(3)`, `jnp.int32(3)`), as optax
+    takes it: optax's results, in all three maps and as `grad_microbatch_size`."""
+    x, w = data()
+    g = lambda x, w: jnp.tanh(x @ w)  # noqa: E731
+    p, xs, y = grad_data()
+    for k in (np.int64(3), np.int32(3), jnp.int32(3)):
+        close(chunkx.micro_vmap(g, (0, None), microbatch_size=k)(x, w),
+              om.micro_vmap(g, (0, None), microbatch_size=3)(x, w))
+        close(chunkx.microbatch(grouped, 0, k)(x, w), om.microbatch(grouped, 0, 3)(x, w))
+        close(chunkx.micro_grad(sq_loss, batch_argnums=(1, 2), microbatch_size=k)(p, xs, y),
+              om.micro_grad(sq_loss, batch_argnums=(1, 2), microbatch_size=3)(p, xs, y))
+        close(chunkx.micro_vmap(g, (0, None), microbatch_size=3, grad_microbatch_size=k)(x, w),
+              jax.vmap(g, (0, None))(x, w))
+
+
 def test_a_map_with_an_array_num_real_is_jax_jits_function():
     """`jax.jit(map)` as with optax's closures, also where `num_real_microbatches` is an
     array (a JAX or NumPy integer, a 0-d NumPy array, as optax takes) held by the map."""

@@ -183,6 +183,8 @@ _AUTO = r"must be a positive int, 'auto' or None, got 'Auto' \(str\); did you me
     (lambda: chunkx.chunk_map(jnp.sin, chunk_size="Auto"), rf"^`chunk_map\(chunk_size='Auto'\)`: chunk_size {_AUTO}"),
     (lambda: chunkx.Chunk(jnp.sin, "Auto"), rf"^`Chunk\(size='Auto'\)`: size {_AUTO}"),
     (lambda: chunkx.Chunk(jnp.sin, 2, grad_size="Auto"), rf"^`Chunk\(grad_size='Auto'\)`: grad_size {_AUTO}"),
+    (lambda: chunkx.micro_vmap(jnp.sin, microbatch_size="Auto"), rf"^`micro_vmap\(microbatch_size='Auto'\)`: microbatch_size {_AUTO}"),
+    (lambda: chunkx.micro_grad(jnp.sin, microbatch_size="Auto"), rf"^`micro_grad\(microbatch_size='Auto'\)`: microbatch_size {_AUTO}"),
     (lambda: chunkx.micro_vmap(jnp.sin, microbatch_size=2, grad_microbatch_size=0),
      r"^`micro_vmap\(grad_microbatch_size=0\)`: grad_microbatch_size must be a positive int, 'auto' or None, got 0 \(int\)\.$"),
 ], ids=message_id)
@@ -207,8 +209,6 @@ def test_a_wrong_size_is_told_auto_where_the_size_takes_it(call, match):
      r"^`chunk_map\(progress=1\)`: progress must be a bool \(True or False\), got 1 \(int\)\.$"),
     (lambda: chunkx.batch_vmap(jnp.sin, grad="fuse"),
      r"^`batch_vmap\(grad='fuse'\)`: grad must be 'auto', 'fused', 'recompute' or 'store', got 'fuse' \(str\)\.$"),
-    (lambda: chunkx.micro_vmap(jnp.sin, microbatch_size="AUTO"),
-     r"^`micro_vmap\(microbatch_size='AUTO'\)`: microbatch_size must be an int, 'auto' or None, got 'AUTO' \(str\); did you mean 'auto'\?$"),
     (lambda: chunkx.filter_vmap(jnp.sin, mesh="cpu"),
      r"^`chunkx\.filter_vmap\(mesh='cpu'\)`: mesh must be a Mesh or None, got 'cpu' \(str\)\.$"),
     (lambda: chunkx.filter_vmap(jnp.sin, mesh=np.int64(3)),  # a NumPy scalar shown by value
@@ -224,8 +224,9 @@ def test_a_wrong_kind_of_option_is_told_what_to_pass(call, match):
 def test_the_combinators_ask_for_an_instance_and_a_bool():
     """Equinox Modules are not type-checked when built (the suite's jaxtyping import hook
     does check them, with beartype's account): without the hook, a class where a reducer
-    belongs, a progress that is no bool and a mesh that is no Mesh are refused when the
-    combinator is built, as the public maps refuse them."""
+    belongs, a progress that is no bool, a mesh that is no Mesh and a Monoid's function that
+    is not callable are refused when the combinator is built, as the public maps refuse
+    them."""
     import json
     import os
     import subprocess
@@ -240,7 +241,9 @@ def test_the_combinators_ask_for_an_instance_and_a_bool():
         "         lambda: chunkx.Chunk(jnp.sin, 2, progress='yes'),\n"
         "         lambda: chunkx.Shard(jnp.sin, mesh='d'),\n"
         "         lambda: chunkx.Shard(jnp.sin, mesh=jax.devices()[:1]),\n"
-        "         lambda: chunkx.Chunk(jnp.sin, 2, reducer=jnp.sum)]\n"
+        "         lambda: chunkx.Chunk(jnp.sin, 2, reducer=jnp.sum),\n"
+        "         lambda: chunkx.Monoid(3),\n"
+        "         lambda: chunkx.Monoid(jnp.add, 5)]\n"
         "out = []\n"
         "for call in calls:\n"
         "    try:\n"
@@ -266,6 +269,10 @@ def test_the_combinators_ask_for_an_instance_and_a_bool():
         "`Shard(mesh='d')`: mesh must be a Mesh or None, got 'd' (str).",
         "`Shard(mesh=...)`: mesh must be a Mesh or None, got a list of 1 item.",
         "`Chunk(reducer=...)`: reducer must be an AbstractReducer, got a function named 'sum'.",
+        # a Monoid's functions, when it is built (before: "'int' object is not callable" later)
+        "`Monoid(reduction=3)`: reduction must be callable (a binary reduction), got int.",
+        "`Monoid(chunk_reduction=5)`: chunk_reduction must be callable (a reduction of a "
+        "piece's rows), got int.",
     ]
     with pytest.raises(TypeError, match="reducer"):  # in this process: the hook's account
         chunkx.Chunk(jnp.sin, 2, reducer=chunkx.Sum)

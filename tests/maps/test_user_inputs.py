@@ -348,3 +348,39 @@ def test_chunk_of_rows_split_over_an_explicit_mesh(size, remainder, reducer):
     want_grad = jax.grad(lambda x: jnp.sum(jnp.cos(
         jax.vmap(f)(x) if isinstance(reducer, chunkx.Concat) else jnp.sum(jax.vmap(f)(x), 0))))(x)
     assert_tree_close(got, want_grad)
+
+
+# -- an unhashable callable object ----------------------------------------------------------------
+
+
+def test_an_unhashable_model_called_eagerly_is_compiled_for_each_call():
+    """A callable object that cannot be hashed (a plain dataclass: `__eq__` without
+    `__hash__`) as the function of an eager call, as `jax.vmap` takes it: each map gives
+    `jax.vmap`'s rows, with a warning that it compiles at every call, and after its array is
+    changed the next call gives the new rows (no program kept from before)."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Model:
+        w: jax.Array
+
+        def __call__(self, r):
+            return jnp.tanh(r @ self.w)
+
+    x = jax.random.normal(jax.random.key(0), (10, 3))
+    model = Model(jax.random.normal(jax.random.key(1), (3,)))
+    maps = {
+        "vmap": lambda: chunkx.vmap(model, batch_size=3)(x),
+        "batch_vmap": lambda: chunkx.batch_vmap(model, batch_size=3)(x),
+        "vmap_chunked": lambda: chunkx.vmap_chunked(model, chunk_size=3)(x),
+        "micro_vmap": lambda: chunkx.micro_vmap(model, microbatch_size=2)(x),
+        "map": lambda: chunkx.map(model, x, batch_size=3),
+        "Chunk": lambda: chunkx.Chunk(chunkx.Vmap(model), 3)(x),
+    }
+    for name, call in maps.items():
+        with pytest.warns(UserWarning, match="Model, which is not hashable, compiles again"):
+            got = call()
+        np.testing.assert_allclose(got, jax.vmap(model)(x), rtol=1e-6, err_msg=name)
+    model.w = jnp.arange(3.0)  # changed in place: the next call sees it
+    with pytest.warns(UserWarning, match="not hashable"):
+        np.testing.assert_allclose(maps["Chunk"](), jax.vmap(model)(x), rtol=1e-6)

@@ -15,6 +15,7 @@ from .._checks import (
     check_choice,
     check_instance,
     check_positive,
+    check_store_grad_size,
     zero_in_axes,
 )
 from .._plan.auto import (
@@ -36,6 +37,7 @@ from ._sharding import on_inputs_mesh, row_split, split_rows_as, whole_rows
 from .fused import fused_call, grad_policy, piece_sizes, regrad_call
 from .loop import chunk_loop, evaluate, skipping, skips, who_built
 from .reduce import Concat, keeps_rows
+from .vmap import check_rows_first
 
 
 def _as_budget(value: Any) -> Any:
@@ -87,6 +89,7 @@ class Reduce(eqx.Module):
 
     def __check_init__(self):
         check_callable("Reduce", "fn", self.fn, "a batched function")
+        check_rows_first("Reduce", self.fn)
         check_instance("Reduce", "reducer", self.reducer, AbstractReducer)
 
     def __call__(self, *args: Any, valid: RowMask | None = None) -> Any:
@@ -230,6 +233,7 @@ class Chunk(eqx.Module):
 
     def __check_init__(self):
         check_callable("Chunk", "fn", self.fn, "a batched function")
+        check_rows_first("Chunk", self.fn)
         check_instance("Chunk", "reducer", self.reducer, AbstractReducer)
         check_instance("Chunk", "progress", self.progress, bool)
         if self.size != "auto":
@@ -241,12 +245,7 @@ class Chunk(eqx.Module):
         if self.grad_size != "auto":
             check_positive("Chunk", "grad_size", self.grad_size, auto=True)
         check_budget("Chunk", "memory_budget", self.memory_budget)
-        if self.grad_size is not None and self.grad == "store":
-            raise ValueError(
-                f"`Chunk(grad='store', grad_size={self.grad_size!r})`: a backward chunk size "
-                "needs a reverse pass that runs chunk by chunk; use grad='fused', 'recompute' "
-                "or 'auto', or leave grad_size=None."
-            )
+        check_store_grad_size("Chunk", self.grad, "grad_size", self.grad_size)
         if self.grad_size == "auto" and self.size is None:
             raise ValueError(
                 "`Chunk(size=None, grad_size='auto')`: a planned backward chunk size needs a "

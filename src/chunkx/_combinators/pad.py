@@ -31,6 +31,7 @@ from ._protocol import AbstractReducer, call_masked, trim
 from ._rows import map_mapped, mapped_length
 from ._sharding import on_inputs_mesh, replicated
 from .reduce import held_reducer, reducer_of
+from .vmap import check_rows_first
 
 Fill = Literal["edge", "zero"]
 
@@ -131,6 +132,7 @@ class Pad(eqx.Module):
 
     def __check_init__(self):
         check_callable("Pad", "fn", self.fn, "a batched function")
+        check_rows_first("Pad", self.fn)
         check_instance("Pad", "reducer", self.reducer, AbstractReducer, allow_none=True)
         check_positive("Pad", "multiple", self.multiple, allow_none=False)
         check_choice("Pad", "fill", self.fill, ("edge", "zero"))

@@ -21,6 +21,7 @@ import numpy as np
 from jax.sharding import AbstractMesh, Mesh
 from jax.sharding import PartitionSpec as P
 
+from .._checks import check_callable
 from .._types import RowMask, Tree
 from . import compensated as comp
 from ._buffer import buffer_rows, new_buffer, write_chunk
@@ -41,6 +42,7 @@ from ._protocol import (
 )
 from ._rows import stop_repeated, times_mask, zero_masked
 from ._sharding import replicated
+from .vmap import Vmap
 
 #: Reductions known to be `+`: a Monoid folding with one of them sums its chunks' partials.
 _ADDITIONS = (jnp.add, operator.add, jax.lax.add)
@@ -386,6 +388,11 @@ class Monoid(AbstractReducer):
     additive: bool | None = eqx.field(static=True, default=None)
     compensated: bool = eqx.field(static=True, default=True)
 
+    def __check_init__(self):
+        check_callable("Monoid", "reduction", self.reduction, "a binary reduction")
+        check_callable("Monoid", "chunk_reduction", self.chunk_reduction,
+                       "a reduction of a piece's rows")
+
     def is_additive(self) -> bool:
         """`additive` if given, else whether `reduction` is `jnp.add`/`operator.add`/`lax.add`."""
         return self._adds() if self.additive is None else self.additive
@@ -491,6 +498,12 @@ def reducer_of(who: str, fn: Any, reducer: AbstractReducer | None) -> AbstractRe
             "it returns its rows along axis 0; a reducer that joins them along another axis "
             "needs a wrapped loop that writes them there (a Chunk, Reduce or Unrolled with that "
             "reducer)."
+        )
+    if isinstance(fn, Vmap) and rows_axis(reducer) is None:
+        raise ValueError(
+            f"`{who}(reducer={reducer!r})`: the wrapped Vmap returns its rows, not a partial "
+            f"result of {reducer!r}; reduce them in a Chunk (`Chunk(Vmap(f), size, "
+            f"reducer={reducer!r})`), or wrap a function that returns the partial result."
         )
     if inner is not None and not eqx.tree_equal(inner, reducer):
         raise ValueError(

@@ -27,6 +27,7 @@ from ._sharding import call_mesh, is_explicit, mesh_of, on_mesh, place
 from .loop import built_by
 from .pad import pad_rows, round_up, row_mask, split_rows
 from .reduce import held_reducer, keeps_rows, reducer_of, wide_sums
+from .vmap import check_rows_first
 
 
 class Shard(eqx.Module):
@@ -95,6 +96,7 @@ class Shard(eqx.Module):
 
     def __check_init__(self):
         check_callable("Shard", "fn", self.fn, "a batched function")
+        check_rows_first("Shard", self.fn)
         check_instance("Shard", "mesh", self.mesh, Mesh, allow_none=True)
         check_instance("Shard", "reducer", self.reducer, AbstractReducer, allow_none=True)
         if self.remainder is not None:

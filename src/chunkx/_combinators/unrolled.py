@@ -16,6 +16,7 @@ from ._rows import counted_rows, map_mapped, mapped_length, repeats_later, stop_
 from ._sharding import on_inputs_mesh, whole_rows
 from .loop import evaluate
 from .reduce import Concat
+from .vmap import check_rows_first
 
 
 class Unrolled(eqx.Module):
@@ -37,6 +38,7 @@ class Unrolled(eqx.Module):
 
     def __check_init__(self):
         check_positive("Unrolled", "size", self.size, allow_none=False)
+        check_rows_first("Unrolled", self.fn)
 
     def __call__(self, *args: Any) -> Any:
         with on_inputs_mesh(args):  # eager inputs on an Explicit mesh: the gathers join them

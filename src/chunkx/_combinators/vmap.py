@@ -4,6 +4,7 @@ from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
+import jax
 
 from .._checks import as_in_axes, check_callable, zero_in_axes
 from .._types import InAxes
@@ -47,3 +48,16 @@ class Vmap(eqx.Module):
 
 
 layer_in_axes.register(Vmap, own_axes)
+
+
+def check_rows_first(who: str, fn: Any) -> None:
+    """A layer around `fn` takes its rows along axis 0: refuse a `Vmap` built to put them
+    along a later axis (a Chunk would join its chunks' outputs along the wrong axis)."""
+    if isinstance(fn, Vmap) and any(
+        isinstance(a, int) and a > 0 for a in jax.tree_util.tree_leaves(fn.out_axes)
+    ):
+        raise ValueError(
+            f"`{who}`: the wrapped Vmap puts its rows along out_axes={fn.out_axes!r}, but a "
+            f"{who} takes them along axis 0; build the Vmap with out_axes=0 (a Chunk's "
+            "reducer=Concat(axis=k) writes the rows along axis k)."
+        )

@@ -9,7 +9,7 @@ Each map is a `Microbatched` Module over chunkx's combinators
 
 import collections
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import equinox as eqx
 import jax
@@ -21,9 +21,8 @@ from jaxtyping import Int
 from .._checks import as_in_axes, check_argnums, check_positive
 from .._combinators.reduce import identity
 from .._public import public
-from .._types import Budget
+from .._types import Budget, Size
 from ._microbatching import AccumulationType, Microbatched, microbatched
-from .pipeline import Planned
 
 #: How many microbatches run: a Python, NumPy or JAX integer (traced too; a 0-d NumPy array
 #: too, as optax takes one), or None for all.
@@ -34,7 +33,7 @@ NumReal = int | np.integer | Int[np.ndarray, ""] | jax.Array | None
 def microbatch(
     fun: Callable[..., Any],
     argnums: int | Sequence[int],
-    microbatch_size: Planned,
+    microbatch_size: Size | Literal["auto"],
     accumulator: Any = AccumulationType.SUM,
     *,
     argnames: str | Sequence[str] = (),
@@ -122,11 +121,11 @@ def micro_vmap(
     in_axes: int | None | Sequence[int | None] = 0,
     out_axes: Any = 0,
     *,
-    microbatch_size: Planned = None,
+    microbatch_size: Size | Literal["auto"] = None,
     vmap_fn: Callable[..., Any] = jax.vmap,
     accumulator: Any = AccumulationType.CONCAT,
     num_real_microbatches: NumReal = None,
-    grad_microbatch_size: Planned = None,
+    grad_microbatch_size: Size | Literal["auto"] = None,
     memory_budget: Budget = None,
     shard: bool = False,
     mesh: Mesh | None = None,
@@ -234,12 +233,12 @@ def micro_grad(
     *,
     batch_argnums: int | Sequence[int] = 1,
     keep_batch_dim: bool = True,
-    microbatch_size: Planned = None,
+    microbatch_size: Size | Literal["auto"] = None,
     accumulator: Any = AccumulationType.SUM,
     transform_fn: Callable[[Any], Any] = identity,
     metrics_fn: Callable[[Any], Any] = _no_metrics,
     num_real_microbatches: NumReal = None,
-    grad_microbatch_size: Planned = None,
+    grad_microbatch_size: Size | Literal["auto"] = None,
     memory_budget: Budget = None,
     shard: bool = False,
     mesh: Mesh | None = None,

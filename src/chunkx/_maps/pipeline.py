@@ -11,7 +11,14 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from .._checks import check_budget, check_choice, check_mesh_1d, check_positive, resolve_batch_size
+from .._checks import (
+    check_budget,
+    check_choice,
+    check_mesh_1d,
+    check_positive,
+    check_store_grad_size,
+    resolve_batch_size,
+)
 from .._combinators._rows import map_mapped, mapped_length, per_device_rows
 from .._combinators._sharding import auto_twin, call_mesh, on_inputs_mesh, to_mesh
 from .._combinators.chunk import Chunk, Reduce
@@ -112,6 +119,7 @@ def check_options(
             f"`{who}({grad_name}={grad_size!r})`: a backward chunk size needs a "
             f"forward one; got {size_name}=None (no chunking)."
         )
+    check_store_grad_size(who, grad, grad_name, grad_size)
     if grad_size is None and size == "auto" and grad != "store" and plan_grad:
         grad_size = "auto"  # both passes are planned
     if grad_auto and memory_budget is not None and "auto" not in (size, grad_size):

@@ -18,6 +18,7 @@ Any other error passes through untouched.
 """
 
 import re
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -87,6 +88,31 @@ def _call(fn: Any, epoch: int, args: tuple) -> Any:
     return fn(*args)
 
 
+def _compiled(fn: Any, epoch: int, args: tuple) -> Any:
+    """`fn(*args)` compiled (`eqx.filter_jit`, cached on the structure and the non-array parts
+    of `fn` and `args`). Where a non-array part cannot be hashed (a callable object that
+    defines `__eq__` but not `__hash__`, such as a plain dataclass), it is compiled for this
+    call only, with a warning: a cache keyed on its identity would keep the arrays it holds
+    from before they were changed."""
+    parts = [x for x in jax.tree_util.tree_leaves((fn, args)) if not eqx.is_array(x)]
+    try:
+        hash(tuple(parts))
+    except TypeError:
+        unhashable = next(type(x).__name__ for x in parts if type(x).__hash__ is None)
+        warnings.warn(
+            f"chunkx: an eager call of a map over a {unhashable}, which is not hashable, "
+            "compiles again at every call; make it hashable (an equinox Module, a frozen "
+            "dataclass) or call the map under jax.jit.", stacklevel=2)
+        dynamic, static = eqx.partition((fn, args), eqx.is_array)
+        return eqx.filter_jit(lambda d: _call(*_joined(d, static)))(dynamic)
+    return eqx.filter_jit(_call)(fn, epoch, args)
+
+
+def _joined(dynamic: Any, static: Any) -> tuple:
+    fn, args = eqx.combine(dynamic, static)
+    return fn, 0, args
+
+
 def _on_device(args: Any) -> Any:
     """`args` with their NumPy arrays put on the default device first, so that a plan made
     while the call is traced budgets what is free after they arrive."""
@@ -103,7 +129,7 @@ def run_eager(fn: Any, args: tuple, eager: Eager | None) -> Any:
     while True:
         failure = None
         try:
-            out = eqx.filter_jit(_call)(fn, _EPOCH[0], args)
+            out = _compiled(fn, _EPOCH[0], args)
             if planned:  # wait for it, to see whether it runs
                 jax.block_until_ready(out)
         except jax.errors.JaxRuntimeError as err:
