@@ -479,6 +479,12 @@ def test_errors():
     with pytest.raises(ValueError, match=r"`Chunk\(grad='fused'\)`: every leaf of the reduced"):
         chunkx.Chunk(chunkx.Vmap(lambda x: x.astype(int)), 2, reducer=chunkx.Sum(),
                      grad="fused")(jnp.ones(5))
+    # the same where the rows fit one chunk (before: refused only where they took a loop)
+    with pytest.raises(ValueError, match=r"`batch_vmap\(grad='fused'\)`: every leaf of the reduced"):
+        chunkx.batch_vmap(lambda x: (jnp.sin(x), jnp.int32(1)), batch_size=9,
+                          reducer=chunkx.Sum(), grad="fused")(jnp.ones(7))
+    with pytest.raises(ValueError, match=r"`Chunk\(grad='fused'\)`: fusing value and gradient"):
+        chunkx.Chunk(chunkx.Vmap(jnp.sin), 8, grad="fused")(jnp.ones(5))
     with pytest.raises((ValueError, TypeError), match=r"grad(.|\n)*'x'"):
         chunkx.batch_vmap(jnp.sin, grad="x")
     with pytest.raises(ValueError, match=r"`batch_vmap\(grad_batch_size=4\)`: a backward chunk"):

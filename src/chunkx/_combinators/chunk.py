@@ -34,7 +34,7 @@ from ._axes import INHERIT, inherit_axes, layer_in_axes, own_axes
 from ._protocol import AbstractReducer, accumulation, can_shift
 from ._rows import compiled_if_eager, join_args, mapped_length, split_args, widened
 from ._sharding import on_inputs_mesh, row_split, split_rows_as, whole_rows
-from .fused import fused_call, grad_policy, piece_sizes, regrad_call
+from .fused import check_fusable, fused_call, grad_policy, piece_sizes, regrad_call
 from .loop import chunk_loop, evaluate, skipping, skips, who_built
 from .reduce import Concat, keeps_rows
 from .vmap import check_rows_first
@@ -361,14 +361,19 @@ class Chunk(eqx.Module):
         s = self.size
         mapped, fixed, static = split_args(args, axes)
         if s is None or n <= min(s, self.grad_size or s):  # one call: the loop's one chunk
+            check_fusable(self)  # what fusing needs holds at any number of rows
             if not skips(self.reducer, valid):
-                return evaluate(self.fn, self.reducer, args, valid, who_built(self))
+                out = evaluate(self.fn, self.reducer, args, valid, who_built(self))
+                check_fusable(self, out)
+                return out
 
             def whole(rows, valid):
                 return evaluate(self.fn, self.reducer, join_args(rows, fixed, static), valid,
                                 who_built(self))
 
-            return skipping(whole, jax.eval_shape(whole, mapped, valid))(mapped, valid)
+            part = jax.eval_shape(whole, mapped, valid)
+            check_fusable(self, part)
+            return skipping(whole, part)(mapped, valid)
         split = row_split(mapped) if keeps_rows(self.reducer) else None
         return split_rows_as(self._loop(mapped, fixed, static, valid, n), split)
 

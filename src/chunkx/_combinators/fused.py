@@ -48,6 +48,28 @@ def _reals(x) -> int:
     return x.size * (2 if jnp.iscomplexobj(x) else 1)
 
 
+def check_fusable(chunk, struct: Any = None) -> None:
+    """Raise where `chunk.grad="fused"` cannot fuse: a reducer whose chunks do not add up, or
+    (given the reduced output or its structs) a leaf that is not floating or complex."""
+    if chunk.grad != "fused":
+        return
+    who = who_built(chunk)
+    if not chunk.reducer.is_additive():
+        raise ValueError(
+            f"`{who}(grad='fused')`: fusing value and gradient needs a reducer whose chunks "
+            f"add up (Sum, a Monoid with reduction=jnp.add or additive=True), got "
+            f"{chunk.reducer!r}; use grad='recompute' or 'auto'."
+        )
+    leaves = jax.tree_util.tree_leaves(struct)
+    if not all(jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in leaves):
+        shown = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x),
+                                                                      jnp.result_type(x)), struct)
+        raise ValueError(
+            f"`{who}(grad='fused')`: every leaf of the reduced output must be floating or "
+            f"complex to be differentiated, got {shown}."
+        )
+
+
 def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
     """The reverse-mode policy a `Chunk` call follows (`"fused"`, `"recompute"` or `"store"`),
     and, where it fuses, the lifted call `fused_call` runs (else `None`): `chunk.fn` is traced
@@ -55,13 +77,7 @@ def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
     if chunk.grad in ("recompute", "store"):
         return chunk.grad, None
     additive = chunk.reducer.is_additive()
-    who = who_built(chunk)
-    if chunk.grad == "fused" and not additive:
-        raise ValueError(
-            f"`{who}(grad='fused')`: fusing value and gradient needs a reducer whose chunks "
-            f"add up (Sum, a Monoid with reduction=jnp.add or additive=True), got "
-            f"{chunk.reducer!r}; use grad='recompute' or 'auto'."
-        )
+    check_fusable(chunk)
     if additive:
         first = min(n, chunk.size)  # converted first: whether to fuse depends on its output
         lifted = _Lifted(chunk, mapped, fixed, static, n, {first})
@@ -69,11 +85,7 @@ def grad_policy(chunk, mapped, fixed, static, n) -> tuple[str, Any]:
         struct = jax.eval_shape(lambda r: piece(r, None, chunk=False), rows(lifted.rows, 0, first))
         leaves = jax.tree_util.tree_leaves(struct)
         inexact = all(jnp.issubdtype(x.dtype, jnp.inexact) for x in leaves)
-        if chunk.grad == "fused" and not inexact:
-            raise ValueError(
-                f"`{who}(grad='fused')`: every leaf of the reduced output must be floating or "
-                f"complex to be differentiated, got {struct}."
-            )
+        check_fusable(chunk, struct)
         if inexact and (chunk.grad == "fused" or sum(map(_reals, leaves)) <= FUSED_MAX_OUTPUTS):
             sizes = piece_sizes(chunk, n)
             if sizes != {first}:  # the loops' other piece sizes are converted too
