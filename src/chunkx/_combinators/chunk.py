@@ -361,10 +361,9 @@ class Chunk(eqx.Module):
         s = self.size
         mapped, fixed, static = split_args(args, axes)
         if s is None or n <= min(s, self.grad_size or s):  # one call: the loop's one chunk
-            check_fusable(self)  # what fusing needs holds at any number of rows
             if not skips(self.reducer, valid):
                 out = evaluate(self.fn, self.reducer, args, valid, who_built(self))
-                check_fusable(self, out)
+                check_fusable(self, out)  # what fusing needs holds at any number of rows
                 return out
 
             def whole(rows, valid):
