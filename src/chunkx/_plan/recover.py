@@ -95,10 +95,8 @@ def _compiled(fn: Any, epoch: int, args: tuple) -> Any:
     call only, with a warning: a cache keyed on its identity would keep the arrays it holds
     from before they were changed."""
     parts = [x for x in jax.tree_util.tree_leaves((fn, args)) if not eqx.is_array(x)]
-    try:
-        hash(tuple(parts))
-    except TypeError:
-        unhashable = next(type(x).__name__ for x in parts if type(x).__hash__ is None)
+    unhashable = next((type(x).__name__ for x in parts if not _hashable(x)), None)
+    if unhashable is not None:
         warnings.warn(
             f"chunkx: an eager call of a map over a {unhashable}, which is not hashable, "
             "compiles again at every call; make it hashable (an equinox Module, a frozen "
@@ -106,6 +104,14 @@ def _compiled(fn: Any, epoch: int, args: tuple) -> Any:
         dynamic, static = eqx.partition((fn, args), eqx.is_array)
         return eqx.filter_jit(lambda d: _call(*_joined(d, static)))(dynamic)
     return eqx.filter_jit(_call)(fn, epoch, args)
+
+
+def _hashable(x: Any) -> bool:
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
 
 
 def _joined(dynamic: Any, static: Any) -> tuple:

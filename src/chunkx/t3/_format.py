@@ -1,7 +1,6 @@
 """The Tucker tensor train format: a final `eqx.Module` holding typed cores."""
 
 import math
-import operator
 from collections.abc import Sequence
 
 import equinox as eqx
@@ -10,6 +9,7 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, jaxtyped
 
+from .._checks import as_size
 from ._contract import einsum
 
 # Per-core ranks differ, so only the frame stack `*C` is shared across the cores of one T3.
@@ -161,20 +161,13 @@ def check_ranks(fn: str, names: str, N, n, r) -> int:
         )
     for what, sizes in (("mode size", N), ("Tucker rank", n), ("TT rank", r)):
         for i, v in enumerate(sizes):
-            if isinstance(v, bool) or _index(v) is None or _index(v) < 1:
+            size = as_size(v)
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise ValueError(
                     f"`{fn}({names})`: every {what} must be a positive int, got {v!r} at index "
                     f"{i} of {tuple(sizes)}."
                 )
     return d
-
-
-def _index(v) -> int | None:
-    """`v` as an int where it is an integer of any integer type (`operator.index`), else None."""
-    try:
-        return operator.index(v)
-    except TypeError:
-        return None
 
 
 def core_shapes(N, n, r, C=()) -> tuple[tuple, tuple]:
